@@ -1,0 +1,61 @@
+"""hf-txvariants: the Transformer family from the classic papers as Hugging Face models.
+
+`import hf_txvariants` registers every config and model with the transformers Auto classes."""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+)
+
+from .configuration_transfo_xl import TransfoXLConfig
+from .modeling_transfo_xl import (
+    TransfoXLForSequenceClassification,
+    TransfoXLLMHeadModel,
+    TransfoXLModel,
+    TransfoXLPreTrainedModel,
+)
+from .txv_cache import MemoryCache
+
+__version__ = "0.1.0"
+
+AUTO_CLASSES = {
+    "AutoModel": AutoModel,
+    "AutoModelForCausalLM": AutoModelForCausalLM,
+    "AutoModelForMaskedLM": AutoModelForMaskedLM,
+    "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
+}
+
+# One line per variant: its config class and the module holding the classes named in its `auto_classes`.
+VARIANTS = {
+    "transfo-xl": (TransfoXLConfig, TransfoXLPreTrainedModel),
+}
+
+# The standard ForCausalLM name for Transformer-XL's LM head.
+TransfoXLForCausalLM = TransfoXLLMHeadModel
+
+
+def _register(config_class, pretrained_class):
+    import sys
+
+    module = sys.modules[pretrained_class.__module__]
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    for auto_name, class_name in pretrained_class.auto_classes.items():
+        AUTO_CLASSES[auto_name].register(config_class, getattr(module, class_name), exist_ok=True)
+
+
+for _config_class, _pretrained_class in VARIANTS.values():
+    _register(_config_class, _pretrained_class)
+
+__all__ = [
+    "MemoryCache",
+    "TransfoXLConfig",
+    "TransfoXLModel",
+    "TransfoXLLMHeadModel",
+    "TransfoXLForCausalLM",
+    "TransfoXLForSequenceClassification",
+    "TransfoXLPreTrainedModel",
+    "VARIANTS",
+]

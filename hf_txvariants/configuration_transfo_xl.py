@@ -1,0 +1,149 @@
+"""Transformer-XL configuration (Dai et al. 2019). model_type `transfo-xl`, so configs saved by transformers' legacy
+TransfoXL (removed in transformers 5) load unchanged."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+
+@strict
+class TransfoXLConfig(PreTrainedConfig):
+    r"""
+    Standard names are stored; the papers' and legacy names are accepted through `attribute_map`
+    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_token`, `init_std`, `layer_norm_epsilon`).
+
+    Args:
+        vocab_size: number of tokens.
+        cutoffs: vocabulary cluster boundaries of the adaptive softmax/embedding; `[]` gives a plain softmax.
+        hidden_size (`d_model`), d_embed (defaults to hidden_size), num_attention_heads (`n_head`),
+        head_dim (`d_head`), intermediate_size (`d_inner`), num_hidden_layers (`n_layer`).
+        div_val: cluster i has embedding size `d_embed // div_val**i`.
+        pre_lnorm: layer norm on the input of each sub-layer instead of after the residual.
+        mem_len: number of past positions kept as memory. clamp_len: relative distances above it use the
+            embedding of clamp_len (<= 0: no clamping). same_length: every query sees the same number of keys.
+        tie_projs: per cluster, whether the softmax projection is the input embedding's projection
+            (default from `proj_share_all_but_first`, legacy: True -> `[False, True, ...]`).
+        untie_r: per-layer (True) or shared (False) u/v position biases.
+        dropout, attention_dropout (`dropatt`), init ("normal"/"uniform"), init_range, initializer_range
+            (`init_std`), proj_init_std, layer_norm_eps (`layer_norm_epsilon`).
+        memory_init: memory of a first segment: "zeros" (transformers' legacy model and the TF code: `mem_len`
+            zero vectors that are attended to) or "empty" (the original PyTorch code).
+        same_length_extra_key: with same_length, each query sees `mem_len + 1` keys (the TF code) instead of
+            `mem_len` (PyTorch code and legacy transformers).
+    """
+
+    model_type = "transfo-xl"
+    keys_to_ignore_at_inference = ["past_key_values", "mems"]
+    attribute_map = {
+        "d_model": "hidden_size",
+        "n_head": "num_attention_heads",
+        "d_head": "head_dim",
+        "d_inner": "intermediate_size",
+        "n_layer": "num_hidden_layers",
+        "dropatt": "attention_dropout",
+        "n_token": "vocab_size",
+        "init_std": "initializer_range",
+        "layer_norm_epsilon": "layer_norm_eps",
+    }
+
+    vocab_size: int = 267735
+    cutoffs: list[int] | tuple[int, ...] = (20000, 40000, 200000)
+    hidden_size: int = 1024
+    d_embed: int | None = None
+    num_attention_heads: int = 16
+    head_dim: int | None = None
+    intermediate_size: int = 4096
+    div_val: int = 4
+    pre_lnorm: bool = False
+    num_hidden_layers: int = 18
+    mem_len: int = 1600
+    clamp_len: int = 1000
+    same_length: bool = True
+    tie_projs: list[bool] | None = None
+    attn_type: int = 0
+    sample_softmax: int = -1
+    adaptive: bool = True
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    untie_r: bool = True
+    init: str = "normal"
+    init_range: float = 0.01
+    proj_init_std: float = 0.01
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-5
+    memory_init: str = "zeros"
+    same_length_extra_key: bool = False
+    use_cache: bool = True
+    tie_word_embeddings: bool = True
+    eos_token_id: int | list[int] | None = 0
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+
+    def __post_init__(self, **kwargs):
+        # Names from attribute_map are applied first, the derived defaults below depend on them.
+        for alias in [name for name in kwargs if name in self.attribute_map]:
+            setattr(self, alias, kwargs.pop(alias))
+        proj_share_all_but_first = kwargs.pop("proj_share_all_but_first", True)
+        self.cutoffs = [int(c) for c in self.cutoffs]
+        if self.d_embed is None:
+            self.d_embed = self.hidden_size
+        if self.head_dim is None and self.num_attention_heads > 0:
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.tie_projs is None:
+            self.tie_projs = [False] + [bool(proj_share_all_but_first)] * len(self.cutoffs)
+        super().__post_init__(**kwargs)
+        # Raised here so that the caller gets the ValueError itself (strict's validate() wraps it in its own type).
+        self.validate_architecture()
+
+    def validate_architecture(self):
+        """Called at construction and before saving: a wrong config is a ValueError naming the field."""
+        positive = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "d_embed": self.d_embed,
+            "num_attention_heads": self.num_attention_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+        }
+        for name, value in positive.items():
+            if value is None or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if self.div_val < 1:
+            raise ValueError(f"div_val must be >= 1, got {self.div_val}")
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
+        if list(self.cutoffs) != sorted(set(self.cutoffs)) or any(c <= 0 for c in self.cutoffs):
+            raise ValueError(f"cutoffs must be strictly increasing positive integers, got {self.cutoffs}")
+        if self.cutoffs and self.cutoffs[-1] >= self.vocab_size:
+            raise ValueError(f"cutoffs must be below vocab_size ({self.vocab_size}), got {self.cutoffs}")
+        smallest = self.d_embed // (self.div_val ** len(self.cutoffs))
+        if smallest < 1:
+            raise ValueError(
+                f"d_embed ({self.d_embed}) is too small for div_val={self.div_val} with {len(self.cutoffs)} cutoffs: "
+                "the last cluster would have an empty embedding"
+            )
+        if len(self.tie_projs) != len(self.cutoffs) + 1:
+            raise ValueError(f"tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}")
+        if self.attn_type != 0:
+            raise ValueError(f"attn_type={self.attn_type} is not supported; only 0 (relative attention) is")
+        if self.sample_softmax > 0:
+            raise ValueError(f"sample_softmax={self.sample_softmax} is not supported; use -1")
+        if self.memory_init not in ("zeros", "empty"):
+            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
+        if self.same_length and self.mem_len == 0:
+            raise ValueError("same_length=True needs mem_len > 0 (every query would see no key)")
+        if self.init not in ("normal", "uniform"):
+            raise ValueError(f"init must be 'normal' or 'uniform', got {self.init!r}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+__all__ = ["TransfoXLConfig"]

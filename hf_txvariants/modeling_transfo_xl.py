@@ -1,0 +1,491 @@
+"""Transformer-XL (Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context").
+
+Segment-level recurrence (the memory is carried as `past_key_values`, a `MemoryCache`), relative positional
+attention, adaptive input embeddings and a projected adaptive softmax. Parameter names are those of transformers'
+legacy TransfoXL (removed in transformers 5), so its checkpoints load unchanged and reproduce its outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutputWithPast
+
+from .configuration_transfo_xl import TransfoXLConfig
+from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from .txv_attention import causal_allowed
+from .txv_cache import MemoryCache
+from .txv_feedforward import PositionwiseFeedForward
+from .txv_modeling_utils import TxvModelMixin
+from .txv_positions import sinusoid_table
+from .txv_relative_attention import RelativePositionAttention
+from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+
+
+@dataclass
+class TransfoXLModelOutput(ModelOutput):
+    """`past_key_values` is the memory for the next segment; `mems` gives it in the legacy time-major layout."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    past_key_values: MemoryCache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+    @property
+    def mems(self) -> list[torch.Tensor] | None:
+        return None if self.past_key_values is None else self.past_key_values.to_legacy_mems()
+
+
+@dataclass
+class TransfoXLLMHeadModelOutput(ModelOutput):
+    """`logits` are log-probabilities (the adaptive softmax is normalised); `losses` are the per-token negative
+    log-likelihoods `[batch, length - 1]` in position order (0 where the label is -100); `loss` is their mean."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    losses: torch.FloatTensor | None = None
+    past_key_values: MemoryCache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+    @property
+    def prediction_scores(self) -> torch.FloatTensor | None:
+        return self.logits
+
+    @property
+    def mems(self) -> list[torch.Tensor] | None:
+        return None if self.past_key_values is None else self.past_key_values.to_legacy_mems()
+
+
+class TransfoXLAttention(RelativePositionAttention):
+    """`dec_attn`: relative attention with its residual connection and layer norm (after the residual, or on the
+    input of the sub-layer with `pre_lnorm`; with pre-norm the memory is normalised together with the segment)."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config, own_biases=config.untie_r)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.pre_lnorm = config.pre_lnorm
+
+    def forward(self, hidden_states, position_embeddings, allowed, memory=None, shared_biases=None, output_attentions=False):
+        attention_output, weights = super().forward(
+            hidden_states,
+            position_embeddings,
+            allowed,
+            memory=memory,
+            context_norm=self.layer_norm if self.pre_lnorm else None,
+            shared_biases=shared_biases,
+            output_attentions=output_attentions,
+        )
+        if self.pre_lnorm:
+            return hidden_states + attention_output, weights
+        return self.layer_norm(hidden_states + attention_output), weights
+
+
+class TransfoXLFeedForward(PositionwiseFeedForward):
+    """`pos_ff`: the position-wise feed-forward network with its residual connection and layer norm."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.pre_lnorm = config.pre_lnorm
+
+    def forward(self, hidden_states):
+        if self.pre_lnorm:
+            return hidden_states + super().forward(self.layer_norm(hidden_states))
+        return self.layer_norm(hidden_states + super().forward(hidden_states))
+
+
+class TransfoXLLayer(GradientCheckpointingLayer):
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__()
+        self.dec_attn = TransfoXLAttention(config)
+        self.pos_ff = TransfoXLFeedForward(config)
+
+    def forward(self, hidden_states, position_embeddings, allowed, memory=None, shared_biases=None, output_attentions=False):
+        hidden_states, weights = self.dec_attn(
+            hidden_states, position_embeddings, allowed, memory, shared_biases, output_attentions
+        )
+        return self.pos_ff(hidden_states), weights
+
+
+class TransfoXLPreTrainedModel(TxvModelMixin, PreTrainedModel):
+    config_class = TransfoXLConfig
+    base_model_prefix = "transformer"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TransfoXLLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    # Saved by the legacy model but not parameters here: the sinusoid frequencies (recomputed) and, with shared
+    # u/v biases (untie_r=False), the per-layer copies of the shared `transformer.r_w_bias` / `r_r_bias`.
+    _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.dec_attn\.r_[wr]_bias"]
+    auto_classes = {
+        "AutoModel": "TransfoXLModel",
+        "AutoModelForCausalLM": "TransfoXLLMHeadModel",
+        "AutoModelForSequenceClassification": "TransfoXLForSequenceClassification",
+    }
+    head_key_patterns = (r"^crit\.", r"^score\.")
+
+    def _init_weight(self, weight):
+        if self.config.init == "uniform":
+            init.uniform_(weight, -self.config.init_range, self.config.init_range)
+        else:
+            init.normal_(weight, 0.0, self.config.initializer_range)
+
+    def _init_weights(self, module):
+        """The original initialisation (the `init`, `init_range`, `init_std` and `proj_init_std` fields)."""
+        std = self.config.proj_init_std
+        if isinstance(module, nn.Linear):
+            self._init_weight(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            self._init_weight(module.weight)
+        elif isinstance(module, nn.LayerNorm):
+            init.normal_(module.weight, 1.0, self.config.initializer_range)
+            init.zeros_(module.bias)
+        elif isinstance(module, AdaptiveEmbedding):
+            for projection in module.emb_projs:
+                init.normal_(projection, 0.0, std)
+        elif isinstance(module, ProjectedAdaptiveLogSoftmax):
+            if module.num_tail_clusters:
+                self._init_weight(module.cluster_weight)
+                init.zeros_(module.cluster_bias)
+            for projection in module.out_projs:
+                init.normal_(projection, 0.0, std)
+        if isinstance(module, (RelativePositionAttention, TransfoXLModel)) and hasattr(module, "r_w_bias"):
+            self._init_weight(module.r_w_bias)
+            self._init_weight(module.r_r_bias)
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        raise NotImplementedError(
+            "resize_token_embeddings is not supported for Transformer-XL's adaptive embeddings: "
+            "build a new config with the new vocab_size and cutoffs instead"
+        )
+
+
+class TransfoXLModel(TransfoXLPreTrainedModel):
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config)
+        self.word_emb = AdaptiveEmbedding(
+            config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
+        )
+        self.drop = nn.Dropout(config.dropout)
+        if not config.untie_r:
+            self.r_w_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
+            self.r_r_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
+        self.layers = nn.ModuleList(TransfoXLLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.word_emb
+
+    def set_input_embeddings(self, new_embeddings):
+        self.word_emb = new_embeddings
+
+    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+        """The memory a first segment starts with (see `config.memory_init`)."""
+        parameter = self.word_emb.emb_layers[0].weight
+        return MemoryCache.initial(
+            self.config.num_hidden_layers,
+            self.config.mem_len,
+            batch_size,
+            self.config.hidden_size,
+            self.config.memory_init,
+            dtype or parameter.dtype,
+            device or parameter.device,
+        )
+
+    def _check_input_ids(self, input_ids: torch.Tensor):
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+        if input_ids.numel() and not torch.compiler.is_compiling():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.config.vocab_size:
+                raise ValueError(
+                    f"input_ids must be in [0, {self.config.vocab_size}) (config.vocab_size), "
+                    f"found values from {low} to {high}"
+                )
+
+    def _allowed_keys(self, cache: MemoryCache, query_length: int, input_mask, device) -> torch.Tensor:
+        """`[batch or 1, 1, Q, M + Q]` bool: causal over `[memory; segment]`, the same-length window, and padding."""
+        window = None
+        if self.config.same_length:
+            window = self.config.mem_len + int(self.config.same_length_extra_key)
+        allowed = causal_allowed(query_length, cache.memory_length, device, window)[None, None]
+        memory_mask = cache.memory_mask
+        if input_mask is None and (memory_mask is None or bool(memory_mask.all())):
+            return allowed
+        batch = input_mask.shape[0] if input_mask is not None else memory_mask.shape[0]
+        if input_mask is None:
+            input_mask = torch.ones(batch, query_length, dtype=torch.bool, device=device)
+        key_valid = input_mask if memory_mask is None else torch.cat([memory_mask, input_mask], dim=1)
+        return allowed & key_valid[:, None, None, :]
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: MemoryCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        mems: list[torch.Tensor] | None = None,
+        **kwargs,
+    ) -> TransfoXLModelOutput | tuple:
+        """
+        attention_mask: `[batch, length]` with 1 for real tokens and 0 for padding; it may be longer than the
+            segment (generation passes the whole sequence), its last `length` columns describe the segment.
+        past_key_values: the `MemoryCache` returned by the previous segment, updated in place and returned.
+        mems: the legacy memory (a list of `[mem_len, batch, hidden]` tensors), instead of past_key_values.
+        """
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else config.use_cache
+        return_dict = return_dict if return_dict is not None else config.return_dict
+
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            self._check_input_ids(input_ids)
+            inputs_embeds = self.word_emb(input_ids)
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must be [batch, length, {config.hidden_size}] (config.hidden_size), "
+                f"got shape {tuple(inputs_embeds.shape)}"
+            )
+        batch, query_length = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+
+        if mems is not None:
+            if past_key_values is not None:
+                raise ValueError("Pass either past_key_values or the legacy mems, not both")
+            past_key_values = MemoryCache.from_legacy_mems(mems, config.mem_len)
+        if past_key_values is None:
+            cache = self.init_memory(batch, inputs_embeds.dtype, device)
+        elif isinstance(past_key_values, MemoryCache):
+            cache = past_key_values
+            cache.check_compatible(batch_size=batch, hidden_size=config.hidden_size, num_layers=len(self.layers))
+        else:
+            raise ValueError(
+                f"past_key_values must be the MemoryCache returned by this model, got {type(past_key_values).__name__}"
+            )
+
+        input_mask = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < query_length:
+                raise ValueError(
+                    f"attention_mask must be [batch={batch}, >= {query_length}] (1 = token, 0 = padding), "
+                    f"got shape {tuple(attention_mask.shape)}"
+                )
+            input_mask = attention_mask[:, -query_length:].to(device=device, dtype=torch.bool)
+        allowed = self._allowed_keys(cache, query_length, input_mask, device)
+
+        key_length = cache.memory_length + query_length
+        distances = torch.arange(key_length - 1, -1, -1.0, device=device)
+        if config.clamp_len > 0:
+            distances = distances.clamp(max=config.clamp_len)
+        position_embeddings = self.drop(sinusoid_table(distances, config.hidden_size).to(inputs_embeds.dtype))
+
+        shared_biases = None if config.untie_r else (self.r_w_bias, self.r_r_bias)
+        hidden_states = self.drop(inputs_embeds)
+        layer_inputs, attentions = [], []
+        for layer_idx, layer in enumerate(self.layers):
+            layer_inputs.append(hidden_states)
+            hidden_states, weights = layer(
+                hidden_states,
+                position_embeddings,
+                allowed,
+                memory=cache.layer_memory(layer_idx),
+                shared_biases=shared_biases,
+                output_attentions=output_attentions,
+            )
+            attentions.append(weights)
+        hidden_states = self.drop(hidden_states)
+
+        if use_cache:
+            cache.update_memories(layer_inputs, input_mask)
+        output = TransfoXLModelOutput(
+            last_hidden_state=hidden_states,
+            past_key_values=cache if use_cache else None,
+            hidden_states=tuple(layer_inputs) + (hidden_states,) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
+    """Transformer-XL with the (adaptive) softmax head. Memory is kept across `generate()` steps, so each new token
+    costs O(mem_len), and a left-padded batch generates the same tokens as each row alone."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config)
+        self.transformer = TransfoXLModel(config)
+        self.crit = ProjectedAdaptiveLogSoftmax(
+            config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
+        )
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model creates its own MemoryCache; generate() must not swap it for a DynamicCache
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        """The legacy tying rules: softmax weights tied to the input embeddings (`tie_word_embeddings`), and per
+        cluster the softmax projection to the embedding projection (`tie_projs`)."""
+        config, tied = self.config, {}
+        if config.tie_word_embeddings:
+            for i in range(len(self.crit.out_layers)):
+                tied[f"crit.out_layers.{i}.weight"] = f"transformer.word_emb.emb_layers.{i}.weight"
+        for i, tie in enumerate(config.tie_projs):
+            if tie and config.div_val == 1 and config.hidden_size != config.d_embed:
+                tied[f"crit.out_projs.{i}"] = "transformer.word_emb.emb_projs.0"
+            elif tie and config.div_val != 1:
+                tied[f"crit.out_projs.{i}"] = f"transformer.word_emb.emb_projs.{i}"
+        return tied
+
+    def get_output_embeddings(self):
+        return None  # an adaptive softmax, not one Linear; tying is done by get_expanded_tied_weights_keys
+
+    def reset_memory_length(self, mem_len: int):
+        """Changes how many positions are remembered (e.g. longer at evaluation, as in the paper)."""
+        self.config.mem_len = mem_len
+
+    def init_memory(self, batch_size: int) -> MemoryCache:
+        return self.transformer.init_memory(batch_size)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: MemoryCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        mems: list[torch.Tensor] | None = None,
+        logits_to_keep: int | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> TransfoXLLMHeadModelOutput | tuple:
+        """
+        labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        logits_to_keep: log-probabilities are computed for the last `logits_to_keep` positions (0 = all). By default
+            they are computed for all positions without labels, and not at all with labels (the adaptive softmax
+            then only evaluates the clusters of the targets, which is what makes it fast to train).
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            mems=mems,
+        )
+        hidden_states = outputs.last_hidden_state
+        batch, length = hidden_states.shape[:2]
+
+        loss = losses = logits = None
+        if labels is not None:
+            if labels.shape != (batch, length):
+                raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}")
+            targets = labels[:, 1:].to(hidden_states.device)
+            invalid = (targets != -100) & ((targets < 0) | (targets >= self.config.vocab_size))
+            if bool(invalid.any()):
+                raise ValueError(f"labels must be -100 or in [0, {self.config.vocab_size}) (config.vocab_size)")
+            flat_hidden = hidden_states[:, :-1].reshape(-1, hidden_states.shape[-1])
+            losses = self.crit.nll(flat_hidden, targets.reshape(-1)).view(batch, length - 1)
+            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
+            loss = losses.sum() / denominator
+        if labels is None or logits_to_keep is not None:
+            keep = logits_to_keep or 0
+            logits = self.crit.log_probs(hidden_states[:, -keep:] if keep > 0 else hidden_states)
+
+        output = TransfoXLLMHeadModelOutput(
+            loss=loss,
+            logits=logits,
+            losses=losses,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
+    """Transformer-XL with a linear classifier on the hidden state of the last real token of each row."""
+
+    def __init__(self, config: TransfoXLConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = TransfoXLModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: MemoryCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        mems: list[torch.Tensor] | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.transformer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            mems=mems,
+        )
+        hidden_states = outputs.last_hidden_state
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
+        logits = self.score(hidden_states[rows, last])
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
+        output = SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "TransfoXLPreTrainedModel",
+    "TransfoXLModel",
+    "TransfoXLLMHeadModel",
+    "TransfoXLForSequenceClassification",
+    "TransfoXLModelOutput",
+    "TransfoXLLMHeadModelOutput",
+]

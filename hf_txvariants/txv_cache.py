@@ -1,0 +1,219 @@
+"""Segment-level recurrence memory for the Transformer-XL family, carried as `past_key_values`.
+
+A Transformer-XL memory is not a key/value cache: for every layer it holds the hidden states that *entered* that
+layer at the last `mem_len` positions (Dai et al. 2019, eq. for h~_{tau+1}^{n-1}). Keys and values are recomputed from
+them with the current weights. The states are stored batch-first, `[batch, memory_length, hidden_size]`, detached
+(stop-gradient, SG(.) in the paper) and trimmed to `mem_len`. A boolean `memory_mask` marks which memory slots may be
+attended to (padding and reset rows are masked out).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+
+class MemoryCache(Cache):
+    """Per-layer Transformer-XL memory.
+
+    Args:
+        num_layers: number of layers whose inputs are remembered.
+        mem_len: number of positions kept after each update (0 disables memory).
+        memories: optional list of `[batch, length, hidden]` tensors, one per layer.
+        memory_mask: optional `[batch, length]` bool tensor, True where a memory slot may be attended to.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        mem_len: int,
+        memories: list[torch.Tensor] | None = None,
+        memory_mask: torch.Tensor | None = None,
+        seen_tokens: int = 0,
+    ):
+        # `layers` stays empty: this cache does not hold key/value layers, it overrides what generation uses.
+        super().__init__(layers=[])
+        if mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+        self.num_layers = num_layers
+        self.mem_len = mem_len
+        self.memories: list[torch.Tensor] | None = None
+        self.memory_mask: torch.Tensor | None = None
+        self.seen_tokens = seen_tokens
+        if memories is not None:
+            self._set(list(memories), memory_mask)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # construction helpers
+    @classmethod
+    def initial(cls, num_layers, mem_len, batch_size, hidden_size, memory_init, dtype, device) -> "MemoryCache":
+        """The memory a first segment starts with: `memory_init="zeros"` gives `mem_len` zero vectors that are attended
+        to (TF code and transformers' legacy TransfoXL), `"empty"` gives no memory (the original PyTorch code)."""
+        cache = cls(num_layers, mem_len)
+        if memory_init == "zeros" and mem_len > 0:
+            zeros = torch.zeros(batch_size, mem_len, hidden_size, dtype=dtype, device=device)
+            cache._set([zeros] * num_layers, torch.ones(batch_size, mem_len, dtype=torch.bool, device=device))
+        return cache
+
+    @classmethod
+    def from_legacy_mems(cls, mems, mem_len: int) -> "MemoryCache":
+        """Builds a cache from the legacy `mems` list (one time-major `[length, batch, hidden]` tensor per layer)."""
+        if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) and m.dim() == 3 for m in mems):
+            raise ValueError("`mems` must be a list with one [memory_length, batch, hidden_size] tensor per layer")
+        return cls(len(mems), mem_len, [m.transpose(0, 1) for m in mems])
+
+    def to_legacy_mems(self) -> list[torch.Tensor] | None:
+        """The memory in the legacy layout: a list of time-major `[length, batch, hidden]` tensors."""
+        if self.memories is None:
+            return None
+        return [m.transpose(0, 1) for m in self.memories]
+
+    def _set(self, memories: list[torch.Tensor], memory_mask: torch.Tensor | None):
+        if len(memories) != self.num_layers:
+            raise ValueError(f"memory has {len(memories)} layers, expected {self.num_layers}")
+        first = memories[0]
+        for i, m in enumerate(memories):
+            if m.dim() != 3 or m.shape != first.shape:
+                raise ValueError(f"memory of layer {i} has shape {tuple(m.shape)}, expected {tuple(first.shape)}")
+        if memory_mask is None:
+            memory_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
+        elif memory_mask.shape != first.shape[:2]:
+            raise ValueError(f"memory_mask has shape {tuple(memory_mask.shape)}, expected {tuple(first.shape[:2])}")
+        self.memories = [m.detach() for m in memories]
+        self.memory_mask = memory_mask.to(torch.bool)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # what the model reads and writes
+    @property
+    def memory_length(self) -> int:
+        return 0 if self.memories is None else self.memories[0].shape[1]
+
+    @property
+    def batch_size(self) -> int | None:
+        return None if self.memories is None else self.memories[0].shape[0]
+
+    def layer_memory(self, layer_idx: int) -> torch.Tensor | None:
+        return None if self.memories is None else self.memories[layer_idx]
+
+    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int):
+        """Raises a ValueError naming the mismatch when this memory cannot be used with the given input."""
+        if self.num_layers != num_layers:
+            raise ValueError(f"past_key_values holds memory for {self.num_layers} layers, the model has {num_layers}")
+        if self.memories is None:
+            return
+        mem_batch, _, mem_hidden = self.memories[0].shape
+        if mem_batch != batch_size:
+            raise ValueError(
+                f"past_key_values holds memory for batch size {mem_batch}, but the input has batch size {batch_size}"
+            )
+        if mem_hidden != hidden_size:
+            raise ValueError(
+                f"past_key_values holds memory of hidden size {mem_hidden}, but config.hidden_size is {hidden_size}"
+            )
+
+    def update_memories(self, layer_inputs: list[torch.Tensor], input_mask: torch.Tensor | None):
+        """Appends the inputs every layer just saw and keeps the last `mem_len` positions (detached).
+
+        `input_mask` is `[batch, new_length]` bool (True = real token) or None (all real)."""
+        new_length = layer_inputs[0].shape[1]
+        self.seen_tokens += new_length
+        if self.mem_len == 0:
+            return
+        if input_mask is None:
+            input_mask = torch.ones(layer_inputs[0].shape[:2], dtype=torch.bool, device=layer_inputs[0].device)
+        with torch.no_grad():
+            if self.memories is None:
+                memories = [h[:, -self.mem_len :] for h in layer_inputs]
+                mask = input_mask[:, -self.mem_len :]
+            else:
+                memories = [torch.cat([m, h], dim=1)[:, -self.mem_len :] for m, h in zip(self.memories, layer_inputs)]
+                mask = torch.cat([self.memory_mask, input_mask], dim=1)[:, -self.mem_len :]
+            self._set(memories, mask)
+
+    def reset_rows(self, done: torch.Tensor, memory_init: str = "zeros"):
+        """Forgets the memory of the rows where `done` is True (e.g. an episode ended), in place.
+
+        With `memory_init="zeros"` a reset row gets zero vectors that are attended to, like a fresh row; with
+        `"empty"` its memory slots are masked out, so it attends only to its new tokens, like a fresh row."""
+        if self.memories is None:
+            return
+        done = done.to(device=self.memory_mask.device, dtype=torch.bool).view(-1)
+        if done.shape[0] != self.batch_size:
+            raise ValueError(f"`done` has {done.shape[0]} rows, the memory has batch size {self.batch_size}")
+        keep = (~done)[:, None, None].to(self.memories[0].dtype)
+        self.memories = [m * keep for m in self.memories]
+        if memory_init == "zeros":
+            self.memory_mask = self.memory_mask | done[:, None]
+        else:
+            self.memory_mask = self.memory_mask & ~done[:, None]
+
+    def clone(self) -> "MemoryCache":
+        copy = MemoryCache(self.num_layers, self.mem_len, seen_tokens=self.seen_tokens)
+        if self.memories is not None:
+            copy._set([m.clone() for m in self.memories], self.memory_mask.clone())
+        return copy
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # the Cache interface used by `generate()`
+    def __len__(self):
+        return self.num_layers
+
+    def __repr__(self):
+        return f"MemoryCache(num_layers={self.num_layers}, mem_len={self.mem_len}, memory_length={self.memory_length})"
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of tokens processed so far (the memory itself keeps at most `mem_len` of them)."""
+        return self.seen_tokens
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.mem_len
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.memory_length + query_length, 0
+
+    def update(self, *args, **kwargs):
+        raise NotImplementedError("MemoryCache holds layer inputs, not keys/values: use update_memories()")
+
+    def reset(self):
+        self.memories, self.memory_mask, self.seen_tokens = None, None, 0
+
+    def crop(self, tokens_to_remove: int):
+        raise NotImplementedError("A Transformer-XL memory cannot be cropped (assisted decoding is not supported)")
+
+    def _map_rows(self, fn):
+        if self.memories is not None:
+            self.memories = [fn(m) for m in self.memories]
+            self.memory_mask = fn(self.memory_mask)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        self._map_rows(lambda t: t[indices])
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.memories is not None
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * self.num_layers
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False] * self.num_layers
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False] * self.num_layers

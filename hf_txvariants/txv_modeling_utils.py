@@ -1,0 +1,102 @@
+"""What every hf_txvariants model shares beyond transformers' PreTrainedModel: strict checkpoint loading, safe
+(atomic) saving, and the remote-code payload with a full `auto_map` so a saved folder loads without the plugin."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from transformers.dynamic_module_utils import get_relative_import_files
+
+WEIGHT_FILE_PATTERN = re.compile(r"^(model.*\.safetensors|pytorch_model.*\.bin)(\.index\.json)?$")
+
+
+@contextmanager
+def atomic_directory(target: str | os.PathLike):
+    """Yields a temporary folder next to `target` that replaces `target` only if the block succeeds.
+
+    Files already in `target` that the block did not write are kept (e.g. a tokenizer saved before the model),
+    except stale weight files. On failure the temporary folder is removed and `target` is left as it was."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield staging
+        if target.is_dir():
+            for old in target.iterdir():
+                if not (staging / old.name).exists() and not WEIGHT_FILE_PATTERN.match(old.name):
+                    (shutil.copytree if old.is_dir() else shutil.copy2)(old, staging / old.name)
+            backup = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, backup)
+            os.replace(staging, target)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def write_remote_code(model, folder: str | os.PathLike):
+    """Copies the model's configuration and modeling files, with every `txv_*` file they import, into `folder` and
+    writes an `auto_map` entry for every Auto class the variant supports into its config.json."""
+    folder = Path(folder)
+    config_file = inspect.getfile(type(model.config))
+    modeling_file = inspect.getfile(type(model))
+    code_files = {config_file, modeling_file}
+    for source in (config_file, modeling_file):
+        code_files.update(get_relative_import_files(source))
+    for source in code_files:
+        shutil.copy(source, folder / Path(source).name)
+    modeling_module = Path(modeling_file).stem
+    auto_map = {"AutoConfig": f"{Path(config_file).stem}.{type(model.config).__name__}"}
+    auto_map.update({auto: f"{modeling_module}.{name}" for auto, name in model.auto_classes.items()})
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config["auto_map"] = auto_map
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+class TxvModelMixin:
+    """Mixed into every `<V>PreTrainedModel` (before PreTrainedModel).
+
+    Subclasses set `auto_classes` ({"AutoModel": "<V>Model", ...}) and `head_key_patterns` (regexes of the task-head
+    parameters, which may be missing or unexpected when a checkpoint of one head is loaded into another)."""
+
+    auto_classes: dict[str, str] = {}
+    head_key_patterns: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pretrained(cls, *args, strict_weights: bool = True, **kwargs):
+        """transformers' `from_pretrained`, but a checkpoint whose backbone tensors are missing or unknown is an
+        error naming them (pass `strict_weights=False` to only warn), and pickles are never executed."""
+        if kwargs.get("weights_only") is False:
+            raise ValueError("weights_only=False is refused: hf_txvariants never executes pickled code from a file")
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if strict_weights:
+            is_head = lambda key: any(re.search(pattern, key) for pattern in cls.head_key_patterns)  # noqa: E731
+            missing = sorted(k for k in info["missing_keys"] if not is_head(k))
+            unexpected = sorted(k for k in info["unexpected_keys"] if not is_head(k))
+            if missing or unexpected:
+                source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+                raise ValueError(
+                    f"The checkpoint {source} does not match {cls.__name__} built from its config: "
+                    f"missing tensors {missing or 'none'}; unexpected tensors {unexpected or 'none'}. "
+                    "Check that config.json belongs to these weights (or pass strict_weights=False)."
+                )
+        return (model, info) if want_info else model
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Saves safetensors weights, config and the remote-code payload; a failure leaves no half-written folder."""
+        if kwargs.get("push_to_hub"):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        with atomic_directory(save_directory) as staging:
+            super().save_pretrained(staging, *args, **kwargs)
+            write_remote_code(self, staging)

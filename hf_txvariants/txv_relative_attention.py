@@ -1,0 +1,109 @@
+"""Transformer-XL relative positional attention (Dai et al. 2019, section 3.3), shared by every XL-family variant.
+
+For query position i and key position j the score is
+
+    A_ij = (W_q x_i + u) . W_k x_j   +   (W_q x_i + v) . W_r R_{i-j}
+           `------ content (a)+(c) --'    `------- position (b)+(d) ---'
+
+with R the sinusoid table and u, v learned per-head biases (`r_w_bias`, `r_r_bias`). The content term is an ordinary
+q.k product (u is folded into the query), so it goes through the shared attention functions (eager, SDPA); the
+position term is computed once for all relative distances and shifted into place, then passed as an additive mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .txv_attention import additive_mask, get_attention_function
+
+
+def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
+    """Moves the position scores from "by distance" to "by key" layout without a copy (the paper's appendix B trick).
+
+    `position_scores[..., i, m]` is the score of query i for relative distance `R - 1 - m` (the sinusoid table runs
+    from distance R-1 down to 0, R = key length). Query i sits at absolute position `M + i` (M = memory length,
+    Q = query length, R = M + Q), so key j needs distance `M + i - j`, i.e. m = j + (Q - 1 - i). In memory that is
+    element `i * (R - 1) + j + (Q - 1)` of the row-major `[Q, R]` block: a strided view. Entries for future keys
+    (j > M + i) read neighbouring values and must be masked by the caller."""
+    scores = position_scores.contiguous()
+    *batch, query_length, key_length = scores.shape
+    batch_strides = scores.stride()[:-2]
+    return scores.as_strided(
+        (*batch, query_length, key_length),
+        (*batch_strides, key_length - 1, 1),
+        scores.storage_offset() + query_length - 1,
+    )
+
+
+class RelativePositionAttention(nn.Module):
+    """Multi-head attention over `[memory; hidden]` with Transformer-XL relative positions.
+
+    Parameter names follow the original code (`qkv_net`, `r_net`, `o_net`, `r_w_bias`, `r_r_bias`) so that
+    checkpoints of the original and of transformers' legacy TransfoXL load unchanged. When `own_biases` is False the
+    u/v biases are shared across layers and passed to `forward` by the model."""
+
+    def __init__(self, config, own_biases: bool = True):
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        inner = self.num_heads * self.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = True
+        self.qkv_net = nn.Linear(config.hidden_size, 3 * inner, bias=False)
+        self.r_net = nn.Linear(config.hidden_size, inner, bias=False)
+        self.o_net = nn.Linear(inner, config.hidden_size, bias=False)
+        self.drop = nn.Dropout(config.dropout)
+        if own_biases:
+            self.r_w_bias = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))
+            self.r_r_bias = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: torch.Tensor,
+        allowed: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        context_norm: nn.Module | None = None,
+        shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        hidden_states: `[B, Q, hidden]` the current segment; memory: `[B, M, hidden]` or None.
+        position_embeddings: `[M + Q, hidden]` sinusoids for distances M+Q-1 ... 0 (clamped, dropped out).
+        allowed: bool, broadcastable to `[B, heads, Q, M + Q]`.
+        context_norm: applied to `[memory; hidden]` before the projections (pre-layer-norm models).
+        Returns the attention output after `o_net` and dropout, `[B, Q, hidden]`, and the weights if requested.
+        """
+        batch, query_length, _ = hidden_states.shape
+        context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)
+        if context_norm is not None:
+            context = context_norm(context)
+        key_length = context.shape[1]
+        w_query, w_key, w_value = self.qkv_net.weight.chunk(3, dim=0)
+        heads = (self.num_heads, self.head_dim)
+        query = nn.functional.linear(context[:, -query_length:], w_query).view(batch, query_length, *heads)
+        key = nn.functional.linear(context, w_key).view(batch, key_length, *heads).transpose(1, 2)
+        value = nn.functional.linear(context, w_value).view(batch, key_length, *heads).transpose(1, 2)
+        position_keys = self.r_net(position_embeddings).view(key_length, *heads)
+
+        r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
+        # (b) + (d): (q + v) . W_r R for every distance, [B, H, Q, R], then shifted so that column j is key j.
+        position_scores = torch.matmul((query + r_r_bias).transpose(1, 2), position_keys.permute(1, 2, 0))
+        position_bias = relative_shift(position_scores) * self.scaling
+        attention_bias = additive_mask(allowed, query.dtype, position_bias)
+
+        attention = get_attention_function(self.config, output_attentions)
+        output, weights = attention(
+            self,
+            (query + r_w_bias).transpose(1, 2),  # (a) + (c): u folded into the query
+            key,
+            value,
+            attention_bias,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )
+        output = self.drop(self.o_net(output.reshape(batch, query_length, -1)))
+        return output, weights
