@@ -1,0 +1,146 @@
+"""Adaptive Computation Time (Graves 2016, "Adaptive Computation Time for Recurrent Neural Networks"), per position.
+
+At ponder step n = 1, 2, ... every position t reads its step input x_t^n and emits a halting probability
+
+    h_t^n = sigmoid(W_h x_t^n + b_h)
+
+It halts at the first step whose cumulative halting probability reaches the threshold 1 - epsilon, or at
+`max_steps`, whichever comes first:
+
+    N(t) = min( max_steps, min{ n : sum_{n'=1..n} h_t^{n'} >= 1 - epsilon } )
+    R(t) = 1 - sum_{n=1..N(t)-1} h_t^n                        (the remainder, used on the last step)
+    p_t^n = h_t^n for n < N(t),  p_t^{N(t)} = R(t)             (the p_t^n sum to 1)
+
+The output is the mean field of the step outputs, y_t = sum_n p_t^n y_t^n, and the ponder cost is
+rho_t = N(t) + R(t) (only R(t) carries a gradient). A position that has halted is *copied* from then on: its state is
+frozen at y_t (the mean field so far, which is final) while the other positions go on, so attention layers that read
+all positions see the halted ones unchanged (Dehghani et al. 2019, section 2.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass
+class ACTOutput:
+    """output: `[batch, length, hidden]` the mean field y_t. ponder_cost: `[batch, length]` N(t) + R(t).
+    n_updates: `[batch, length]` N(t) (float). remainders: `[batch, length]` R(t). num_steps: steps the loop ran.
+    step_states: with `return_step_states`, the state after every step (halted positions frozen)."""
+
+    output: torch.Tensor
+    ponder_cost: torch.Tensor
+    n_updates: torch.Tensor
+    remainders: torch.Tensor
+    num_steps: int
+    step_states: list[torch.Tensor] | None = None
+
+
+def act_halting_step(
+    halting: torch.Tensor,
+    cumulative: torch.Tensor,
+    running: torch.Tensor,
+    threshold: float,
+    is_last_step: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of the halting arithmetic.
+
+    halting: h^n `[...]`; cumulative: sum of the h of the previous steps of the still running positions;
+    running: bool, positions that have not halted before this step.
+    Returns `(p, new_cumulative, still_running, halts_now)`: p^n (0 for positions halted earlier; R for the positions
+    halting now, with R = 1 - cumulative), the updated cumulative sum, the positions still running after this
+    step, and the positions halting at this step."""
+    reaches = cumulative + halting >= threshold
+    halts_now = running & (reaches | is_last_step)
+    still_running = running & ~halts_now
+    remainder = 1.0 - cumulative
+    p = torch.where(halts_now, remainder, torch.where(still_running, halting, torch.zeros_like(halting)))
+    new_cumulative = torch.where(still_running, cumulative + halting, cumulative)
+    return p, new_cumulative, still_running, halts_now
+
+
+class AdaptiveComputationTime(nn.Module):
+    """The halting unit and the ACT loop around a step function.
+
+    Args:
+        hidden_size: size of the step input the halting unit reads.
+        max_steps: the largest number of steps a position may take.
+        threshold: 1 - epsilon.
+        halting_bias_init: initial bias of the halting unit (tensor2tensor's `act_halting_bias_init`, 1.0).
+    """
+
+    def __init__(self, hidden_size: int, max_steps: int, threshold: float = 0.99, halting_bias_init: float = 1.0):
+        super().__init__()
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold (1 - epsilon) must be in (0, 1], got {threshold}")
+        self.max_steps = max_steps
+        self.threshold = threshold
+        self.halting_bias_init = halting_bias_init
+        self.halting = nn.Linear(hidden_size, 1)
+
+    def halting_probability(self, step_input: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.halting(step_input).squeeze(-1).float())
+
+    def forward(
+        self,
+        state: torch.Tensor,
+        step_fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+        position_mask: torch.Tensor | None = None,
+        return_step_states: bool = False,
+    ) -> ACTOutput:
+        """
+        state: `[batch, length, hidden]` the state before the first step.
+        step_fn(state, step) -> (step_input, step_output): step_input is what the halting unit reads (e.g. the
+            state plus the step's coordinate embedding), step_output the transformed state y^n. `step` counts from 0.
+        position_mask: `[batch, length]` bool, True for real positions; padding positions halt at the first step
+            (and cost nothing in the ponder mean of the caller).
+        The loop stops as soon as every position has halted.
+        """
+        batch, length = state.shape[:2]
+        cumulative = torch.zeros(batch, length, device=state.device, dtype=torch.float32)
+        running = torch.ones(batch, length, device=state.device, dtype=torch.bool)
+        remainders = torch.zeros_like(cumulative)
+        n_updates = torch.zeros_like(cumulative)
+        output = torch.zeros_like(state)
+        step_states = [] if return_step_states else None
+        num_steps = 0
+        for step in range(self.max_steps):
+            step_input, step_output = step_fn(state, step)
+            halting = self.halting_probability(step_input)
+            is_last = step == self.max_steps - 1
+            was_running = running
+            p, cumulative, running, halts_now = act_halting_step(halting, cumulative, running, self.threshold, is_last)
+            if position_mask is not None and step == 0:
+                # padding positions halt at once with p = 1: no gradient, no influence
+                pad = ~position_mask.to(torch.bool)
+                halts_now = halts_now | (pad & running)
+                running = running & ~pad
+                p = torch.where(pad, torch.ones_like(p), p)
+            remainders = torch.where(halts_now, p, remainders)
+            n_updates = n_updates + was_running.to(n_updates.dtype)
+            # mean-field update: y = sum_n p^n y^n; positions halted earlier have p = 0 and are left as they were
+            output = output + p.to(state.dtype).unsqueeze(-1) * step_output
+            # the next step's state: running positions carry y^n, halted ones are frozen at their (final) mean field
+            state = torch.where(running.unsqueeze(-1), step_output, output)
+            num_steps = step + 1
+            if return_step_states:
+                step_states.append(state)
+            if not bool(running.any()):
+                break
+        return ACTOutput(
+            output=output,
+            ponder_cost=n_updates + remainders,
+            n_updates=n_updates,
+            remainders=remainders,
+            num_steps=num_steps,
+            step_states=step_states,
+        )
+
+
+__all__ = ["ACTOutput", "AdaptiveComputationTime", "act_halting_step"]
