@@ -1,0 +1,116 @@
+"""Vanilla Transformer configuration: absolute (sinusoidal or learned) positions (Vaswani et al. 2017) and the
+auxiliary losses of Al-Rfou et al. (2019, "Character-Level Language Modeling with Deeper Self-Attention")."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+
+@strict
+class VanillaConfig(PreTrainedConfig):
+    r"""
+    Standard names are stored; the papers' names are accepted through `attribute_map`
+    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_positions`).
+
+    Args:
+        vocab_size, hidden_size (`d_model`), num_hidden_layers (`n_layer`), num_attention_heads (`n_head`),
+        head_dim (`d_head`, default hidden_size // num_attention_heads), intermediate_size (`d_inner`).
+        position_embedding_type: "sinusoidal" (Vaswani et al., no parameters) or "learned" (Al-Rfou et al.: a
+            learned vector per position, here added once at the input).
+        max_position_embeddings: the longest sequence ("learned" cannot go further; "sinusoidal" is not limited).
+        scale_embedding: multiply token embeddings by sqrt(hidden_size) (Vaswani et al.).
+        pre_lnorm: layer norm on each sub-layer input (plus a final norm) instead of after the residual.
+        is_decoder: causal self-attention (the language model). False gives a bidirectional encoder
+            (`VanillaForMaskedLM`, the encoder of an `EncoderDecoderModel`).
+        add_cross_attention: a cross-attention sub-layer over `encoder_hidden_states` (decoder of an
+            `EncoderDecoderModel`); needs is_decoder.
+        loss_on_all_positions: Al-Rfou's "multiple positions" loss: predict the next token at every position.
+            False trains only the prediction at the last position of each row (the un-augmented baseline).
+        intermediate_loss_weight: weight of Al-Rfou's intermediate-layer losses (0 disables them). Layer l < L
+            (1-based) predicts the next token with the shared output layer; its loss counts until the training
+            progress (`model.set_training_progress(p)`, p in [0, 1]) reaches l / (2 L), then is 0 (the paper).
+        num_future_targets: Al-Rfou's "multiple targets": each position also predicts the tokens 2 .. n ahead,
+            each with its own classifier; 1 disables them. future_target_loss_weight: their weight (paper: 0.5).
+    """
+
+    model_type = "txv_vanilla"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "d_model": "hidden_size",
+        "n_head": "num_attention_heads",
+        "d_head": "head_dim",
+        "d_inner": "intermediate_size",
+        "n_layer": "num_hidden_layers",
+        "dropatt": "attention_dropout",
+        "n_positions": "max_position_embeddings",
+    }
+
+    vocab_size: int = 256
+    hidden_size: int = 512
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 8
+    head_dim: int | None = None
+    intermediate_size: int = 2048
+    position_embedding_type: str = "learned"
+    max_position_embeddings: int = 512
+    scale_embedding: bool = False
+    pre_lnorm: bool = False
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    layer_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    is_decoder: bool = True
+    add_cross_attention: bool = False
+    loss_on_all_positions: bool = True
+    intermediate_loss_weight: float | int = 0.0
+    num_future_targets: int = 1
+    future_target_loss_weight: float | int = 0.5
+    classifier_dropout: float | int | None = None
+    use_cache: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        for alias in [name for name in kwargs if name in self.attribute_map]:
+            setattr(self, alias, kwargs.pop(alias))
+        if self.head_dim is None and self.num_attention_heads > 0:
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        super().__post_init__(**kwargs)
+        self.validate_architecture()
+
+    def validate_architecture(self):
+        """Called at construction: a wrong config is a ValueError naming the field."""
+        for name in (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+            "intermediate_size", "max_position_embeddings", "num_future_targets",
+        ):
+            value = getattr(self, name)
+            if value is None or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if self.position_embedding_type not in ("sinusoidal", "learned"):
+            raise ValueError(
+                f"position_embedding_type must be 'sinusoidal' or 'learned', got {self.position_embedding_type!r}"
+            )
+        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
+            raise ValueError(f"hidden_size must be even for sinusoidal positions, got {self.hidden_size}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}")
+        for name in ("intermediate_loss_weight", "future_target_loss_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.add_cross_attention and not self.is_decoder:
+            raise ValueError("add_cross_attention=True needs is_decoder=True (cross-attention is a decoder sub-layer)")
+
+
+__all__ = ["VanillaConfig"]

@@ -1,0 +1,502 @@
+"""Vanilla Transformer (Vaswani et al. 2017) with absolute sinusoidal or learned positions, as the deep
+character-level language model of Al-Rfou et al. (2019, "Character-Level Language Modeling with Deeper
+Self-Attention") with its three auxiliary losses, and as encoder / decoder of an `EncoderDecoderModel`.
+
+`sliding_window_log_probs` is Al-Rfou's evaluation: the window moves by one token and is recomputed from scratch,
+so each prediction sees `window - 1` tokens of context (the slow baseline Transformer-XL is compared with).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    MaskedLMOutput,
+    ModelOutput,
+    SequenceClassifierOutputWithPast,
+)
+
+from .configuration_vanilla import VanillaConfig
+from .txv_mha import MultiHeadAttention, cache_past_length, cross_attention_mask, self_attention_mask
+from .txv_modeling_utils import TxvModelMixin
+from .txv_positions import sinusoid_table
+from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+from .txv_transformer_layer import TransformerLayer
+
+
+@dataclass
+class VanillaCausalLMOutput(ModelOutput):
+    """`loss` = lm_loss + intermediate_loss_weight * intermediate_loss + future_target_loss_weight * future_loss
+    (the auxiliary terms only in training mode); `lm_loss` is the next-token loss of the last layer."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    intermediate_loss: torch.FloatTensor | None = None
+    future_loss: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class VanillaPreTrainedModel(TxvModelMixin, PreTrainedModel):
+    config_class = VanillaConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TransformerLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    auto_classes = {
+        "AutoModel": "VanillaModel",
+        "AutoModelForCausalLM": "VanillaForCausalLM",
+        "AutoModelForMaskedLM": "VanillaForMaskedLM",
+        "AutoModelForSequenceClassification": "VanillaForSequenceClassification",
+    }
+    head_key_patterns = (r"^lm_head\.", r"^future_heads\.", r"^score\.")
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+class VanillaModel(VanillaPreTrainedModel):
+    """Token embeddings + absolute positions, `num_hidden_layers` Transformer layers (causal when
+    `config.is_decoder`), a final layer norm with `pre_lnorm`."""
+
+    def __init__(self, config: VanillaConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        if config.position_embedding_type == "learned":
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        else:
+            self.embed_positions = None
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            TransformerLayer(config, MultiHeadAttention(config, layer_idx), layer_idx)
+            for layer_idx in range(config.num_hidden_layers)
+        )
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+    def position_embeddings(self, position_ids: torch.Tensor, dtype) -> torch.Tensor:
+        if self.embed_positions is not None:
+            if int(position_ids.max()) >= self.config.max_position_embeddings:
+                raise ValueError(
+                    f"position {int(position_ids.max())} is beyond config.max_position_embeddings "
+                    f"({self.config.max_position_embeddings}) of the learned position embeddings"
+                )
+            return self.embed_positions(position_ids).to(dtype)
+        table = sinusoid_table(position_ids.reshape(-1), self.config.hidden_size)
+        return table.view(*position_ids.shape, -1).to(dtype)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        """
+        attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding.
+        position_ids: `[batch, length]` absolute positions; by default counted over the real tokens of
+            `attention_mask` (so a left-padded row gets the positions it would have alone), else past + arange.
+        encoder_hidden_states / encoder_attention_mask: the encoder output for cross-attention.
+        """
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
+
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
+                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
+            inputs_embeds = self.embed_tokens(input_ids)
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must be [batch, length, {config.hidden_size}] (config.hidden_size), "
+                f"got shape {tuple(inputs_embeds.shape)}"
+            )
+        batch, length = inputs_embeds.shape[:2]
+        device, dtype = inputs_embeds.device, inputs_embeds.dtype
+
+        if use_cache and past_key_values is None:
+            past_key_values = (
+                EncoderDecoderCache(DynamicCache(), DynamicCache()) if config.add_cross_attention else DynamicCache()
+            )
+        if past_key_values is not None and not isinstance(past_key_values, Cache):
+            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
+        past_length = cache_past_length(past_key_values)
+
+        if position_ids is None:
+            if attention_mask is not None and attention_mask.shape[-1] == past_length + length:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+            else:
+                position_ids = torch.arange(past_length, past_length + length, device=device)[None].expand(batch, -1)
+        hidden_states = inputs_embeds * self.embed_scale + self.position_embeddings(position_ids.to(device), dtype)
+        hidden_states = self.dropout(hidden_states)
+
+        mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            if not config.add_cross_attention:
+                raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+            cross_mask = cross_attention_mask(
+                encoder_attention_mask, batch, encoder_hidden_states.shape[1], dtype, device
+            )
+
+        all_hidden, all_self, all_cross = [], [], []
+        for layer in self.layers:
+            all_hidden.append(hidden_states)
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                mask,
+                encoder_hidden_states,
+                cross_mask,
+                past_key_values,
+                output_attentions,
+            )
+            all_self.append(self_weights)
+            all_cross.append(cross_weights)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        all_hidden.append(hidden_states)
+
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_self) if output_attentions else None,
+            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+def _next_token_loss(logits, labels, offset: int, position_weights: torch.Tensor | None):
+    """Mean cross-entropy of position t predicting labels[t + offset] (-100 ignored), restricted to the positions
+    whose `position_weights` is 1 when given."""
+    targets = labels[:, offset:]
+    scores = logits[:, : logits.shape[1] - offset]
+    if position_weights is not None:
+        targets = targets.masked_fill(~position_weights[:, : targets.shape[1]], -100)
+    losses = nn.functional.cross_entropy(
+        scores.reshape(-1, scores.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    return losses / (targets != -100).sum().clamp(min=1)
+
+
+class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
+    """The decoder language model with Al-Rfou's auxiliary losses (see `VanillaConfig`)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: VanillaConfig):
+        super().__init__(config)
+        self.model = VanillaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.future_heads = nn.ModuleList(
+            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            for _ in range(config.num_future_targets - 1)
+        )
+        self.training_progress = 0.0
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def set_training_progress(self, progress: float):
+        """Fraction of training done (step / total steps), which switches the intermediate losses off."""
+        if not 0.0 <= progress <= 1.0:
+            raise ValueError(f"training progress must be in [0, 1], got {progress}")
+        self.training_progress = float(progress)
+
+    def intermediate_layer_weights(self) -> list[float]:
+        """Al-Rfou's schedule: the loss of layer l (1-based, l < L) counts while progress < l / (2 L)."""
+        layers = self.config.num_hidden_layers
+        return [
+            1.0 if self.training_progress < layer / (2 * layers) else 0.0 for layer in range(1, layers)
+        ]
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> VanillaCausalLMOutput | tuple:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        The auxiliary losses (intermediate layers, future targets) are added only in training mode."""
+        config = self.config
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        aux_intermediate = (
+            labels is not None and self.training and config.intermediate_loss_weight > 0
+            and config.num_hidden_layers > 1 and any(self.intermediate_layer_weights())
+        )
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states or aux_intermediate,
+            return_dict=True,
+            position_ids=position_ids,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+        )
+        hidden_states = outputs.last_hidden_state
+        loss = lm_loss = intermediate_loss = future_loss = None
+        if labels is not None:
+            if labels.shape != hidden_states.shape[:2]:
+                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
+            labels = labels.to(hidden_states.device)
+            invalid = (labels != -100) & ((labels < 0) | (labels >= config.vocab_size))
+            if bool(invalid.any()):
+                raise ValueError(f"labels must be -100 or in [0, {config.vocab_size}) (config.vocab_size)")
+            position_weights = None
+            if not config.loss_on_all_positions:
+                # Only the prediction of the last real target of each row: position t with labels[t + 1] last.
+                targets_valid = labels[:, 1:] != -100
+                last = (torch.arange(targets_valid.shape[1], device=labels.device) * targets_valid).argmax(-1)
+                position_weights = torch.zeros_like(labels, dtype=torch.bool)
+                position_weights[torch.arange(labels.shape[0]), last] = True
+            logits = self.lm_head(hidden_states)
+            lm_loss = _next_token_loss(logits, labels, 1, position_weights)
+            loss = lm_loss
+            if aux_intermediate:
+                intermediate_loss = hidden_states.new_zeros(())
+                layer_outputs = outputs.hidden_states[1:-1]  # the outputs of layers 1 .. L-1
+                for weight, layer_output in zip(self.intermediate_layer_weights(), layer_outputs):
+                    if weight > 0:
+                        if self.model.norm is not None:
+                            layer_output = self.model.norm(layer_output)
+                        intermediate_loss = intermediate_loss + weight * _next_token_loss(
+                            self.lm_head(layer_output), labels, 1, position_weights
+                        )
+                loss = loss + config.intermediate_loss_weight * intermediate_loss
+            if self.training and len(self.future_heads):
+                future_loss = sum(
+                    _next_token_loss(head(hidden_states), labels, offset, position_weights)
+                    for offset, head in enumerate(self.future_heads, start=2)
+                )
+                loss = loss + config.future_target_loss_weight * future_loss
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
+        else:
+            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+
+        output = VanillaCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            lm_loss=lm_loss,
+            intermediate_loss=intermediate_loss,
+            future_loss=future_loss,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states if output_hidden_states else None,
+            attentions=outputs.attentions,
+            cross_attentions=outputs.cross_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class VanillaForMaskedLM(VanillaPreTrainedModel):
+    """Bidirectional encoder (`config.is_decoder=False`) with a tied token-prediction head; labels are not shifted."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: VanillaConfig):
+        if config.is_decoder:
+            raise ValueError("VanillaForMaskedLM needs a bidirectional encoder: set is_decoder=False in the config")
+        super().__init__(config)
+        self.model = VanillaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), labels.to(logits.device).reshape(-1), ignore_index=-100
+            )
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class VanillaForSequenceClassification(VanillaPreTrainedModel):
+    """A linear classifier on the hidden state of the last real token of each row (causal or bidirectional)."""
+
+    def __init__(self, config: VanillaConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = VanillaModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None else 0.0)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            position_ids=position_ids,
+        )
+        hidden_states = outputs.last_hidden_state
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
+        logits = self.score(self.dropout(hidden_states[rows, last]))
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
+        output = SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+@torch.no_grad()
+def sliding_window_log_probs(model, input_ids: torch.LongTensor, window: int, windows_per_batch: int = 1):
+    """Al-Rfou et al.'s evaluation: `[batch, length - 1]` log-probabilities of input_ids[:, t] for t >= 1.
+
+    `window` is the model's input length. The first `window` tokens are scored in one pass (token t sees the t
+    tokens before it); after that the window moves by one token and is recomputed from scratch, so every token
+    t >= window sees exactly the `window` tokens before it, at the cost of a full forward pass per token. `windows_per_batch` stacks that many shifted windows into
+    one forward pass (same arithmetic, fewer Python calls). `model` is any causal LM returning `logits`."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+    if window < 2:
+        raise ValueError(f"window must be >= 2, got {window}")
+    if windows_per_batch < 1:
+        raise ValueError(f"windows_per_batch must be >= 1, got {windows_per_batch}")
+    batch, length = input_ids.shape
+
+    def log_probs_of(chunk):
+        logits = model(input_ids=chunk, use_cache=False).logits
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    first = input_ids[:, : min(window, length)]
+    scores = [log_probs_of(first)[:, :-1].gather(-1, first[:, 1:, None])[..., 0]]
+    targets = list(range(window, length))
+    for start in range(0, len(targets), windows_per_batch):
+        group = targets[start : start + windows_per_batch]
+        chunk = torch.cat([input_ids[:, t - window : t] for t in group], dim=0)  # the `window` tokens before t
+        last = log_probs_of(chunk)[:, -1].view(len(group), batch, -1)
+        wanted = torch.stack([input_ids[:, t] for t in group])  # [group, batch]
+        scores.append(last.gather(-1, wanted[..., None])[..., 0].t())
+    return torch.cat(scores, dim=1)
+
+
+__all__ = [
+    "VanillaPreTrainedModel",
+    "VanillaModel",
+    "VanillaForCausalLM",
+    "VanillaForMaskedLM",
+    "VanillaForSequenceClassification",
+    "VanillaCausalLMOutput",
+    "sliding_window_log_probs",
+]

@@ -1,0 +1,158 @@
+"""Plain multi-head attention (Vaswani et al. 2017), for self- and cross-attention, with transformers' key/value caches.
+
+Self-attention keys/values go into a `DynamicCache` (or the `self_attention_cache` of an `EncoderDecoderCache`);
+cross-attention keys/values are computed once from the encoder output and kept in the `cross_attention_cache` of an
+`EncoderDecoderCache` (what `generate()` builds for `EncoderDecoderModel`). The mask is the additive float mask of
+`txv_attention`; subclasses add their own terms to it (see `txv_shaw_attention`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, EncoderDecoderCache
+
+from .txv_attention import additive_mask, causal_allowed, get_attention_function
+
+
+def cache_past_length(past_key_values: Cache | None, layer_idx: int = 0) -> int:
+    """Number of cached self-attention positions (0 without a cache)."""
+    if past_key_values is None:
+        return 0
+    if isinstance(past_key_values, EncoderDecoderCache):
+        past_key_values = past_key_values.self_attention_cache
+    return past_key_values.get_seq_length(layer_idx)
+
+
+class MultiHeadAttention(nn.Module):
+    """`q_proj`, `k_proj`, `v_proj`, `o_proj` (with biases), `num_heads` heads of size `head_dim`.
+
+    `key_value_size`: width of the cross-attention source (the encoder output); defaults to `hidden_size`."""
+
+    is_causal = False  # the mask is always explicit (transformers' sdpa must not add its own causal mask)
+
+    def __init__(
+        self,
+        config,
+        layer_idx: int,
+        is_cross_attention: bool = False,
+        key_value_size: int | None = None,
+    ):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_cross_attention = is_cross_attention
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        inner = self.num_heads * self.head_dim
+        key_value_size = key_value_size or config.hidden_size
+        self.q_proj = nn.Linear(config.hidden_size, inner)
+        self.k_proj = nn.Linear(key_value_size, inner)
+        self.v_proj = nn.Linear(key_value_size, inner)
+        self.o_proj = nn.Linear(inner, config.hidden_size)
+
+    def _heads(self, states: torch.Tensor) -> torch.Tensor:
+        batch, length = states.shape[:2]
+        return states.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def keys_values(self, hidden_states, key_value_states=None, past_key_values: Cache | None = None):
+        """`[batch, heads, k_len, head_dim]` keys and values, read from / written to the cache."""
+        if not self.is_cross_attention:
+            key, value = self._heads(self.k_proj(hidden_states)), self._heads(self.v_proj(hidden_states))
+            if past_key_values is not None:
+                cache = past_key_values
+                if isinstance(cache, EncoderDecoderCache):
+                    cache = cache.self_attention_cache
+                key, value = cache.update(key, value, self.layer_idx)
+            return key, value
+        if key_value_states is None:
+            raise ValueError("encoder_hidden_states is required for cross-attention (config.add_cross_attention=True)")
+        if isinstance(past_key_values, EncoderDecoderCache) and past_key_values.is_updated.get(self.layer_idx):
+            layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+            return layer.keys, layer.values
+        key, value = self._heads(self.k_proj(key_value_states)), self._heads(self.v_proj(key_value_states))
+        if isinstance(past_key_values, EncoderDecoderCache):
+            key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
+            past_key_values.is_updated[self.layer_idx] = True
+        return key, value
+
+    def attend(self, query, key, value, attention_mask, output_attentions=False, need_weights=False):
+        """Runs the configured attention function (eager when the weights are needed)."""
+        attention = get_attention_function(self.config, output_attentions or need_weights)
+        return attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`attention_mask`: additive float mask broadcastable to `[batch, heads, q_len, k_len]`."""
+        batch, query_length = hidden_states.shape[:2]
+        query = self._heads(self.q_proj(hidden_states))
+        key, value = self.keys_values(hidden_states, key_value_states, past_key_values)
+        output, weights = self.attend(query, key, value, attention_mask, output_attentions)
+        output = self.o_proj(output.reshape(batch, query_length, -1))
+        return output, (weights if output_attentions else None)
+
+
+def self_attention_mask(
+    attention_mask: torch.Tensor | None,
+    batch: int,
+    query_length: int,
+    past_length: int,
+    causal: bool,
+    dtype: torch.dtype,
+    device,
+) -> torch.Tensor | None:
+    """Additive `[batch or 1, 1, q_len, past_length + q_len]` mask: causal (query i at position past_length + i)
+    and padding. `attention_mask` is `[batch, past_length + q_len]` (or `[batch, q_len]`, the past then counts as
+    real) with 1 = token, 0 = padding. None when nothing is masked."""
+    key_length = past_length + query_length
+    allowed = None
+    if causal:
+        allowed = causal_allowed(query_length, past_length, device)[None, None]
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch:
+            raise ValueError(
+                f"attention_mask must be [batch={batch}, length] (1 = token, 0 = padding), "
+                f"got shape {tuple(attention_mask.shape)}"
+            )
+        if attention_mask.shape[1] == query_length and past_length > 0:
+            attention_mask = torch.cat(
+                [attention_mask.new_ones(batch, past_length), attention_mask], dim=1
+            )
+        if attention_mask.shape[1] != key_length:
+            raise ValueError(
+                f"attention_mask must cover the cached and the new positions ({key_length}), "
+                f"got shape {tuple(attention_mask.shape)}"
+            )
+        key_valid = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
+        allowed = key_valid if allowed is None else allowed & key_valid
+    if allowed is None:
+        return None
+    return additive_mask(allowed, dtype)
+
+
+def cross_attention_mask(encoder_attention_mask, batch: int, encoder_length: int, dtype, device):
+    """Additive `[batch, 1, 1, enc_len]` mask over the encoder positions (None when nothing is masked)."""
+    if encoder_attention_mask is None:
+        return None
+    if encoder_attention_mask.shape != (batch, encoder_length):
+        raise ValueError(
+            f"encoder_attention_mask must be [batch={batch}, {encoder_length}], "
+            f"got shape {tuple(encoder_attention_mask.shape)}"
+        )
+    return additive_mask(encoder_attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :], dtype)
