@@ -1,0 +1,367 @@
+"""Restricted unpickling for the original Transformer-XL files: nothing in a pickle is ever executed.
+
+``pickle.load`` runs whatever callable a file names (``os.system`` included). Here every global a pickle
+asks for goes through an allow-list: tensor and storage rebuilding, a few plain containers, and the
+*names* of the known classes (``mem_transformer.MemTransformerLM``, ``vocabulary.Vocab``, ``torch.nn``
+layers, ...). Those classes are never imported: each is replaced by a ``PickledObject`` that only records
+its class name and pickled state, so no constructor, ``__setstate__`` or ``__reduce__`` of the original
+code runs. Any other global is refused with an ``UnsafePickleError`` naming it, before anything is called.
+
+Supported containers: torch.save's zip format (torch >= 1.6), its legacy format (torch < 1.6, what the
+2019 code wrote), and plain pickles (Python 2 protocol 2 ``cache.pkl``).
+"""
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+import struct
+import zipfile
+
+import torch
+
+__all__ = [
+    "UnsafePickleError",
+    "PickledObject",
+    "ArrayStub",
+    "load_torch_file",
+    "load_plain_pickle",
+    "MODULE_CLASSES",
+    "VOCAB_CLASSES",
+]
+
+
+class UnsafePickleError(pickle.UnpicklingError):
+    """The file asked for something outside the allow-list; nothing was executed."""
+
+
+class PickledObject:
+    """Stand-in for an instance of an allowed class: ``cls`` ("module.Name") and ``state`` (its __dict__)."""
+
+    def __init__(self, cls, args=()):
+        self.cls = cls
+        self.args = tuple(args)
+        self.state = {}
+
+    @property
+    def name(self):
+        return self.cls.rsplit(".", 1)[-1]
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], (dict, type(None))):
+            # (instance dict, slots dict)
+            merged = dict(state[0] or {})
+            merged.update(state[1] or {})
+            state = merged
+        if not isinstance(state, dict):
+            raise UnsafePickleError(f"unexpected pickled state of type {type(state).__name__} for {self.cls}")
+        # Python 2 pickles read with encoding="bytes" have bytes keys
+        self.state = {(k.decode("latin1") if isinstance(k, bytes) else k): v for k, v in state.items()}
+
+    def get(self, key, default=None):
+        return self.state.get(key, default)
+
+    def __getitem__(self, key):
+        return self.state[key]
+
+    def __repr__(self):
+        return f"<pickled {self.cls}>"
+
+
+class ArrayStub:
+    """A numpy array or tensor that was present in the pickle but deliberately not materialised."""
+
+    def __init__(self, *args):
+        self.args = args
+        self.state = None
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __repr__(self):
+        return "<array not loaded>"
+
+
+def _stub_factory(*args, **kwargs):
+    return ArrayStub(*args)
+
+
+class _StubClass:
+    """A class reference (numpy.ndarray, numpy.dtype) that may be instantiated only into an ArrayStub."""
+
+    def __init__(self, qualname):
+        self.qualname = qualname
+
+    def __call__(self, *args, **kwargs):
+        return ArrayStub(*args)
+
+    def __new__(cls, *args, **kwargs):  # pragma: no cover - pickle passes instances, not the class
+        return super().__new__(cls)
+
+
+# --------------------------------------------------------------------------------------------- allow-lists
+# The class names the original code pickles. Module prefixes vary with how train.py was launched.
+MODULE_CLASSES = {
+    "mem_transformer": {
+        "MemTransformerLM", "AdaptiveEmbedding", "PositionalEmbedding", "PositionwiseFF",
+        "RelPartialLearnableDecoderLayer", "RelPartialLearnableMultiHeadAttn", "RelLearnableDecoderLayer",
+        "RelLearnableMultiHeadAttn", "RelMultiHeadAttn", "DecoderLayer", "MultiHeadAttn",
+    },
+    "proj_adaptive_softmax": {"ProjectedAdaptiveLogSoftmax"},
+    "log_uniform_sampler": {"LogUniformSampler"},
+    "torch.nn.modules.sparse": {"Embedding"},
+    "torch.nn.modules.linear": {"Linear", "Identity"},
+    "torch.nn.modules.container": {"ModuleList", "ParameterList", "Sequential", "ModuleDict", "ParameterDict"},
+    "torch.nn.modules.activation": {"ReLU"},
+    "torch.nn.modules.dropout": {"Dropout"},
+    "torch.nn.modules.normalization": {"LayerNorm"},
+}
+VOCAB_CLASSES = {
+    "data_utils": {"Corpus", "LMOrderedIterator", "LMShuffledIterator", "LMMultiFileIterator"},
+    "vocabulary": {"Vocab"},
+}
+
+_STORAGE_DTYPES = {
+    "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+}
+_TORCH_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "float64": torch.float64, "double": torch.float64,
+    "float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
+    "long": torch.int64, "int32": torch.int32, "int": torch.int32, "int16": torch.int16, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+
+
+class _StorageRef:
+    def __init__(self, dtype, key, numel):
+        self.dtype, self.key, self.numel = dtype, key, numel
+        self.tensor = None  # flat tensor, filled in by the loader (or left None when tensors are skipped)
+
+
+class _DeferredTensor:
+    """A tensor view of a storage whose bytes are read after the pickle (legacy torch format)."""
+
+    def __init__(self, storage, offset, size, stride):
+        self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
+
+    def materialize(self):
+        flat = self.storage.tensor
+        if flat is None:
+            return ArrayStub()
+        if not self.size:
+            return flat[self.offset].clone()
+        return torch.as_strided(flat, self.size, self.stride, self.offset).clone()
+
+
+def _rebuild_tensor(storage, storage_offset, size, stride, *rest):
+    if not isinstance(storage, _StorageRef):
+        raise UnsafePickleError("tensor rebuild called on something that is not a storage")
+    return _DeferredTensor(storage, storage_offset, size, stride)
+
+
+def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, *rest):
+    return data
+
+
+def _rebuild_from_type_v2(func, new_type, args, state):
+    if new_type not in ("torch.Tensor", "torch.nn.parameter.Parameter"):
+        raise UnsafePickleError(f"tensor subclass {new_type} is not allowed")
+    if func not in (_rebuild_tensor, _rebuild_parameter):
+        raise UnsafePickleError("tensor rebuild through an unknown function")
+    return func(*args)
+
+
+def _codecs_encode(obj, encoding="utf-8", errors="strict"):
+    if encoding not in ("latin1", "latin-1"):
+        raise UnsafePickleError(f"_codecs.encode with encoding {encoding!r} is not allowed")
+    return obj.encode("latin1")
+
+
+def _new_object(cls_name):
+    class_ = type("PickledClass_" + cls_name.replace(".", "_"), (PickledObject,), {})
+
+    def _new(cls, *args, **kwargs):
+        return PickledObject(cls_name, args)
+
+    class_.__new__ = _new
+    class_.qualname_ = cls_name
+    return class_
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, file, classes, storages=None, numpy_stubs=False, **kw):
+        super().__init__(file, **kw)
+        self._classes = classes
+        self._storages = storages if storages is not None else {}
+        self._numpy_stubs = numpy_stubs
+        self._class_cache = {}
+
+    def find_class(self, module, name):
+        qual = f"{module}.{name}"
+        # plain, side-effect-free containers
+        if (module, name) in {("collections", "OrderedDict")}:
+            return collections.OrderedDict
+        if (module, name) == ("collections", "Counter"):
+            return collections.Counter
+        if module in ("builtins", "__builtin__") and name in ("set", "frozenset", "list", "dict", "tuple",
+                                                               "int", "float", "bool", "str", "bytes",
+                                                               "bytearray", "slice", "complex"):
+            return {"set": set, "frozenset": frozenset, "list": list, "dict": dict, "tuple": tuple,
+                    "int": int, "float": float, "bool": bool, "str": str, "bytes": bytes,
+                    "bytearray": bytearray, "slice": slice, "complex": complex}[name]
+        if module == "_codecs" and name == "encode":
+            return _codecs_encode
+        # tensors
+        if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+            return _rebuild_tensor
+        if module == "torch._utils" and name in ("_rebuild_parameter", "_rebuild_parameter_with_state"):
+            return _rebuild_parameter
+        if module == "torch._tensor" and name == "_rebuild_from_type_v2":
+            return _rebuild_from_type_v2
+        if module == "torch" and name == "Tensor":
+            return "torch.Tensor"
+        if module == "torch.nn.parameter" and name == "Parameter":
+            return "torch.nn.parameter.Parameter"
+        if module in ("torch", "torch.cuda") and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]
+        if module == "torch" and name in _TORCH_DTYPES:
+            return _TORCH_DTYPES[name]
+        # numpy arrays inside a vocabulary cache: recognised, never built
+        if self._numpy_stubs and module in ("numpy.core.multiarray", "numpy._core.multiarray") and name in (
+            "_reconstruct", "scalar"):
+            return _stub_factory
+        if self._numpy_stubs and module == "numpy" and name in ("ndarray", "dtype"):
+            return _StubClass(qual)
+        # known classes, by name only
+        short = module.rsplit(".", 1)[-1] if module.startswith(("utils.", "pytorch.", "tf.")) else module
+        allowed = self._classes.get(short) or self._classes.get(module)
+        if allowed and name in allowed:
+            key = f"{short}.{name}"
+            if key not in self._class_cache:
+                self._class_cache[key] = _new_object(key)
+            return self._class_cache[key]
+        raise UnsafePickleError(
+            f"refusing to load global '{qual}': it is not on the allow-list of this converter "
+            f"(the file may be malicious or from an unsupported version); nothing was executed")
+
+    def persistent_load(self, pid):
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] in ("module", b"module"):
+            # legacy torch format records each nn.Module class with its source code; the class itself
+            # was already resolved through find_class (so it is an allowed stand-in); the source is ignored
+            if not (isinstance(pid[1], type) and issubclass(pid[1], PickledObject)):
+                raise UnsafePickleError(f"unsupported module record {pid[:1]!r}")
+            return pid[1]
+        if not isinstance(pid, tuple) or not pid or pid[0] not in ("storage", b"storage"):
+            raise UnsafePickleError(f"unsupported persistent id {pid!r}")
+        storage_type, key, _location, numel = pid[1], pid[2], pid[3], pid[4]
+        if not isinstance(storage_type, torch.dtype):
+            raise UnsafePickleError(f"unsupported storage type {storage_type!r}")
+        if len(pid) > 5 and pid[5] is not None:
+            raise UnsafePickleError("storage views (pre-1.0 torch files) are not supported")
+        key = key.decode() if isinstance(key, bytes) else str(key)
+        ref = self._storages.get(key)
+        if ref is None:
+            ref = self._storages[key] = _StorageRef(storage_type, key, numel)
+        return ref
+
+
+def _materialize(obj, memo=None):
+    """Replace every _DeferredTensor in a tree of containers / PickledObjects by a real tensor."""
+    if memo is None:
+        memo = {}
+    oid = id(obj)
+    if oid in memo:
+        return memo[oid]
+    if isinstance(obj, _DeferredTensor):
+        out = memo[oid] = obj.materialize()
+        return out
+    if isinstance(obj, PickledObject):
+        memo[oid] = obj
+        for k, v in list(obj.state.items()):
+            obj.state[k] = _materialize(v, memo)
+        return obj
+    if isinstance(obj, dict):
+        memo[oid] = obj
+        for k, v in list(obj.items()):
+            obj[k] = _materialize(v, memo)
+        return obj
+    if isinstance(obj, list):
+        memo[oid] = obj
+        for i, v in enumerate(obj):
+            obj[i] = _materialize(v, memo)
+        return obj
+    if isinstance(obj, tuple):
+        out = memo[oid] = tuple(_materialize(v, memo) for v in obj)
+        return out
+    return obj
+
+
+def _bytes_to_flat(data, dtype, numel):
+    if numel == 0:
+        return torch.empty(0, dtype=dtype)
+    t = torch.frombuffer(bytearray(data), dtype=dtype)
+    if t.numel() < numel:
+        raise UnsafePickleError(f"storage holds {t.numel()} elements, {numel} expected")
+    return t[:numel]
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def load_torch_file(path, classes=MODULE_CLASSES, load_tensors=True, numpy_stubs=False):
+    """Load a ``torch.save`` file (zip or legacy format) with the restricted unpickler."""
+    path = os.fspath(path)
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            pkl = [n for n in names if n.endswith("data.pkl") and n.count("/") == 1]
+            if not pkl:
+                raise UnsafePickleError(f"{path}: zip file without a torch data.pkl")
+            root = pkl[0].split("/")[0]
+            storages = {}
+            obj = _RestrictedUnpickler(io.BytesIO(zf.read(pkl[0])), classes, storages, numpy_stubs,
+                                       encoding="utf-8").load()
+            if load_tensors:
+                for key, ref in storages.items():
+                    data = zf.read(f"{root}/data/{key}")
+                    ref.tensor = _bytes_to_flat(data, ref.dtype, ref.numel)
+        return _materialize(obj)
+    with open(path, "rb") as f:
+        def small():
+            return _RestrictedUnpickler(f, {}, None, False, encoding="utf-8").load()
+
+        try:
+            magic = small()
+        except UnsafePickleError:
+            raise
+        except Exception as err:  # noqa: BLE001 - anything unreadable is "not a torch file"
+            raise UnsafePickleError(f"{path}: not a torch.save file ({err})") from err
+        if magic != _LEGACY_MAGIC:
+            raise UnsafePickleError(f"{path}: not a torch.save file (no legacy magic number)")
+        small()  # protocol version
+        small()  # sys info
+        storages = {}
+        obj = _RestrictedUnpickler(f, classes, storages, numpy_stubs, encoding="utf-8").load()
+        keys = small()
+        if load_tensors:
+            for key in keys:
+                key = key.decode() if isinstance(key, bytes) else str(key)
+                ref = storages[key]
+                (numel,) = struct.unpack("<q", f.read(8))
+                nbytes = numel * torch.empty((), dtype=ref.dtype).element_size()
+                ref.tensor = _bytes_to_flat(f.read(nbytes), ref.dtype, numel)
+        return _materialize(obj)
+
+
+def load_plain_pickle(path, classes=VOCAB_CLASSES, encoding="bytes"):
+    """Load a plain pickle (e.g. a Python 2 ``cache.pkl``) with the restricted unpickler.
+
+    With ``encoding="bytes"`` Python 2 ``str`` objects come back as ``bytes`` (to be decoded by the
+    caller as UTF-8), and Python 2 ``unicode`` objects as ``str``.
+    """
+    with open(path, "rb") as f:
+        return _RestrictedUnpickler(f, classes, None, True, encoding=encoding).load()
