@@ -1,0 +1,377 @@
+"""Shaw Transformer (Shaw, Uszkoreit and Vaswani 2018, "Self-Attention with Relative Position Representations"):
+the Transformer with relation-aware self-attention (clipped relative positions added to keys and values, see
+`txv_shaw_attention`) and no absolute positions. Encoder (`ShawForMaskedLM`, `ShawForSequenceClassification`),
+decoder language model (`ShawForCausalLM`, a key/value cache for generate), and encoder / decoder of transformers'
+`EncoderDecoderModel` (cross-attention is plain, as in the paper).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    MaskedLMOutput,
+    ModelOutput,
+    SequenceClassifierOutputWithPast,
+)
+
+from .configuration_shaw import ShawConfig
+from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
+from .txv_modeling_utils import TxvModelMixin
+from .txv_shaw_attention import RelationAwareSelfAttention
+from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+from .txv_transformer_layer import TransformerLayer
+
+
+@dataclass
+class ShawCausalLMOutput(ModelOutput):
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class ShawPreTrainedModel(TxvModelMixin, PreTrainedModel):
+    config_class = ShawConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["TransformerLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    auto_classes = {
+        "AutoModel": "ShawModel",
+        "AutoModelForCausalLM": "ShawForCausalLM",
+        "AutoModelForMaskedLM": "ShawForMaskedLM",
+        "AutoModelForSequenceClassification": "ShawForSequenceClassification",
+    }
+    head_key_patterns = (r"^lm_head\.", r"^score\.")
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+class ShawModel(ShawPreTrainedModel):
+    """Token embeddings (no positions), `num_hidden_layers` Transformer layers with relation-aware self-attention
+    (causal when `config.is_decoder`), a final layer norm with `pre_lnorm`."""
+
+    def __init__(self, config: ShawConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            TransformerLayer(config, RelationAwareSelfAttention(config, layer_idx), layer_idx)
+            for layer_idx in range(config.num_hidden_layers)
+        )
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        """
+        attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding.
+        Relative distances are counted in positions of the (cached + new) sequence; padding does not change them.
+        encoder_hidden_states / encoder_attention_mask: the encoder output for cross-attention.
+        """
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
+
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
+                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
+            inputs_embeds = self.embed_tokens(input_ids)
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must be [batch, length, {config.hidden_size}] (config.hidden_size), "
+                f"got shape {tuple(inputs_embeds.shape)}"
+            )
+        batch, length = inputs_embeds.shape[:2]
+        device, dtype = inputs_embeds.device, inputs_embeds.dtype
+
+        if use_cache and past_key_values is None:
+            past_key_values = (
+                EncoderDecoderCache(DynamicCache(), DynamicCache()) if config.add_cross_attention else DynamicCache()
+            )
+        if past_key_values is not None and not isinstance(past_key_values, Cache):
+            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
+        past_length = cache_past_length(past_key_values)
+
+        hidden_states = inputs_embeds * self.embed_scale
+        hidden_states = self.dropout(hidden_states)
+
+        mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            if not config.add_cross_attention:
+                raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+            cross_mask = cross_attention_mask(
+                encoder_attention_mask, batch, encoder_hidden_states.shape[1], dtype, device
+            )
+
+        all_hidden, all_self, all_cross = [], [], []
+        for layer in self.layers:
+            all_hidden.append(hidden_states)
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                mask,
+                encoder_hidden_states,
+                cross_mask,
+                past_key_values,
+                output_attentions,
+            )
+            all_self.append(self_weights)
+            all_cross.append(cross_weights)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        all_hidden.append(hidden_states)
+
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_self) if output_attentions else None,
+            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
+    """The decoder language model; `generate()` keeps a `DynamicCache` of keys and values (the relative terms are
+    recomputed from positions, so the cache holds only x W^K and x W^V)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: ShawConfig):
+        super().__init__(config)
+        self.model = ShawModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> ShawCausalLMOutput | tuple:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
+        config = self.config
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+        )
+        hidden_states = outputs.last_hidden_state
+        loss = None
+        if labels is not None:
+            if labels.shape != hidden_states.shape[:2]:
+                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
+            labels = labels.to(hidden_states.device)
+            invalid = (labels != -100) & ((labels < 0) | (labels >= config.vocab_size))
+            if bool(invalid.any()):
+                raise ValueError(f"labels must be -100 or in [0, {config.vocab_size}) (config.vocab_size)")
+            logits = self.lm_head(hidden_states)
+            targets = labels[:, 1:]
+            total = nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum"
+            )
+            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
+            loss = total / denominator
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
+        else:
+            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+
+        output = ShawCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            cross_attentions=outputs.cross_attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ShawForMaskedLM(ShawPreTrainedModel):
+    """Bidirectional encoder (`config.is_decoder=False`) with a tied token-prediction head; labels are not shifted."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: ShawConfig):
+        if config.is_decoder:
+            raise ValueError("ShawForMaskedLM needs a bidirectional encoder: set is_decoder=False in the config")
+        super().__init__(config)
+        self.model = ShawModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), labels.to(logits.device).reshape(-1), ignore_index=-100
+            )
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class ShawForSequenceClassification(ShawPreTrainedModel):
+    """A linear classifier on the hidden state of the last real token of each row (causal or bidirectional)."""
+
+    def __init__(self, config: ShawConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ShawModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None else 0.0)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
+        logits = self.score(self.dropout(hidden_states[rows, last]))
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
+        output = SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "ShawPreTrainedModel",
+    "ShawModel",
+    "ShawForCausalLM",
+    "ShawForMaskedLM",
+    "ShawForSequenceClassification",
+    "ShawCausalLMOutput",
+]
