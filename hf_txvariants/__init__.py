@@ -17,6 +17,23 @@ from .modeling_transfo_xl import (
     TransfoXLModel,
     TransfoXLPreTrainedModel,
 )
+from .configuration_vanilla import VanillaConfig
+from .modeling_vanilla import (
+    VanillaForCausalLM,
+    VanillaForMaskedLM,
+    VanillaForSequenceClassification,
+    VanillaModel,
+    VanillaPreTrainedModel,
+    sliding_window_log_probs,
+)
+from .configuration_shaw import ShawConfig
+from .modeling_shaw import (
+    ShawForCausalLM,
+    ShawForMaskedLM,
+    ShawForSequenceClassification,
+    ShawModel,
+    ShawPreTrainedModel,
+)
 from .txv_cache import MemoryCache
 
 __version__ = "0.1.0"
@@ -31,6 +48,8 @@ AUTO_CLASSES = {
 # One line per variant: its config class and the module holding the classes named in its `auto_classes`.
 VARIANTS = {
     "transfo-xl": (TransfoXLConfig, TransfoXLPreTrainedModel),
+    "txv_vanilla": (VanillaConfig, VanillaPreTrainedModel),
+    "txv_shaw": (ShawConfig, ShawPreTrainedModel),
 }
 
 # The standard ForCausalLM name for Transformer-XL's LM head.
@@ -58,4 +77,17 @@ __all__ = [
     "TransfoXLForSequenceClassification",
     "TransfoXLPreTrainedModel",
     "VARIANTS",
+    "VanillaConfig",
+    "VanillaModel",
+    "VanillaForCausalLM",
+    "VanillaForMaskedLM",
+    "VanillaForSequenceClassification",
+    "VanillaPreTrainedModel",
+    "sliding_window_log_probs",
+    "ShawConfig",
+    "ShawModel",
+    "ShawForCausalLM",
+    "ShawForMaskedLM",
+    "ShawForSequenceClassification",
+    "ShawPreTrainedModel",
 ]
