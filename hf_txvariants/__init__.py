@@ -10,12 +10,29 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
+from .configuration_gtrxl import GTrXLConfig
 from .configuration_transfo_xl import TransfoXLConfig
+from .modeling_gtrxl import GTrXLForCausalLM, GTrXLModel, GTrXLPreTrainedModel
 from .modeling_transfo_xl import (
     TransfoXLForSequenceClassification,
     TransfoXLLMHeadModel,
     TransfoXLModel,
     TransfoXLPreTrainedModel,
+)
+from .configuration_universal import UniversalTransformerConfig
+from .modeling_universal import (
+    UniversalTransformerForCausalLM,
+    UniversalTransformerForMaskedLM,
+    UniversalTransformerForSequenceClassification,
+    UniversalTransformerModel,
+    UniversalTransformerPreTrainedModel,
+)
+from .configuration_sparse_transformer import SparseTransformerConfig
+from .modeling_sparse_transformer import (
+    SparseTransformerForCausalLM,
+    SparseTransformerForSequenceClassification,
+    SparseTransformerModel,
+    SparseTransformerPreTrainedModel,
 )
 from .configuration_vanilla import VanillaConfig
 from .modeling_vanilla import (
@@ -48,6 +65,9 @@ AUTO_CLASSES = {
 # One line per variant: its config class and the module holding the classes named in its `auto_classes`.
 VARIANTS = {
     "transfo-xl": (TransfoXLConfig, TransfoXLPreTrainedModel),
+    "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
+    "gtrxl": (GTrXLConfig, GTrXLPreTrainedModel),
+    "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_vanilla": (VanillaConfig, VanillaPreTrainedModel),
     "txv_shaw": (ShawConfig, ShawPreTrainedModel),
 }
@@ -69,6 +89,21 @@ for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
 
 __all__ = [
+    "SparseTransformerConfig",
+    "SparseTransformerModel",
+    "SparseTransformerForCausalLM",
+    "SparseTransformerForSequenceClassification",
+    "SparseTransformerPreTrainedModel",
+    "UniversalTransformerConfig",
+    "UniversalTransformerModel",
+    "UniversalTransformerForCausalLM",
+    "UniversalTransformerForMaskedLM",
+    "UniversalTransformerForSequenceClassification",
+    "UniversalTransformerPreTrainedModel",
+    "GTrXLConfig",
+    "GTrXLForCausalLM",
+    "GTrXLModel",
+    "GTrXLPreTrainedModel",
     "MemoryCache",
     "TransfoXLConfig",
     "TransfoXLModel",

@@ -17,7 +17,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutputWithPast
 
 from .configuration_transfo_xl import TransfoXLConfig
-from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
+from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_attention import causal_allowed
 from .txv_cache import MemoryCache
 from .txv_feedforward import PositionwiseFeedForward
@@ -140,7 +140,6 @@ class TransfoXLPreTrainedModel(TxvModelMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         """The original initialisation (the `init`, `init_range`, `init_std` and `proj_init_std` fields)."""
-        std = self.config.proj_init_std
         if isinstance(module, nn.Linear):
             self._init_weight(module.weight)
             if module.bias is not None:
@@ -150,15 +149,12 @@ class TransfoXLPreTrainedModel(TxvModelMixin, PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.normal_(module.weight, 1.0, self.config.initializer_range)
             init.zeros_(module.bias)
-        elif isinstance(module, AdaptiveEmbedding):
-            for projection in module.emb_projs:
-                init.normal_(projection, 0.0, std)
-        elif isinstance(module, ProjectedAdaptiveLogSoftmax):
-            if module.num_tail_clusters:
-                self._init_weight(module.cluster_weight)
-                init.zeros_(module.cluster_bias)
-            for projection in module.out_projs:
-                init.normal_(projection, 0.0, std)
+        elif isinstance(module, ProjectionList):
+            for projection in module:
+                init.normal_(projection, 0.0, self.config.proj_init_std)
+        elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
+            self._init_weight(module.cluster_weight)
+            init.zeros_(module.cluster_bias)
         if isinstance(module, (RelativePositionAttention, TransfoXLModel)) and hasattr(module, "r_w_bias"):
             self._init_weight(module.r_w_bias)
             self._init_weight(module.r_r_bias)
@@ -355,6 +351,10 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             elif tie and config.div_val != 1:
                 tied[f"crit.out_projs.{i}"] = f"transformer.word_emb.emb_projs.{i}"
         return tied
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:  # read by transformers when saving shared tensors
+        return self.get_expanded_tied_weights_keys()
 
     def get_output_embeddings(self):
         return None  # an adaptive softmax, not one Linear; tying is done by get_expanded_tied_weights_keys

@@ -26,6 +26,10 @@ def cluster_dims(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
     return [d_embed // (div_val**i) for i in range(num_clusters)]
 
 
+class ProjectionList(nn.ParameterList):
+    """The per-cluster projections `[d_proj, d_emb_i]` (its own type so that `_init_weights` can find them)."""
+
+
 class AdaptiveEmbedding(nn.Module):
     """Token embedding with per-cluster sizes, projected to `d_proj` and scaled by sqrt(d_proj)."""
 
@@ -35,7 +39,7 @@ class AdaptiveEmbedding(nn.Module):
         self.bounds = cluster_bounds(vocab_size, cutoffs)
         self.emb_scale = d_proj**0.5
         self.emb_layers = nn.ModuleList()
-        self.emb_projs = nn.ParameterList()
+        self.emb_projs = ProjectionList()
         if div_val == 1:
             self.emb_layers.append(nn.Embedding(vocab_size, d_embed))
             if d_proj != d_embed:
@@ -77,7 +81,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             self.cluster_weight = nn.Parameter(torch.zeros(self.num_tail_clusters, d_embed))
             self.cluster_bias = nn.Parameter(torch.zeros(self.num_tail_clusters))
         self.out_layers = nn.ModuleList()
-        self.out_projs = nn.ParameterList()
+        self.out_projs = ProjectionList()
         if div_val == 1:
             if d_proj != d_embed:
                 for _ in self.bounds:

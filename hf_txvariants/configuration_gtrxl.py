@@ -1,0 +1,108 @@
+"""Gated Transformer-XL configuration (Parisotto et al. 2019, "Stabilizing Transformers for Reinforcement Learning").
+model_type `txv_gtrxl`."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+# The residual forms of the paper: TrXL (plain residual, layer norm after it), TrXL-I (identity map reordering: layer
+# norm on the sub-module input only, ReLU on its output, plain residual) and GTrXL with one of the gates.
+GATE_TYPES = ("trxl", "trxl_i", "input", "output", "highway", "sigmoid_tanh", "gru")
+
+
+@strict
+class GTrXLConfig(PreTrainedConfig):
+    r"""
+    Standard names are stored; the papers' names are accepted through `attribute_map`
+    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `init_std`).
+
+    Args:
+        vocab_size: number of tokens for `input_ids` and the causal-LM head (RL agents pass `inputs_embeds`).
+        hidden_size (`d_model`), num_attention_heads (`n_head`), head_dim (`d_head`, default hidden/heads),
+        intermediate_size (`d_inner`), num_hidden_layers (`n_layer`).
+        gate_type: the residual form, one of
+            "trxl" (x + y then layer norm), "trxl_i" (identity map reordering: x + ReLU(y), y from LN(x)),
+            or a GTrXL gate on top of the reordering: "input", "output", "highway", "sigmoid_tanh", "gru".
+        gate_bias: the paper's b_g, initial value of the gate bias (> 0 starts each layer close to the identity).
+        mem_len: number of past time steps kept as memory (`past_key_values`); 0 gives a memory-less model.
+        same_length: every query attends to at most `mem_len + 1` steps (itself and `mem_len` before), exactly what
+            step-by-step inference with a `mem_len` memory sees, so training on stored segments sees the same
+            context as acting. False: a segment also sees all of its own earlier steps (plain Transformer-XL).
+        clamp_len: relative distances above it use the encoding of clamp_len (<= 0: no clamping).
+        dropout, attention_dropout (`dropatt`), initializer_range (`init_std`), layer_norm_eps.
+
+    The memory always starts empty (a fresh or reset row attends only to its own steps).
+    """
+
+    model_type = "txv_gtrxl"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "d_model": "hidden_size",
+        "n_head": "num_attention_heads",
+        "d_head": "head_dim",
+        "d_inner": "intermediate_size",
+        "n_layer": "num_hidden_layers",
+        "dropatt": "attention_dropout",
+        "init_std": "initializer_range",
+    }
+
+    vocab_size: int = 32000
+    hidden_size: int = 256
+    num_attention_heads: int = 8
+    head_dim: int | None = None
+    intermediate_size: int = 1024
+    num_hidden_layers: int = 4
+    gate_type: str = "gru"
+    gate_bias: float | int = 2.0
+    mem_len: int = 64
+    same_length: bool = True
+    clamp_len: int = 0
+    dropout: float | int = 0.0
+    attention_dropout: float | int = 0.0
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-5
+    use_cache: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        for alias in [name for name in kwargs if name in self.attribute_map]:
+            setattr(self, alias, kwargs.pop(alias))
+        if self.head_dim is None and self.num_attention_heads > 0:
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        super().__post_init__(**kwargs)
+        self.validate_architecture()
+
+    def validate_architecture(self):
+        """Called at construction and before saving: a wrong config is a ValueError naming the field."""
+        positive = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+        }
+        for name, value in positive.items():
+            if value is None or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if self.hidden_size % 2:
+            raise ValueError(f"hidden_size must be even (sinusoidal relative positions), got {self.hidden_size}")
+        if self.gate_type not in GATE_TYPES:
+            raise ValueError(f"gate_type must be one of {list(GATE_TYPES)}, got {self.gate_type!r}")
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+__all__ = ["GTrXLConfig", "GATE_TYPES"]

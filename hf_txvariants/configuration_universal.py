@@ -1,0 +1,101 @@
+"""Universal Transformer configuration (Dehghani et al. 2019). model_type `txv_universal`."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+
+@strict
+class UniversalTransformerConfig(PreTrainedConfig):
+    r"""
+    One shared layer (self-attention, optional cross-attention, feed-forward; pre-layer-norm) applied over depth.
+
+    Standard names are stored; the papers' names are accepted through `attribute_map` (`d_model`, `n_head`,
+    `d_head`, `d_inner`, `dropatt`, `max_steps` = `num_hidden_layers`, `act_epsilon` is stored as `act_threshold`).
+
+    Args:
+        vocab_size, hidden_size (`d_model`), num_attention_heads (`n_head`), head_dim (`d_head`),
+        intermediate_size (`d_inner`).
+        num_hidden_layers (`max_steps`): the number of recurrent steps (fixed-steps mode) or the largest number of
+            ACT steps a position may take.
+        use_act: per-position Adaptive Computation Time; False gives the fixed-steps model, which equals a stack
+            of `num_hidden_layers` weight-tied layers.
+        act_threshold: 1 - epsilon (tensor2tensor: epsilon = 0.01). act_loss_weight: weight of the ponder cost in
+            the loss (tensor2tensor's `act_loss_weight`, 0.001). halting_bias_init: initial bias of the halting unit.
+        is_decoder: causal self-attention in `UniversalTransformerModel` (the LM head is always causal, the MLM and
+            classification heads never). add_cross_attention: a cross-attention sub-layer over
+            `encoder_hidden_states` (set by `EncoderDecoderModel`).
+        scale_embedding: token embeddings are multiplied by sqrt(hidden_size) (tensor2tensor's symbol modality).
+        dropout, attention_dropout (`dropatt`), layer_norm_eps, initializer_range.
+        use_cache: kept False; there is no key/value cache (generation recomputes the prefix at every token).
+    """
+
+    model_type = "txv_universal"
+    attribute_map = {
+        "d_model": "hidden_size",
+        "n_head": "num_attention_heads",
+        "d_head": "head_dim",
+        "d_inner": "intermediate_size",
+        "dropatt": "attention_dropout",
+        "max_steps": "num_hidden_layers",
+        "n_layer": "num_hidden_layers",
+    }
+
+    vocab_size: int = 32000
+    hidden_size: int = 512
+    num_attention_heads: int = 8
+    head_dim: int | None = None
+    intermediate_size: int = 2048
+    num_hidden_layers: int = 8
+    use_act: bool = True
+    act_threshold: float = 0.99
+    act_loss_weight: float = 0.001
+    halting_bias_init: float = 1.0
+    is_decoder: bool = False
+    add_cross_attention: bool = False
+    scale_embedding: bool = True
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    layer_norm_eps: float = 1e-6
+    initializer_range: float = 0.02
+    use_cache: bool = False
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        for alias in [name for name in kwargs if name in self.attribute_map]:
+            setattr(self, alias, kwargs.pop(alias))
+        if "act_epsilon" in kwargs:
+            self.act_threshold = 1.0 - float(kwargs.pop("act_epsilon"))
+        if self.head_dim is None and self.num_attention_heads > 0:
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        super().__post_init__(**kwargs)
+        self.validate_architecture()
+
+    def validate_architecture(self):
+        """Called at construction: a wrong config is a ValueError naming the field."""
+        for name in ("vocab_size", "hidden_size", "num_attention_heads", "head_dim", "intermediate_size",
+                     "num_hidden_layers"):
+            value = getattr(self, name)
+            if value is None or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if self.hidden_size % 2:
+            raise ValueError(f"hidden_size must be even (sinusoidal coordinate embedding), got {self.hidden_size}")
+        if not 0.0 < self.act_threshold <= 1.0:
+            raise ValueError(f"act_threshold (1 - act_epsilon) must be in (0, 1], got {self.act_threshold}")
+        if self.act_loss_weight < 0:
+            raise ValueError(f"act_loss_weight must be >= 0, got {self.act_loss_weight}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+__all__ = ["UniversalTransformerConfig"]

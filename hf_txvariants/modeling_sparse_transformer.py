@@ -1,0 +1,369 @@
+"""Sparse Transformer (Child, Gray, Radford and Sutskever 2019, "Generating Long Sequences with Sparse Transformers").
+
+A pre-activation decoder (x + attn(LN(x)), x + FF(LN(x)), GELU, output projections initialised with std / sqrt(2N))
+whose attention is restricted to a factorised pattern from `txv_patterns` (strided or fixed), used one of the
+paper's three ways (`pattern_mode`): interleaved per residual block, merged, or per head. Every pattern runs through
+the blocked path (trains on CPU), FlexAttention or a dense reference mask, with equal results. Decoding with a key/value
+cache attends from the new positions with the same pattern (dense mask over the cached keys, O(L) per token).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
+
+from .configuration_sparse_transformer import SparseTransformerConfig
+from .txv_mha import MultiHeadAttention, cache_past_length
+from .txv_modeling_utils import TxvModelMixin
+from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided, Union, pattern_attention
+from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+
+
+def layer_patterns(config: SparseTransformerConfig) -> list:
+    """The attention pattern of every layer, from `attention_pattern` and `pattern_mode`."""
+    base = {
+        "strided": lambda: Strided(config.stride),
+        "fixed": lambda: Fixed(config.stride, config.summary_size),
+        "causal": Causal,
+        "sliding_window": lambda: SlidingWindow(config.stride),
+        "local1d": lambda: Local1D(config.stride),
+    }[config.attention_pattern]()
+    factors = base.factors()
+    if len(factors) == 1 or config.pattern_mode == "merged":
+        return [base] * config.num_hidden_layers
+    if config.pattern_mode == "per_head":
+        return [PerHead(tuple(factors))] * config.num_hidden_layers
+    return [factors[i % len(factors)] for i in range(config.num_hidden_layers)]
+
+
+class SparseTransformerAttention(MultiHeadAttention):
+    """Multi-head self-attention restricted to `pattern` (q/k/v/o projections and the cache of `txv_mha`)."""
+
+    def __init__(self, config: SparseTransformerConfig, layer_idx: int, pattern):
+        super().__init__(config, layer_idx)
+        self.pattern = pattern
+
+    def forward(self, hidden_states, key_padding_mask=None, past_key_values=None, output_attentions=False):
+        batch, length = hidden_states.shape[:2]
+        past_length = cache_past_length(past_key_values, self.layer_idx)
+        query = self._heads(self.q_proj(hidden_states))
+        key, value = self.keys_values(hidden_states, past_key_values=past_key_values)
+        implementation = self.config.pattern_implementation
+        if implementation == "dense" or (past_length > 0 and implementation == "blocked"):
+            implementation = "sdpa" if self.config._attn_implementation == "sdpa" else "eager"
+        output, weights = pattern_attention(
+            self,
+            query,
+            key,
+            value,
+            self.pattern,
+            implementation,
+            scaling=self.scaling,
+            key_padding_mask=key_padding_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            block_size=self.config.block_size,
+            q_offset=past_length,
+            output_attentions=output_attentions,
+        )
+        return self.o_proj(output.reshape(batch, length, -1)), weights
+
+
+class SparseTransformerMLP(nn.Module):
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.act = nn.GELU()
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states):
+        return self.dropout(self.fc_out(self.act(self.fc_in(hidden_states))))
+
+
+class SparseTransformerLayer(GradientCheckpointingLayer):
+    """Paper eq. (pre-activation residual block): H_k = H_{k-1} + attn(LN(H_{k-1})), then + ff(LN(.))."""
+
+    def __init__(self, config: SparseTransformerConfig, layer_idx: int, pattern):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attn = SparseTransformerAttention(config, layer_idx, pattern)
+        self.ln_mlp = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = SparseTransformerMLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states, key_padding_mask=None, past_key_values=None, output_attentions=False):
+        attention_output, weights = self.attn(
+            self.ln_attn(hidden_states), key_padding_mask, past_key_values, output_attentions
+        )
+        hidden_states = hidden_states + self.dropout(attention_output)
+        hidden_states = hidden_states + self.mlp(self.ln_mlp(hidden_states))
+        return hidden_states, weights
+
+
+class SparseTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
+    config_class = SparseTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["SparseTransformerLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    auto_classes = {
+        "AutoModel": "SparseTransformerModel",
+        "AutoModelForCausalLM": "SparseTransformerForCausalLM",
+        "AutoModelForSequenceClassification": "SparseTransformerForSequenceClassification",
+    }
+    head_key_patterns = (r"^lm_head\.", r"^score\.")
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        # Paper section 5.2: residual-branch output projections scaled by 1 / sqrt(2N).
+        if isinstance(module, (SparseTransformerAttention, SparseTransformerMLP)):
+            output = module.o_proj if isinstance(module, SparseTransformerAttention) else module.fc_out
+            init.normal_(output.weight, 0.0, std / math.sqrt(2 * self.config.num_hidden_layers))
+
+
+class SparseTransformerModel(SparseTransformerPreTrainedModel):
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.image_shape is None:
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        else:
+            height, width, channels = config.image_shape
+            self.embed_rows = nn.Embedding(height, config.hidden_size)
+            self.embed_cols = nn.Embedding(width, config.hidden_size)
+            self.embed_channels = nn.Embedding(channels, config.hidden_size)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            SparseTransformerLayer(config, i, pattern) for i, pattern in enumerate(layer_patterns(config))
+        )
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+        if 0 < config.gradient_checkpointing_min_layers <= config.num_hidden_layers:
+            self.gradient_checkpointing_enable()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+    def position_embeddings(self, positions: torch.Tensor) -> torch.Tensor:
+        if self.config.image_shape is None:
+            return self.embed_positions(positions)
+        _, width, channels = self.config.image_shape
+        channel = positions % channels
+        column = torch.div(positions, channels, rounding_mode="floor") % width
+        row = torch.div(positions, channels * width, rounding_mode="floor")
+        return self.embed_rows(row) + self.embed_cols(column) + self.embed_channels(channel)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
+        """attention_mask: `[batch, past + length]`, 1 for real tokens, 0 for padding (padded keys are never seen).
+        Positions (and the pattern) count from the first column: pad on the right, not on the left."""
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        use_cache = use_cache if use_cache is not None else config.use_cache
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
+                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
+            inputs_embeds = self.embed_tokens(input_ids)
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must be [batch, length, {config.hidden_size}], got shape {tuple(inputs_embeds.shape)}"
+            )
+        batch, length = inputs_embeds.shape[:2]
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=config)
+        past_length = cache_past_length(past_key_values)
+        if past_length + length > config.max_position_embeddings:
+            raise ValueError(
+                f"input of {past_length + length} positions is longer than max_position_embeddings "
+                f"({config.max_position_embeddings})"
+            )
+        key_padding_mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (batch, past_length + length):
+                raise ValueError(
+                    f"attention_mask must be [batch={batch}, past + length={past_length + length}], "
+                    f"got shape {tuple(attention_mask.shape)}"
+                )
+            if not bool(attention_mask.all()):
+                key_padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
+        positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
+        hidden_states = self.dropout(inputs_embeds + self.position_embeddings(positions)[None])
+        all_hidden, all_attentions = [], []
+        for layer in self.layers:
+            all_hidden.append(hidden_states)
+            hidden_states, weights = layer(
+                hidden_states, key_padding_mask, past_key_values if use_cache else None, output_attentions
+            )
+            all_attentions.append(weights)
+        hidden_states = self.norm(hidden_states)
+        output = BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) + (hidden_states,) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationMixin):
+    """Next-token language model over text or flattened images (`config.image_shape`)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__(config)
+        self.model = SparseTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored. The loss is
+        in nats per token; divide by ln 2 for bits per dimension on images."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if logits_to_keep else slice(None)
+        logits = self.lm_head(hidden_states[:, keep])
+        loss = None
+        if labels is not None:
+            if labels.shape != hidden_states.shape[:2]:
+                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
+            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class SparseTransformerForSequenceClassification(SparseTransformerPreTrainedModel):
+    """A linear classifier on the hidden state of the last real token of each row."""
+
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = SparseTransformerModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
+        logits = self.score(hidden_states[rows, last])
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
+        output = SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "SparseTransformerPreTrainedModel",
+    "SparseTransformerModel",
+    "SparseTransformerForCausalLM",
+    "SparseTransformerForSequenceClassification",
+]

@@ -1,0 +1,119 @@
+"""Building a causal language model of any registered variant, by name and size or from a checkpoint, and the
+uniform way the training code talks to it (with or without a Transformer-XL memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+class ModelError(ValueError):
+    """Bad model request (unknown variant, unreadable checkpoint ...); the CLI prints its message on one line."""
+
+
+def variant_names() -> list[str]:
+    import hf_txvariants
+
+    return sorted(hf_txvariants.VARIANTS)
+
+
+def has_variant(name: str) -> bool:
+    return name in variant_names()
+
+
+def config_class(variant: str):
+    import hf_txvariants
+
+    if variant not in hf_txvariants.VARIANTS:
+        raise ModelError(f"unknown variant {variant!r}; registered variants: {', '.join(variant_names())}")
+    return hf_txvariants.VARIANTS[variant][0]
+
+
+def build_config(
+    variant: str,
+    vocab_size: int,
+    d_model: int = 128,
+    n_layer: int = 4,
+    n_head: int = 4,
+    d_inner: int | None = None,
+    mem_len: int = 64,
+    seg_len: int = 64,
+    dropout: float = 0.1,
+    **extra,
+):
+    """A config of `variant` with the given size. Transformer-XL gets `cutoffs=[]` (plain softmax, right for
+    characters), `memory_init="empty"` and `clamp_len=-1`; variants with absolute positions get
+    `max_position_embeddings=seg_len`. Variant-specific fields can be passed as `extra`."""
+    cls = config_class(variant)
+    fields = set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "attribute_map", {}))
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=d_model,
+        num_hidden_layers=n_layer,
+        num_attention_heads=n_head,
+        intermediate_size=d_inner or 4 * d_model,
+        dropout=dropout,
+    )
+    if "mem_len" in fields:
+        kwargs.update(mem_len=mem_len, same_length=False, clamp_len=-1)
+    if "memory_init" in fields:
+        kwargs["memory_init"] = "empty"
+    if "cutoffs" in fields:
+        kwargs["cutoffs"] = []
+    if "max_position_embeddings" in fields:
+        kwargs["max_position_embeddings"] = seg_len
+    if "position_embedding_type" in fields:
+        kwargs["position_embedding_type"] = "sinusoidal"
+    kwargs.update(extra)
+    unknown = sorted(k for k in kwargs if k not in fields)
+    if unknown:
+        raise ModelError(f"variant {variant!r} has no config field(s) {unknown}")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as error:
+        raise ModelError(f"invalid {variant} config: {error}") from None
+
+
+def build_model(config):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(config)
+
+
+def load_model(path: str | Path):
+    """A causal LM and its config from a saved folder (or Hub repo id), with a clear message when it cannot."""
+    import hf_txvariants  # noqa: F401  (registers the variants)
+    from transformers import AutoModelForCausalLM
+
+    if Path(str(path)).exists() and not (Path(path) / "config.json").exists():
+        raise ModelError(f"{path} is not a saved model (no config.json)")
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelError(f"could not load a causal LM from {path}: {str(error).splitlines()[0]}") from None
+
+
+def uses_memory(model) -> bool:
+    model = getattr(model, "module", model)
+    return getattr(model.config, "mem_len", 0) > 0 and hasattr(model, "init_memory")
+
+
+def init_memory(model, batch_size: int):
+    model = getattr(model, "module", model)
+    return model.init_memory(batch_size) if uses_memory(model) else None
+
+
+def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, reduction: str = "mean"):
+    """Next-token loss of `inputs` against `targets` (the inputs shifted by one across the segment boundary, so
+    every token of the stream is predicted exactly once), and the updated memory.
+
+    The loss is computed here from the model's logits (log-probabilities for Transformer-XL, logits elsewhere; the
+    log-softmax inside cross_entropy leaves log-probabilities unchanged) rather than with `labels`, because the HF
+    `labels` convention shifts inside the segment and would never predict a segment's last target."""
+    kwargs = {"past_key_values": memory, "use_cache": True} if memory is not None else {"use_cache": False}
+    output = model(input_ids=inputs, **kwargs)
+    logits = output.logits.float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
+    return loss, (output.past_key_values if memory is not None else None)

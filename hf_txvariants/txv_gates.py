@@ -1,0 +1,132 @@
+"""Gating layers of the Gated Transformer-XL (Parisotto et al. 2019, "Stabilizing Transformers for Reinforcement
+Learning", section 3.2), shared so that any variant can put a gate where it had a residual connection.
+
+Every gate combines `x`, the stream entering the sub-module (the skip path), with `y`, the sub-module's output
+(GTrXL passes ReLU(y)), and returns a tensor of the same shape. W and U are bias-free `[hidden, hidden]` matrices;
+`b_g` (`gate_bias`) is a learned vector initialised to the config's `gate_bias` (the paper's b_g, default 2):
+
+    residual      g(x, y) = x + y                                             (TrXL-I: identity map reordering)
+    input         g(x, y) = sigma(W_g x) * x + y
+    output        g(x, y) = x + sigma(W_g x - b_g) * y
+    highway       g(x, y) = sigma(W_g x + b_g) * x + (1 - sigma(W_g x + b_g)) * y
+    sigmoid_tanh  g(x, y) = x + sigma(W_g y - b_g) * tanh(U_g y)
+    gru           r = sigma(W_r y + U_r x),  z = sigma(W_z y + U_z x - b_g),  h = tanh(W_g y + U_g (r * x))
+                  g(x, y) = (1 - z) * x + z * h
+
+With b_g > 0 the output, highway, sigmoid-tanh and GRU gates start close to the identity map g(x, y) ~ x.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class GatingLayer(nn.Module):
+    """Base class: `forward(x, y)`; `initial_bias` is what `_init_weights` puts into `gate_bias` (if any)."""
+
+    has_bias = False
+
+    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.initial_bias = float(gate_bias)
+        if self.has_bias:
+            self.gate_bias = nn.Parameter(torch.full((hidden_size,), self.initial_bias))
+
+    def _linear(self):
+        return nn.Linear(self.hidden_size, self.hidden_size, bias=False)
+
+
+class ResidualGate(GatingLayer):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+class InputGate(GatingLayer):
+    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
+        super().__init__(hidden_size, gate_bias)
+        self.w_g = self._linear()
+
+    def forward(self, x, y):
+        return torch.sigmoid(self.w_g(x)) * x + y
+
+
+class OutputGate(GatingLayer):
+    has_bias = True
+
+    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
+        super().__init__(hidden_size, gate_bias)
+        self.w_g = self._linear()
+
+    def forward(self, x, y):
+        return x + torch.sigmoid(self.w_g(x) - self.gate_bias) * y
+
+
+class HighwayGate(GatingLayer):
+    has_bias = True
+
+    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
+        super().__init__(hidden_size, gate_bias)
+        self.w_g = self._linear()
+
+    def forward(self, x, y):
+        carry = torch.sigmoid(self.w_g(x) + self.gate_bias)
+        return carry * x + (1 - carry) * y
+
+
+class SigmoidTanhGate(GatingLayer):
+    has_bias = True
+
+    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
+        super().__init__(hidden_size, gate_bias)
+        self.w_g = self._linear()
+        self.u_g = self._linear()
+
+    def forward(self, x, y):
+        return x + torch.sigmoid(self.w_g(y) - self.gate_bias) * torch.tanh(self.u_g(y))
+
+
+class GRUGate(GatingLayer):
+    has_bias = True
+
+    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
+        super().__init__(hidden_size, gate_bias)
+        self.w_r, self.u_r = self._linear(), self._linear()
+        self.w_z, self.u_z = self._linear(), self._linear()
+        self.w_g, self.u_g = self._linear(), self._linear()
+
+    def forward(self, x, y):
+        reset = torch.sigmoid(self.w_r(y) + self.u_r(x))
+        update = torch.sigmoid(self.w_z(y) + self.u_z(x) - self.gate_bias)
+        candidate = torch.tanh(self.w_g(y) + self.u_g(reset * x))
+        return (1 - update) * x + update * candidate
+
+
+GATES: dict[str, type[GatingLayer]] = {
+    "residual": ResidualGate,
+    "input": InputGate,
+    "output": OutputGate,
+    "highway": HighwayGate,
+    "sigmoid_tanh": SigmoidTanhGate,
+    "gru": GRUGate,
+}
+
+
+def build_gate(gate_type: str, hidden_size: int, gate_bias: float = 2.0) -> GatingLayer:
+    if gate_type not in GATES:
+        raise ValueError(f"gate_type must be one of {sorted(GATES)}, got {gate_type!r}")
+    return GATES[gate_type](hidden_size, gate_bias)
+
+
+__all__ = [
+    "GATES",
+    "GRUGate",
+    "GatingLayer",
+    "HighwayGate",
+    "InputGate",
+    "OutputGate",
+    "ResidualGate",
+    "SigmoidTanhGate",
+    "build_gate",
+]

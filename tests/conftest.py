@@ -1,0 +1,18 @@
+"""Every test runs offline with Hugging Face caches in a temporary folder."""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+_CACHE = tempfile.mkdtemp(prefix="txv-hf-cache-")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = _CACHE
+os.environ["HF_HUB_CACHE"] = os.path.join(_CACHE, "hub")
+os.environ["HF_MODULES_CACHE"] = os.path.join(_CACHE, "modules")
+os.environ["HF_DATASETS_CACHE"] = os.path.join(_CACHE, "datasets")
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,293 @@
+"""The shared model tester, in the spirit of transformers' ModelTesterMixin.
+
+A variant's test file subclasses `TxvModelTesterMixin` and sets:
+    config_class, model_classes (base model first), causal_lm_class (or None), tiny_config_kwargs (dict)
+    has_memory: XL-family memory carried as past_key_values (MemoryCache)
+    memory_test_config_kwargs: overrides under which "segment 2 with the memory of segment 1" equals one pass
+    supports_sdpa, vocab_size_for_inputs, batch_size, seq_length
+and may override `make_inputs(config)`. Every check runs on CPU, in float32, with dropout off unless said otherwise.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ATOL = 1e-5
+
+
+def first_tensor(output):
+    """The main tensor of a model output: logits if present, else the last hidden state."""
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(output, name, None)
+        if value is not None:
+            return value
+    raise AssertionError(f"no logits or last_hidden_state in {type(output).__name__}")
+
+
+class TxvModelTesterMixin:
+    config_class = None
+    model_classes: tuple = ()
+    causal_lm_class = None
+    tiny_config_kwargs: dict = {}
+    has_memory = False
+    memory_test_config_kwargs: dict = {}
+    supports_sdpa = True
+    batch_size = 3
+    seq_length = 7
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def make_config(self, **overrides):
+        kwargs = {**self.tiny_config_kwargs, **overrides}
+        return self.config_class(**kwargs)
+
+    def make_inputs(self, config, batch_size=None, seq_length=None, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        shape = (batch_size or self.batch_size, seq_length or self.seq_length)
+        return {"input_ids": torch.randint(0, config.vocab_size, shape, generator=generator)}
+
+    def build(self, model_class, config=None, seed=0):
+        torch.manual_seed(seed)
+        model = model_class(config or self.make_config())
+        return model.eval()
+
+    @staticmethod
+    def run(model, **inputs):
+        with torch.no_grad():
+            return model(**inputs)
+
+    # ------------------------------------------------------------------------------------------------ config
+    def test_config_round_trip(self, tmp_path):
+        config = self.make_config()
+        config.save_pretrained(tmp_path)
+        reloaded = AutoConfig.from_pretrained(tmp_path)
+        assert type(reloaded) is self.config_class
+        without_path = lambda c: {k: v for k, v in c.to_dict().items() if k != "_name_or_path"}  # noqa: E731
+        assert without_path(reloaded) == without_path(config)
+        assert self.config_class.from_dict(config.to_dict()).to_dict() == config.to_dict()
+
+    def test_config_paper_names(self):
+        config = self.make_config()
+        for alias, standard in self.config_class.attribute_map.items():
+            assert getattr(config, alias) == getattr(config, standard)
+
+    # ------------------------------------------------------------------------------------------------ save / load
+    def test_save_load_round_trip(self, tmp_path):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            model = self.build(model_class, config)
+            expected = first_tensor(self.run(model, **inputs))
+            folder = tmp_path / model_class.__name__
+            model.save_pretrained(folder)
+            assert (folder / "model.safetensors").exists()
+            reloaded = model_class.from_pretrained(folder).eval()
+            torch.testing.assert_close(first_tensor(self.run(reloaded, **inputs)), expected, atol=ATOL, rtol=0)
+            auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+            assert set(type(model).auto_classes) | {"AutoConfig"} == set(auto_map)
+
+    def test_from_state_dict(self):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            model = self.build(model_class, config, seed=0)
+            other = self.build(model_class, config, seed=1)
+            other.load_state_dict(model.state_dict())
+            torch.testing.assert_close(
+                first_tensor(self.run(other, **inputs)), first_tensor(self.run(model, **inputs)), atol=ATOL, rtol=0
+            )
+
+    def test_every_parameter_initialised(self):
+        """`_init_weights` must cover every parameter and buffer: build on the meta device, fill with NaN, init."""
+        config = self.make_config()
+        for model_class in self.model_classes:
+            with torch.device("meta"):
+                model = model_class(config)
+            model.to_empty(device="cpu")
+            with torch.no_grad():
+                for tensor in list(model.parameters()) + list(model.buffers()):
+                    if tensor.is_floating_point():
+                        tensor.fill_(float("nan"))
+            for module in model.modules():
+                module.__dict__.pop("_is_hf_initialized", None)
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                tensor.__dict__.pop("_is_hf_initialized", None)
+            model.init_weights()
+            bad = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.isnan().any()]
+            assert not bad, f"{model_class.__name__}: not initialised by _init_weights: {bad}"
+
+    # ------------------------------------------------------------------------------------------------ forward
+    def test_determinism(self):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            model = self.build(model_class, config)
+            first = first_tensor(self.run(model, **inputs))
+            second = first_tensor(self.run(model, **inputs))
+            assert torch.equal(first, second)
+            assert torch.isfinite(first).all()
+
+    def test_batch_equals_rows(self):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            model = self.build(model_class, config)
+            batched = first_tensor(self.run(model, **inputs))
+            for row in range(batched.shape[0]):
+                single = {k: v[row : row + 1] for k, v in inputs.items()}
+                torch.testing.assert_close(first_tensor(self.run(model, **single))[0], batched[row], atol=ATOL, rtol=0)
+
+    def test_tuple_equals_dict(self):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            model = self.build(model_class, config)
+            as_dict = self.run(model, **inputs, return_dict=True)
+            as_tuple = self.run(model, **inputs, return_dict=False)
+            assert isinstance(as_tuple, tuple)
+            tensors = [v for v in as_dict.to_tuple() if isinstance(v, torch.Tensor)]
+            tuple_tensors = [v for v in as_tuple if isinstance(v, torch.Tensor)]
+            assert len(tensors) == len(tuple_tensors)
+            for a, b in zip(tensors, tuple_tensors):
+                assert torch.equal(a, b)
+
+    def test_inputs_embeds_equals_input_ids(self):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            model = self.build(model_class, config)
+            if "inputs_embeds" not in inspect.signature(model.forward).parameters:
+                continue
+            embeddings = model.get_input_embeddings()(inputs["input_ids"]).detach()
+            rest = {k: v for k, v in inputs.items() if k != "input_ids"}
+            torch.testing.assert_close(
+                first_tensor(self.run(model, inputs_embeds=embeddings, **rest)),
+                first_tensor(self.run(model, **inputs)),
+                atol=ATOL,
+                rtol=0,
+            )
+
+    def test_eager_equals_sdpa(self):
+        if not self.supports_sdpa:
+            pytest.skip("this variant has no SDPA path")
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            eager = self.build(model_class, config)
+            eager.set_attn_implementation("eager")
+            sdpa = self.build(model_class, config)
+            sdpa.set_attn_implementation("sdpa")
+            torch.testing.assert_close(
+                first_tensor(self.run(sdpa, **inputs)), first_tensor(self.run(eager, **inputs)), atol=ATOL, rtol=0
+            )
+
+    # ------------------------------------------------------------------------------------------------ training
+    def training_loss(self, model, inputs):
+        if "labels" in inspect.signature(model.forward).parameters and self.causal_lm_class is type(model):
+            return model(**inputs, labels=inputs["input_ids"]).loss
+        output = model(**inputs)
+        return first_tensor(output).float().pow(2).mean()
+
+    def test_every_parameter_gets_a_gradient(self):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        for model_class in self.model_classes:
+            model = self.build(model_class, config).train()
+            self.training_loss(model, inputs).backward()
+            missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+            assert not missing, f"{model_class.__name__}: no gradient for {missing}"
+            bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+            assert not bad, f"{model_class.__name__}: non-finite gradient for {bad}"
+
+    def test_gradient_checkpointing_equals_plain(self):
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        model_class = self.causal_lm_class or self.model_classes[0]
+        plain = self.build(model_class, config).train()
+        checkpointed = self.build(model_class, config).train()
+        checkpointed.activation_checkpointing_enable()
+        assert checkpointed.is_activation_checkpointing
+        torch.manual_seed(0)
+        plain_loss = self.training_loss(plain, inputs)
+        plain_loss.backward()
+        torch.manual_seed(0)
+        checkpointed_loss = self.training_loss(checkpointed, inputs)
+        checkpointed_loss.backward()
+        torch.testing.assert_close(checkpointed_loss, plain_loss, atol=ATOL, rtol=0)
+        for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
+            if a.grad is not None:
+                torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+    # ------------------------------------------------------------------------------------------------ memory
+    def test_memory_incremental_equals_full_context(self):
+        """Processing segment 2 with the memory of segment 1 gives the outputs of one pass over both segments."""
+        if not self.has_memory:
+            pytest.skip("no segment memory")
+        config = self.make_config(**self.memory_test_config_kwargs)
+        model_class = self.causal_lm_class or self.model_classes[0]
+        model = self.build(model_class, config)
+        ids = self.make_inputs(config, seq_length=2 * self.seq_length)["input_ids"]
+        full = first_tensor(self.run(model, input_ids=ids))
+        first = self.run(model, input_ids=ids[:, : self.seq_length])
+        second = self.run(model, input_ids=ids[:, self.seq_length :], past_key_values=first.past_key_values)
+        torch.testing.assert_close(first_tensor(first), full[:, : self.seq_length], atol=ATOL, rtol=0)
+        torch.testing.assert_close(first_tensor(second), full[:, self.seq_length :], atol=ATOL, rtol=0)
+
+    # ------------------------------------------------------------------------------------------------ generation
+    def test_generate_smoke(self):
+        if self.causal_lm_class is None:
+            pytest.skip("no causal LM head")
+        config = self.make_config()
+        model = self.build(self.causal_lm_class, config)
+        prompt = self.make_inputs(config, batch_size=2, seq_length=4)["input_ids"]
+        kwargs = dict(max_new_tokens=3, pad_token_id=0, eos_token_id=None)
+        greedy = model.generate(prompt, do_sample=False, **kwargs)
+        assert greedy.shape == (2, 7) and torch.equal(greedy[:, :4], prompt)
+        sampled = model.generate(prompt, do_sample=True, top_k=5, **kwargs)
+        assert sampled.shape == (2, 7)
+        beams = model.generate(prompt, num_beams=2, do_sample=False, **kwargs)
+        assert beams.shape == (2, 7)
+
+    # ------------------------------------------------------------------------------------------------ remote code
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        """A saved folder loads with trust_remote_code=True where hf_txvariants cannot be imported."""
+        config = self.make_config()
+        inputs = self.make_inputs(config)
+        model_class = self.causal_lm_class or self.model_classes[0]
+        model = self.build(model_class, config)
+        expected = first_tensor(self.run(model, **inputs))
+        folder = tmp_path / "model"
+        model.save_pretrained(folder)
+        torch.save(inputs, tmp_path / "inputs.pt")
+        auto_name = "AutoModelForCausalLM" if self.causal_lm_class else "AutoModel"
+        script = textwrap.dedent(
+            f"""
+            import sys
+            sys.modules["hf_txvariants"] = None  # any import of the plugin fails
+            import torch, transformers
+            inputs = torch.load({str(tmp_path / "inputs.pt")!r}, weights_only=True)
+            model = getattr(transformers, {auto_name!r}).from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+            assert not type(model).__module__.startswith("hf_txvariants"), type(model).__module__
+            with torch.no_grad():
+                output = model(**inputs)
+            tensor = output.logits if getattr(output, "logits", None) is not None else output.last_hidden_state
+            torch.save(tensor, {str(tmp_path / "output.pt")!r})
+            """
+        )
+        env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+        result = subprocess.run(
+            [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        torch.testing.assert_close(torch.load(tmp_path / "output.pt", weights_only=True), expected, atol=ATOL, rtol=0)
