@@ -25,7 +25,8 @@ import torch
 from .common import (PRESETS, ConversionError, atomic_output_dir, check_shapes, expected_shapes, progress,
                      push_to_hub, summary)
 from .kimiyoung_tf import apply_eval_settings, finish_output, parse_dtype
-from .safe_pickle import MODULE_CLASSES, ArrayStub, PickledObject, load_torch_file
+from .tf_bundle import TFBundleError
+from .safe_pickle import UnsafePickleError, MODULE_CLASSES, ArrayStub, PickledObject, load_torch_file
 
 ATTN_TYPES = {0: "relative positional encoding (paper)", 1: "learnable relative embeddings (Shaw et al.)",
               2: "absolute sinusoidal (Vaswani et al.)", 3: "absolute learnable deeper (Al-Rfou et al.)"}
@@ -160,7 +161,7 @@ def main(argv=None):
         with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
             finish_output(tmp, cfg, state, sources, settings, args.vocab, args.preset, parse_dtype(args.dtype),
                           vocab_kind=args.dataset)
-    except ConversionError as err:
+    except (ConversionError, UnsafePickleError, TFBundleError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {args.output}", file=sys.stderr)

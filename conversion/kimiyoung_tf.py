@@ -28,7 +28,8 @@ import torch
 
 from .common import (PRESETS, ConversionError, atomic_output_dir, check_shapes, expected_shapes, model_card_path,
                      progress, push_to_hub, summary, write_model)
-from .tf_bundle import TFCheckpointReader
+from .safe_pickle import UnsafePickleError
+from .tf_bundle import TFBundleError, TFCheckpointReader
 
 SKIP = re.compile(r"(/Adam(_\d+)?$|(^|/)beta[12]_power$|(^|/)global_step$|/ExponentialMovingAverage$)")
 P = "transformer/"
@@ -300,7 +301,7 @@ def main(argv=None):
         with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
             finish_output(tmp, cfg, state, sources, settings, args.vocab, preset, parse_dtype(args.dtype),
                           vocab_kind=info.get("dataset") if info else None)
-    except ConversionError as err:
+    except (ConversionError, UnsafePickleError, TFBundleError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {args.output}", file=sys.stderr)
