@@ -322,3 +322,26 @@ def test_evaluate_helper_reproduces_reference_loss(tmp_path, capsys):
                           "--tgt-len", str(int(ref["tgt_len"])), "--no-progress"])
     assert abs(res["loss"] - float(ref["nll"].mean())) < TOL
     assert "ppl" in capsys.readouterr().out
+
+
+def test_tf_convert_with_vocab_end_to_end(tmp_path):
+    """Checkpoint + cache.pkl -> a folder that AutoModelForCausalLM / AutoTokenizer load and generate from."""
+    import make_vocab_fixtures as mvf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    words = ["<eos>"] + [f"w{i}" for i in range(38)] + ["<unk>"]
+    state = mvf.vocab(words, special=["<eos>"], lower_case=False)
+    w = mvf.Py2Writer()
+    w.obj(mvf.Instance("data_utils", "Corpus", dict(dataset="wt103", vocab=mvf.Instance("vocabulary", "Vocab", state))))
+    (tmp_path / "cache.pkl").write_bytes(w.finish())
+    prefix, info, _ = _tf("wt103")
+    out = tmp_path / "out"
+    assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--vocab", str(tmp_path / "cache.pkl"),
+                     "--output", str(out), "--no-progress", "--mem-len", "8"]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.eos_token_id == 0 and tok.eos_token_id == 0
+    enc = tok("w1 w2 nope\nw3", return_tensors="pt")
+    assert enc["input_ids"].tolist() == [[2, 3, 39, 0, 4]]
+    gen = model.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert gen.shape == (1, 8)
