@@ -1,0 +1,240 @@
+"""Universal Transformer: the shared tester (ACT and fixed-steps), fixed steps == a weight-tied stack written from the
+paper's equations, per-position ACT with halted positions copied, the ponder cost in the loss, generation with left
+padding, the encoder heads and the cross-attention of EncoderDecoderModel."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, EncoderDecoderModel
+from txv_tester import ATOL, TxvModelTesterMixin
+
+import hf_txvariants  # noqa: F401  (registers the Auto classes)
+from hf_txvariants import (
+    UniversalTransformerConfig,
+    UniversalTransformerForCausalLM,
+    UniversalTransformerForMaskedLM,
+    UniversalTransformerForSequenceClassification,
+    UniversalTransformerModel,
+)
+from hf_txvariants.txv_positions import sinusoid_table
+
+TINY = dict(
+    vocab_size=37,
+    d_model=16,
+    n_head=2,
+    d_inner=32,
+    max_steps=4,
+    dropout=0.0,
+    dropatt=0.0,
+    initializer_range=0.2,
+    halting_bias_init=-1.0,  # positions take a few steps in the tiny model
+    pad_token_id=0,
+    is_decoder=True,
+)
+
+
+class TestUniversalTransformerACT(TxvModelTesterMixin):
+    config_class = UniversalTransformerConfig
+    model_classes = (
+        UniversalTransformerModel,
+        UniversalTransformerForCausalLM,
+        UniversalTransformerForMaskedLM,
+        UniversalTransformerForSequenceClassification,
+    )
+    causal_lm_class = UniversalTransformerForCausalLM
+    tiny_config_kwargs = TINY
+
+
+class TestUniversalTransformerFixedSteps(TestUniversalTransformerACT):
+    tiny_config_kwargs = {**TINY, "use_act": False, "is_decoder": False}
+
+    @pytest.mark.slow  # the same files as the ACT variant; a second subprocess load is slow
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
+
+def build(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return UniversalTransformerForCausalLM(UniversalTransformerConfig(**{**TINY, **overrides})).eval()
+
+
+def naive_weight_tied_stack(model, input_ids):
+    """h^0 = E x * sqrt(d); for t = 1..T: h^t = Layer_t(h^{t-1} + P + T_t) with T copies of the one layer;
+    output LN(h^T) (Dehghani et al. 2019, eq. 1-5 with pre-layer-norm sub-layers)."""
+    config = model.config
+    layers = nn.ModuleList(copy.deepcopy(model.model.layer) for _ in range(config.num_hidden_layers))
+    length = input_ids.shape[1]
+    positions = sinusoid_table(torch.arange(length), config.hidden_size)
+    causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
+    mask = torch.zeros(length, length).masked_fill(~causal, torch.finfo(torch.float32).min)[None, None]
+    h = model.model.embed_tokens(input_ids) * config.hidden_size**0.5
+    for t, layer in enumerate(layers, start=1):
+        time = sinusoid_table(torch.tensor([float(t)]), config.hidden_size)
+        h, _, _ = layer(h + positions + time, mask)
+    return model.lm_head(model.model.final_layer_norm(h))
+
+
+def test_fixed_steps_equals_weight_tied_stack():
+    model = build(use_act=False)
+    ids = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, naive_weight_tied_stack(model, ids), atol=ATOL, rtol=0)
+    assert model(ids).n_updates.eq(4).all()
+
+
+def test_act_outputs_ponder_cost_and_updates_and_adds_it_to_the_loss():
+    model = build()
+    ids = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(0))
+    output = model(ids, labels=ids)
+    assert output.n_updates.shape == (2, 6)
+    assert ((output.n_updates >= 1) & (output.n_updates <= 4)).all()
+    expected = output.lm_loss + model.config.act_loss_weight * output.ponder_cost
+    torch.testing.assert_close(output.loss, expected)
+    # ponder cost = mean over positions of N + R, with 1 <= N + R <= max_steps + 1
+    assert 1.0 <= float(output.ponder_cost.detach()) <= 5.0
+
+
+def test_act_positions_halt_per_position_and_halted_states_are_copied():
+    model = build(seed=3, halting_bias_init=0.0, initializer_range=0.5)
+    ids = torch.randint(1, 37, (4, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        output = model.model(ids, output_hidden_states=True)
+    n_updates = output.n_updates
+    assert n_updates.unique().numel() > 1, "expected positions to halt at different steps in this example"
+    states = output.hidden_states  # state before step 1, after step 1, ...
+    for step in range(1, len(states) - 1):
+        halted = n_updates <= step  # halted at or before this step: frozen from then on
+        torch.testing.assert_close(states[step + 1][halted], states[step][halted], atol=0, rtol=0)
+        running = n_updates > step + 1
+        if running.any():
+            assert not torch.allclose(states[step + 1][running], states[step][running])
+
+
+def test_act_uses_naive_halting_on_the_real_model():
+    """The model's n_updates equal those of the ACT rule evaluated by hand on its own halting unit."""
+    model = build(seed=5, halting_bias_init=0.0, initializer_range=0.5)
+    ids = torch.randint(1, 37, (1, 5), generator=torch.Generator().manual_seed(2))
+    inner = model.model
+    config = model.config
+    with torch.no_grad():
+        out = inner(ids)
+        positions = torch.arange(5)[None]
+        state = inner.embed_tokens(ids) * config.hidden_size**0.5
+        mask = torch.zeros(5, 5).masked_fill(~torch.tril(torch.ones(5, 5, dtype=torch.bool)), torch.finfo(torch.float32).min)
+        cumulative = [0.0] * 5
+        halted_at = [None] * 5
+        output = torch.zeros_like(state)
+        for step in range(config.num_hidden_layers):
+            x = state + inner.coordinate_embedding(positions, step, state.dtype)
+            y, _, _ = inner.layer(x, mask[None, None])
+            h = torch.sigmoid(inner.act.halting(x)).squeeze(-1)[0]
+            new_state = state.clone()
+            for i in range(5):
+                if halted_at[i] is not None:
+                    continue
+                last = step == config.num_hidden_layers - 1
+                if cumulative[i] + float(h[i]) >= config.act_threshold or last:
+                    p = 1.0 - cumulative[i]
+                    halted_at[i] = step + 1
+                else:
+                    p = float(h[i])
+                    cumulative[i] += p
+                output[0, i] += p * y[0, i]
+                new_state[0, i] = y[0, i] if halted_at[i] is None else output[0, i]
+            state = new_state
+            if all(s is not None for s in halted_at):
+                break
+    assert out.n_updates[0].tolist() == [float(s) for s in halted_at]
+    torch.testing.assert_close(out.last_hidden_state, inner.final_layer_norm(output), atol=ATOL, rtol=0)
+
+
+def test_left_padded_generation_equals_rows_alone():
+    model = build()
+    rows = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]])]
+    alone = [model.generate(r, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)[0, -3:] for r in rows]
+    batch = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    together = model.generate(batch, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                              eos_token_id=None)
+    assert torch.equal(together[0, -3:], alone[0]) and torch.equal(together[1, -3:], alone[1])
+
+
+def test_masked_lm_is_bidirectional_and_causal_lm_is_not():
+    config = UniversalTransformerConfig(**TINY)
+    torch.manual_seed(0)
+    mlm = UniversalTransformerForMaskedLM(config).eval()
+    clm = UniversalTransformerForCausalLM(config).eval()
+    clm.load_state_dict(mlm.state_dict())
+    ids = torch.randint(1, 37, (1, 6), generator=torch.Generator().manual_seed(0))
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1) % 37
+    with torch.no_grad():
+        assert not torch.allclose(mlm(ids).logits[0, 0], mlm(changed).logits[0, 0])
+        torch.testing.assert_close(clm(ids).logits[0, :-1], clm(changed).logits[0, :-1], atol=ATOL, rtol=0)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2] = 4
+    assert mlm(ids, labels=labels).loss.isfinite()
+    classifier = UniversalTransformerForSequenceClassification(UniversalTransformerConfig(**TINY, num_labels=3))
+    assert classifier(ids, labels=torch.tensor([1])).logits.shape == (1, 3)
+
+
+def test_encoder_decoder_cross_attention():
+    encoder_config = UniversalTransformerConfig(**{**TINY, "is_decoder": False})
+    decoder_config = UniversalTransformerConfig(**{**TINY, "is_decoder": True, "add_cross_attention": True})
+    torch.manual_seed(0)
+    encoder = UniversalTransformerModel(encoder_config)
+    decoder = UniversalTransformerForCausalLM(decoder_config)
+    model = EncoderDecoderModel(encoder=encoder, decoder=decoder).eval()
+    source = torch.randint(1, 37, (2, 5), generator=torch.Generator().manual_seed(0))
+    source_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    target = torch.randint(1, 37, (2, 4), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        output = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target, output_attentions=True)
+        # the decoder reads the encoder: other source tokens give other logits
+        other = model(input_ids=(source + 1) % 37, attention_mask=source_mask, decoder_input_ids=target)
+        assert not torch.allclose(output.logits, other.logits)
+        # padded source positions are not attended to
+        changed = source.clone()
+        changed[1, 3:] = 1
+        padded = model(input_ids=changed, attention_mask=source_mask, decoder_input_ids=target)
+        torch.testing.assert_close(padded.logits[1], output.logits[1], atol=ATOL, rtol=0)
+    assert output.cross_attentions is not None and output.cross_attentions[0].shape[-1] == 5
+    generated = model.generate(source, attention_mask=source_mask, max_new_tokens=3, do_sample=False,
+                               use_cache=False, eos_token_id=None, pad_token_id=0, decoder_start_token_id=1)
+    assert generated.shape == (2, 4)
+
+
+def test_auto_class_and_paper_names():
+    config = UniversalTransformerConfig(d_model=8, n_head=2, d_inner=16, max_steps=3, vocab_size=11, act_epsilon=0.05)
+    assert (config.hidden_size, config.num_hidden_layers) == (8, 3)
+    assert config.act_threshold == pytest.approx(0.95)
+    assert isinstance(AutoModelForCausalLM.from_config(config), UniversalTransformerForCausalLM)
+
+
+@pytest.mark.parametrize(
+    "field,kwargs",
+    [
+        ("hidden_size", {"d_model": 15, "n_head": 3, "d_head": 5}),
+        ("act_threshold", {"act_threshold": 1.5}),
+        ("num_hidden_layers", {"max_steps": 0}),
+        ("num_attention_heads", {"d_model": 16, "n_head": 3}),
+        ("dropout", {"dropout": 1.0}),
+    ],
+)
+def test_bad_config_names_the_field(field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        UniversalTransformerConfig(**{**TINY, **kwargs})
+
+
+def test_bad_input_names_the_tensor():
+    model = build()
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.tensor([[1, 99]]))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.tensor([[1, 2]]), attention_mask=torch.ones(1, 3))
+    with pytest.raises(ValueError, match="add_cross_attention"):
+        model(torch.tensor([[1, 2]]), encoder_hidden_states=torch.zeros(1, 2, 16))
