@@ -1,0 +1,133 @@
+"""Sparse Transformer: the shared tester, the three pattern modes, and the three implementations giving equal models."""
+
+import pytest
+import torch
+from txv_tester import TxvModelTesterMixin
+
+from hf_txvariants import (
+    SparseTransformerConfig,
+    SparseTransformerForCausalLM,
+    SparseTransformerForSequenceClassification,
+    SparseTransformerModel,
+)
+from hf_txvariants.modeling_sparse_transformer import layer_patterns
+from hf_txvariants.txv_patterns import FixedBlock, FixedSummary, PerHead, Strided, StridedColumn, StridedLocal
+
+TINY = dict(
+    vocab_size=37,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+    attention_pattern="strided",
+    pattern_mode="interleaved",
+    stride=3,
+    block_size=4,
+)
+
+
+class TestSparseTransformer(TxvModelTesterMixin):
+    config_class = SparseTransformerConfig
+    model_classes = (SparseTransformerModel, SparseTransformerForCausalLM, SparseTransformerForSequenceClassification)
+    causal_lm_class = SparseTransformerForCausalLM
+    tiny_config_kwargs = TINY
+    seq_length = 11
+
+
+def _model(**overrides):
+    torch.manual_seed(0)
+    return SparseTransformerForCausalLM(SparseTransformerConfig(**{**TINY, **overrides})).eval()
+
+
+def test_pattern_modes():
+    config = SparseTransformerConfig(**{**TINY, "num_hidden_layers": 3})
+    assert layer_patterns(config) == [StridedLocal(3), StridedColumn(3), StridedLocal(3)]
+    config = SparseTransformerConfig(**{**TINY, "pattern_mode": "merged"})
+    assert layer_patterns(config) == [Strided(3)] * 2
+    config = SparseTransformerConfig(**{**TINY, "pattern_mode": "per_head", "attention_pattern": "fixed", "summary_size": 1})
+    assert layer_patterns(config) == [PerHead((FixedBlock(3), FixedSummary(3, 1)))] * 2
+
+
+@pytest.mark.parametrize(
+    "mode, pattern", [("interleaved", "strided"), ("merged", "fixed"), ("per_head", "strided"), ("per_head", "fixed"), ("merged", "local1d")]
+)
+def test_implementations_agree(mode, pattern):
+    """blocked (training path) == dense eager reference == dense sdpa == FlexAttention, on the whole model."""
+    ids = torch.randint(0, 37, (2, 23), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 23, dtype=torch.long)
+    mask[1, -5:] = 0
+    outputs = {}
+    for implementation, attn in (("dense", "eager"), ("dense", "sdpa"), ("blocked", "eager"), ("flex", "eager")):
+        model = _model(pattern_mode=mode, attention_pattern=pattern, summary_size=1, pattern_implementation=implementation)
+        model.set_attn_implementation(attn)
+        with torch.no_grad():
+            outputs[implementation, attn] = model(ids, attention_mask=mask).logits
+    reference = outputs["dense", "eager"]
+    for key, logits in outputs.items():
+        torch.testing.assert_close(logits[0], reference[0], atol=1e-5, rtol=0, msg=str(key))
+        torch.testing.assert_close(logits[1, :-5], reference[1, :-5], atol=1e-5, rtol=0, msg=str(key))
+
+
+def test_pattern_restricts_attention():
+    """A token outside every allowed set of the last position does not change its logits; one inside does."""
+    model = _model(num_hidden_layers=1, pattern_mode="merged", stride=4)
+    ids = torch.randint(0, 37, (1, 20), generator=torch.Generator().manual_seed(1))
+    base = model(ids).logits[0, -1]
+    # Position 19 sees 16..19 (local) and 15, 11, 7, 3 (column): position 5 is outside, 7 inside.
+    outside, inside = ids.clone(), ids.clone()
+    outside[0, 5] = (ids[0, 5] + 1) % 37
+    inside[0, 7] = (ids[0, 7] + 1) % 37
+    torch.testing.assert_close(model(outside).logits[0, -1], base, atol=1e-6, rtol=0)
+    assert not torch.allclose(model(inside).logits[0, -1], base, atol=1e-4)
+
+
+def test_blocked_training_gradients_equal_dense():
+    grads = []
+    for implementation in ("dense", "blocked"):
+        model = _model(pattern_implementation=implementation, pattern_mode="per_head").train()
+        ids = torch.randint(0, 37, (2, 19), generator=torch.Generator().manual_seed(2))
+        model(ids, labels=ids).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_cached_generation_equals_full_pass():
+    model = _model(pattern_mode="merged")
+    prompt = torch.randint(0, 37, (2, 6), generator=torch.Generator().manual_seed(3))
+    generated = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    without_cache = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0, use_cache=False)
+    assert torch.equal(generated, without_cache)
+
+
+def test_image_positions_and_checkpointing_default():
+    config = SparseTransformerConfig(**{**TINY, "image_shape": [4, 3, 3], "num_hidden_layers": 3, "gradient_checkpointing_min_layers": 3})
+    model = SparseTransformerForCausalLM(config)
+    assert model.is_gradient_checkpointing
+    assert not SparseTransformerForCausalLM(SparseTransformerConfig(**TINY)).is_gradient_checkpointing
+    ids = torch.randint(0, 37, (2, 36))
+    model.train()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert model.model.embed_rows.weight.grad is not None and model.model.embed_channels.weight.grad is not None
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("attention_pattern", "axial"), ("pattern_mode", "mixed"), ("pattern_implementation", "cuda"), ("stride", 0),
+     ("image_shape", [4, 4]), ("image_shape", [100, 100, 3])],
+)
+def test_bad_config_names_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SparseTransformerConfig(**{**TINY, field: value})
+
+
+def test_bad_input_names_tensor():
+    model = _model()
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.tensor([[1, 99]]))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.zeros(1, 5, dtype=torch.long), attention_mask=torch.ones(1, 4))
