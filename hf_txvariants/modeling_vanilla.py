@@ -143,6 +143,8 @@ class VanillaModel(VanillaPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
         use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
+        if self.gradient_checkpointing and self.training:
+            use_cache = False  # a checkpointed layer is run twice: it would write its keys/values twice
 
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds")
@@ -193,8 +195,8 @@ class VanillaModel(VanillaPreTrainedModel):
                 mask,
                 encoder_hidden_states,
                 cross_mask,
-                past_key_values,
-                output_attentions,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
             )
             all_self.append(self_weights)
             all_cross.append(cross_weights)
