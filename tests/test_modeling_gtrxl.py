@@ -1,0 +1,253 @@
+"""Gated Transformer-XL: the shared tester, every residual form of the paper, and the RL contract (step-by-step
+inference with memory, per-row reset on episode ends, training on stored segments with their memory)."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from txv_tester import TxvModelTesterMixin
+
+from hf_txvariants import GTrXLConfig, GTrXLForCausalLM, GTrXLModel, MemoryCache
+from hf_txvariants.configuration_gtrxl import GATE_TYPES
+from hf_txvariants.txv_gates import GatingLayer, GRUGate, ResidualGate
+
+TINY = dict(vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2, mem_len=8)
+ATOL = 1e-5
+
+
+class TestGTrXL(TxvModelTesterMixin):
+    config_class = GTrXLConfig
+    model_classes = (GTrXLModel, GTrXLForCausalLM)
+    causal_lm_class = GTrXLForCausalLM
+    tiny_config_kwargs = TINY
+    has_memory = True
+    memory_test_config_kwargs = {"mem_len": 7}
+
+
+def build(gate_type="gru", seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GTrXLModel(GTrXLConfig(**{**TINY, "gate_type": gate_type, **overrides})).eval()
+
+
+def observations(batch, length, seed=1):
+    return torch.randn(batch, length, TINY["hidden_size"], generator=torch.Generator().manual_seed(seed))
+
+
+def step_by_step(model, embeds, episode_starts=None, use_reset_rows=False):
+    """Acting: one time step per call, the memory carried in past_key_values."""
+    memory, outputs = model.init_memory(embeds.shape[0]), []
+    for t in range(embeds.shape[1]):
+        starts = None if episode_starts is None else episode_starts[:, t : t + 1]
+        if use_reset_rows and starts is not None:
+            memory.reset_rows(starts[:, 0], memory_init="empty")
+            starts = None
+        with torch.no_grad():
+            out = model(inputs_embeds=embeds[:, t : t + 1], past_key_values=memory, episode_starts=starts)
+        memory = out.past_key_values
+        outputs.append(out.last_hidden_state)
+    return torch.cat(outputs, dim=1), memory
+
+
+# ---------------------------------------------------------------------------------------------------------- config
+def test_registered_with_auto_classes():
+    config = AutoConfig.for_model("txv_gtrxl", **TINY)
+    assert type(config) is GTrXLConfig
+    assert type(AutoModel.from_config(config)) is GTrXLModel
+    assert type(AutoModelForCausalLM.from_config(config)) is GTrXLForCausalLM
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"gate_type": "lstm"}, "gate_type"),
+        ({"mem_len": -1}, "mem_len"),
+        ({"hidden_size": 15, "num_attention_heads": 3, "head_dim": 5}, "hidden_size"),
+        ({"hidden_size": 16, "num_attention_heads": 3}, "num_attention_heads"),
+        ({"num_hidden_layers": 0}, "num_hidden_layers"),
+        ({"dropout": 1.0}, "dropout"),
+    ],
+)
+def test_wrong_config_names_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        GTrXLConfig(**{**TINY, **overrides})
+
+
+def test_paper_names_accepted():
+    config = GTrXLConfig(d_model=16, n_head=2, d_inner=32, n_layer=3, vocab_size=5)
+    assert (config.hidden_size, config.num_attention_heads, config.head_dim) == (16, 2, 8)
+    assert (config.intermediate_size, config.num_hidden_layers) == (32, 3)
+
+
+# ---------------------------------------------------------------------------------------------------------- forms
+def test_residual_forms_build_the_paper_blocks():
+    assert not any(isinstance(m, GatingLayer) for m in build("trxl").modules())
+    assert all(type(layer.attention_gate) is ResidualGate for layer in build("trxl_i").layers)
+    assert all(type(layer.feed_forward_gate) is GRUGate for layer in build("gru").layers)
+    embeds = observations(2, 5)
+    outputs = {}
+    for gate_type in GATE_TYPES:
+        with torch.no_grad():
+            outputs[gate_type] = build(gate_type)(inputs_embeds=embeds).last_hidden_state
+        assert torch.isfinite(outputs[gate_type]).all()
+    for a in GATE_TYPES:
+        for b in GATE_TYPES:
+            if a < b:
+                assert not torch.allclose(outputs[a], outputs[b]), (a, b)
+
+
+def test_trxl_i_is_identity_map_reordering_by_hand():
+    """TrXL-I layer: E' = E + ReLU(MHA(LN([M, E]))), out = E' + ReLU(FF(LN(E'))), checked by recomputing it from
+    the layer's own sub-modules."""
+    model = build("trxl_i", num_hidden_layers=1)
+    layer = model.layers[0]
+    embeds = observations(2, 4)
+    with torch.no_grad():
+        out = model(inputs_embeds=embeds).last_hidden_state
+        normed = layer.attention_norm(embeds)
+        query = layer.attention.qkv_net(normed).chunk(3, dim=-1)
+        assert query[0].shape == (2, 4, 16)
+        allowed = torch.ones(4, 4).tril().bool()[None, None]
+        from hf_txvariants.txv_positions import sinusoid_table
+
+        positions = sinusoid_table(torch.arange(3, -1, -1.0), 16)
+        attended, _ = layer.attention(embeds, positions, allowed, context_norm=layer.attention_norm)
+        middle = embeds + torch.relu(attended)
+        expected = middle + torch.relu(layer.feed_forward(layer.feed_forward_norm(middle)))
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+
+
+def test_gated_model_starts_close_to_identity():
+    """With b_g > 0 every GRU gate starts near the identity map (z ~ sigma(-b_g)); the larger b_g, the closer the
+    whole GTrXL is to the identity at initialisation."""
+    embeds = observations(3, 6)
+    deviation = {}
+    for gate_bias in (0.0, 2.0, 12.0):
+        with torch.no_grad():
+            out = build("gru", gate_bias=gate_bias)(inputs_embeds=embeds).last_hidden_state
+        deviation[gate_bias] = (out - embeds).abs().max()
+    assert deviation[0.0] > deviation[2.0] > deviation[12.0]
+    assert deviation[12.0] < 1e-3
+
+
+# ---------------------------------------------------------------------------------------------------------- RL memory
+@pytest.mark.parametrize("gate_type", GATE_TYPES)
+def test_step_by_step_equals_whole_sequence(gate_type):
+    """Acting one step at a time with the memory gives the outputs of one pass over the whole sequence (same_length:
+    every step sees itself and mem_len steps before it either way), including across episode starts."""
+    model = build(gate_type, mem_len=4)
+    embeds = observations(3, 12)
+    starts = torch.zeros(3, 12, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[1, 5] = starts[2, 3] = starts[2, 9] = True
+    with torch.no_grad():
+        whole = model(inputs_embeds=embeds, episode_starts=starts).last_hidden_state
+    stepped, _ = step_by_step(model, embeds, starts)
+    torch.testing.assert_close(stepped, whole, atol=ATOL, rtol=0)
+    stepped_with_reset, _ = step_by_step(model, embeds, starts, use_reset_rows=True)
+    torch.testing.assert_close(stepped_with_reset, whole, atol=ATOL, rtol=0)
+
+
+def test_plain_xl_context_without_same_length():
+    """same_length=False: a whole segment sees all of its own earlier steps; step-by-step matches while the sequence
+    fits in the memory."""
+    model = build(mem_len=10, same_length=False)
+    embeds = observations(2, 9)
+    with torch.no_grad():
+        whole = model(inputs_embeds=embeds).last_hidden_state
+    stepped, _ = step_by_step(model, embeds)
+    torch.testing.assert_close(stepped, whole, atol=ATOL, rtol=0)
+
+
+def test_reset_row_behaves_like_a_fresh_row():
+    model = build(mem_len=5, gate_bias=0.0, initializer_range=0.5)  # large weights: the memory matters
+    embeds = observations(3, 10)
+    _, memory = step_by_step(model, embeds[:, :6])
+    untouched = memory.clone()
+    done = torch.tensor([False, True, False])
+    memory.reset_rows(done, memory_init="empty")
+    with torch.no_grad():
+        after_reset = model(inputs_embeds=embeds[:, 6:], past_key_values=memory).last_hidden_state
+        kept = model(inputs_embeds=embeds[:, 6:], past_key_values=untouched).last_hidden_state
+        fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
+    torch.testing.assert_close(after_reset[1], fresh[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(after_reset[[0, 2]], kept[[0, 2]], atol=0, rtol=0)
+    assert not torch.allclose(kept[1], fresh[0], atol=1e-3)
+
+
+def test_episode_start_inside_a_segment_behaves_like_a_fresh_row():
+    model = build(mem_len=6)
+    embeds = observations(2, 8)
+    _, memory = step_by_step(model, observations(2, 5, seed=7))
+    starts = torch.zeros(2, 8, dtype=torch.bool)
+    starts[0, 3] = True
+    with torch.no_grad():
+        out = model(inputs_embeds=embeds, past_key_values=memory, episode_starts=starts)
+        fresh = model(inputs_embeds=embeds[0:1, 3:]).last_hidden_state
+    torch.testing.assert_close(out.last_hidden_state[0, 3:], fresh[0], atol=ATOL, rtol=0)
+    # the memory of row 0 now holds only the new episode: continuing equals continuing the fresh row
+    follow = observations(2, 3, seed=9)
+    with torch.no_grad():
+        next_out = model(inputs_embeds=follow, past_key_values=out.past_key_values).last_hidden_state
+        fresh_memory = model(inputs_embeds=embeds[0:1, 3:]).past_key_values
+        fresh_next = model(inputs_embeds=follow[0:1], past_key_values=fresh_memory).last_hidden_state
+    torch.testing.assert_close(next_out[0], fresh_next[0], atol=ATOL, rtol=0)
+
+
+def test_training_on_stored_segments_with_their_memory():
+    """Learning re-runs a stored segment from the memory it was collected with: the outputs equal those seen while
+    acting, and gradients reach every parameter through the segment (the memory itself is stop-gradient)."""
+    model = build(mem_len=6)
+    embeds = observations(2, 12)
+    starts = torch.zeros(2, 12, dtype=torch.bool)
+    starts[:, 0] = starts[1, 7] = True
+    acted, _ = step_by_step(model, embeds, starts)
+    _, stored_memory = step_by_step(model, embeds[:, :6], starts[:, :6])
+    stored_memory = stored_memory.clone()
+    model.train()
+    out = model(inputs_embeds=embeds[:, 6:], past_key_values=stored_memory.clone(), episode_starts=starts[:, 6:])
+    torch.testing.assert_close(out.last_hidden_state.detach(), acted[:, 6:], atol=ATOL, rtol=0)
+    out.last_hidden_state.pow(2).mean().backward()
+    missing = [n for n, p in model.named_parameters() if n != "embed_tokens.weight" and p.grad is None]
+    assert not missing
+    assert all(not m.requires_grad for m in stored_memory.memories)
+
+
+def test_memory_less_model_sees_only_the_current_step():
+    model = build(mem_len=0)
+    embeds = observations(2, 6)
+    with torch.no_grad():
+        whole = model(inputs_embeds=embeds).last_hidden_state
+        single = model(inputs_embeds=embeds[:, 3:4]).last_hidden_state
+    torch.testing.assert_close(whole[:, 3:4], single, atol=ATOL, rtol=0)
+
+
+def test_causal_lm_generate_keeps_its_memory():
+    torch.manual_seed(0)
+    model = GTrXLForCausalLM(GTrXLConfig(**TINY)).eval()
+    prompt = torch.randint(0, 13, (2, 4))
+    generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(5):
+            next_token = model(ids).logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, next_token], dim=1)
+    assert torch.equal(generated, ids)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+# ---------------------------------------------------------------------------------------------------------- bad input
+def test_bad_inputs_are_clear_errors():
+    model = build()
+    with pytest.raises(ValueError, match="inputs_embeds"):
+        model(inputs_embeds=torch.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="episode_starts"):
+        model(inputs_embeds=observations(2, 3), episode_starts=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="exactly one"):
+        model()
+    with pytest.raises(ValueError, match="vocab_size"):
+        model(input_ids=torch.tensor([[13]]))
+    memory = model(inputs_embeds=observations(2, 3)).past_key_values
+    with pytest.raises(ValueError, match="batch size"):
+        model(inputs_embeds=observations(3, 1), past_key_values=memory)
+    with pytest.raises(ValueError, match="MemoryCache"):
+        model(inputs_embeds=observations(2, 1), past_key_values=[torch.zeros(2, 1, 16)])
+    assert isinstance(memory, MemoryCache)
