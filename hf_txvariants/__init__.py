@@ -51,6 +51,13 @@ from .modeling_shaw import (
     ShawModel,
     ShawPreTrainedModel,
 )
+from .configuration_r_transformer import RTransformerConfig
+from .modeling_r_transformer import (
+    RTransformerForCausalLM,
+    RTransformerForSequenceClassification,
+    RTransformerModel,
+    RTransformerPreTrainedModel,
+)
 from .txv_cache import MemoryCache
 
 __version__ = "0.1.0"
@@ -70,6 +77,7 @@ VARIANTS = {
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_vanilla": (VanillaConfig, VanillaPreTrainedModel),
     "txv_shaw": (ShawConfig, ShawPreTrainedModel),
+    "txv_r_transformer": (RTransformerConfig, RTransformerPreTrainedModel),
 }
 
 # The standard ForCausalLM name for Transformer-XL's LM head.
@@ -125,4 +133,9 @@ __all__ = [
     "ShawForMaskedLM",
     "ShawForSequenceClassification",
     "ShawPreTrainedModel",
+    "RTransformerConfig",
+    "RTransformerModel",
+    "RTransformerForCausalLM",
+    "RTransformerForSequenceClassification",
+    "RTransformerPreTrainedModel",
 ]

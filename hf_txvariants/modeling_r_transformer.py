@@ -1,0 +1,301 @@
+"""R-Transformer (Wang, Wang, Ji and Liu 2019, "R-Transformer: Recurrent Neural Network Enhanced Transformer").
+
+No position embeddings: order comes from a LocalRNN (see `txv_local_rnn`) that summarises the last `local_window`
+tokens at every position. Each block: LocalRNN sub-layer(s), causal multi-head self-attention, feed-forward, each as
+x + dropout(sublayer(LayerNorm(x))) as in the original code. Causal throughout: `RTransformerForCausalLM` and
+`RTransformerForSequenceClassification` (last real token). No key/value cache: `generate()` re-runs the whole
+sequence at each step (the LocalRNN would also need its last k - 1 inputs per layer cached).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, SequenceClassifierOutput
+
+from .configuration_r_transformer import RTransformerConfig
+from .txv_feedforward import PositionwiseFeedForward
+from .txv_local_rnn import LocalRNN
+from .txv_mha import MultiHeadAttention, self_attention_mask
+from .txv_modeling_utils import TxvModelMixin
+from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+
+
+class RTransformerLocalRNNLayer(nn.Module):
+    """x + dropout(LocalRNN(LayerNorm(x))). Padding positions enter the RNN as zeros, like the left zero padding,
+    so a left-padded row sees the windows it would see alone."""
+
+    def __init__(self, config: RTransformerConfig):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.local_rnn = LocalRNN(config.hidden_size, config.rnn_type, config.local_window)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states, token_mask=None):
+        normed = self.layer_norm(hidden_states)
+        if token_mask is not None:
+            normed = normed * token_mask[..., None].to(normed.dtype)
+        return hidden_states + self.dropout(self.local_rnn(normed))
+
+
+class RTransformerBlock(GradientCheckpointingLayer):
+    def __init__(self, config: RTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.rnn_layers = nn.ModuleList(RTransformerLocalRNNLayer(config) for _ in range(config.num_rnn_layers))
+        self.attention_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.self_attn = MultiHeadAttention(config, layer_idx)
+        self.feed_forward_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states, attention_mask=None, token_mask=None, output_attentions=False):
+        for rnn_layer in self.rnn_layers:
+            hidden_states = rnn_layer(hidden_states, token_mask)
+        attention_output, weights = self.self_attn(
+            self.attention_layer_norm(hidden_states), attention_mask, output_attentions=output_attentions
+        )
+        hidden_states = hidden_states + self.dropout(attention_output)
+        hidden_states = hidden_states + self.mlp(self.feed_forward_layer_norm(hidden_states))
+        return hidden_states, weights
+
+
+class RTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
+    config_class = RTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["RTransformerBlock"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+    auto_classes = {
+        "AutoModel": "RTransformerModel",
+        "AutoModelForCausalLM": "RTransformerForCausalLM",
+        "AutoModelForSequenceClassification": "RTransformerForSequenceClassification",
+    }
+    head_key_patterns = (r"^lm_head\.", r"^score\.")
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, (nn.GRU, nn.LSTM, nn.RNN)):
+            # PyTorch's own RNN initialisation: U(-1/sqrt(hidden), 1/sqrt(hidden)) for every weight and bias.
+            bound = module.hidden_size**-0.5
+            for weight in module.parameters():
+                init.uniform_(weight, -bound, bound)
+
+
+class RTransformerModel(RTransformerPreTrainedModel):
+    """Token embeddings (no positions), `num_hidden_layers` blocks, a final LayerNorm."""
+
+    def __init__(self, config: RTransformerConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.embedding_dropout = nn.Dropout(config.embedding_dropout)
+        self.layers = nn.ModuleList(RTransformerBlock(config, layer_idx) for layer_idx in range(config.num_hidden_layers))
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput | tuple:
+        """attention_mask: `[batch, length]`, 1 = token, 0 = padding (left or right)."""
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        if kwargs.get("past_key_values") is not None:
+            raise ValueError("past_key_values is not supported: the R-Transformer has no cache (pass the whole sequence)")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+        if input_ids is not None:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
+                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
+            inputs_embeds = self.embed_tokens(input_ids)
+        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must be [batch, length, {config.hidden_size}] (config.hidden_size), "
+                f"got shape {tuple(inputs_embeds.shape)}"
+            )
+        batch, length = inputs_embeds.shape[:2]
+        device, dtype = inputs_embeds.device, inputs_embeds.dtype
+        if attention_mask is not None and attention_mask.shape != (batch, length):
+            raise ValueError(
+                f"attention_mask must be [batch={batch}, length={length}] (1 = token, 0 = padding), "
+                f"got shape {tuple(attention_mask.shape)}"
+            )
+        mask = self_attention_mask(attention_mask, batch, length, 0, True, dtype, device)
+        token_mask = attention_mask.to(device) if attention_mask is not None else None
+
+        hidden_states = self.embedding_dropout(inputs_embeds)
+        all_hidden, all_attentions = [], []
+        for layer in self.layers:
+            all_hidden.append(hidden_states)
+            hidden_states, weights = layer(hidden_states, mask, token_mask, output_attentions=output_attentions)
+            all_attentions.append(weights)
+        hidden_states = self.norm(hidden_states)
+        all_hidden.append(hidden_states)
+        output = BaseModelOutput(
+            last_hidden_state=hidden_states,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
+    """Language model with a (tied) linear softmax. `generate()` recomputes the whole sequence at every step."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: RTransformerConfig):
+        super().__init__(config)
+        self.model = RTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # no key/value cache: generate() must not create one
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
+        """The whole sequence every step (no cache)."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if inputs_embeds is not None and inputs_embeds.shape[1] == input_ids.shape[1]:
+            inputs = {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
+        return inputs
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> CausalLMOutput | tuple:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
+        config = self.config
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        kwargs.pop("use_cache", None)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        loss = None
+        if labels is not None:
+            if labels.shape != hidden_states.shape[:2]:
+                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
+            labels = labels.to(hidden_states.device)
+            invalid = (labels != -100) & ((labels < 0) | (labels >= config.vocab_size))
+            if bool(invalid.any()):
+                raise ValueError(f"labels must be -100 or in [0, {config.vocab_size}) (config.vocab_size)")
+            logits = self.lm_head(hidden_states)
+            targets = labels[:, 1:]
+            total = nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum"
+            )
+            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
+            loss = total / denominator
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
+        else:
+            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        output = CausalLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
+    """A linear classifier on the hidden state of the last real token of each row."""
+
+    def __init__(self, config: RTransformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = RTransformerModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None else 0.0)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden_states = outputs.last_hidden_state
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
+        logits = self.score(self.dropout(hidden_states[rows, last]))
+        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+__all__ = [
+    "RTransformerPreTrainedModel",
+    "RTransformerModel",
+    "RTransformerForCausalLM",
+    "RTransformerForSequenceClassification",
+]

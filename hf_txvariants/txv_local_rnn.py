@@ -1,0 +1,41 @@
+"""LocalRNN (Wang et al. 2019, "R-Transformer: Recurrent Neural Network Enhanced Transformer").
+
+Each position t is summarised by an RNN (GRU, LSTM or plain tanh RNN) run over the local window
+x_{t-k+1} .. x_t (zeros left of the sequence start); the output at t is the RNN's last hidden state:
+    h_t = RNN(x_{t-k+1}, ..., x_t)
+Vectorised over windows: the input is left-padded with k - 1 zeros, every window is cut out at once with `unfold`
+(`[batch * length, k, d]`, a view-based copy, no loop over positions) and all windows go through the RNN as one
+batch, so the only sequential loop is the RNN's own over the k steps of a window.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+RNN_TYPES = {"GRU": nn.GRU, "LSTM": nn.LSTM, "RNN": nn.RNN}
+
+
+def local_windows(hidden_states: torch.Tensor, window: int) -> torch.Tensor:
+    """`[batch, length, d]` -> `[batch, length, window, d]`: window t holds x_{t-window+1} .. x_t, zero-padded."""
+    padded = nn.functional.pad(hidden_states, (0, 0, window - 1, 0))
+    return padded.unfold(1, window, 1).transpose(-1, -2)
+
+
+class LocalRNN(nn.Module):
+    """`rnn`: a one-layer `nn.GRU` / `nn.LSTM` / `nn.RNN` (batch_first) of width `hidden_size`."""
+
+    def __init__(self, hidden_size: int, rnn_type: str, window: int):
+        super().__init__()
+        if rnn_type not in RNN_TYPES:
+            raise ValueError(f"rnn_type must be one of {sorted(RNN_TYPES)}, got {rnn_type!r}")
+        if window < 1:
+            raise ValueError(f"local window must be >= 1, got {window}")
+        self.window = window
+        self.rnn = RNN_TYPES[rnn_type](hidden_size, hidden_size, batch_first=True)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        batch, length, width = hidden_states.shape
+        windows = local_windows(hidden_states, self.window).reshape(batch * length, self.window, width)
+        outputs = self.rnn(windows)[0]
+        return outputs[:, -1].view(batch, length, width)
