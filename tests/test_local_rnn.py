@@ -1,0 +1,45 @@
+"""txv_local_rnn: the vectorised LocalRNN equals the naive loop over positions of the paper's definition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_txvariants.txv_local_rnn import LocalRNN, local_windows
+
+
+def naive_local_rnn(module: LocalRNN, x: torch.Tensor) -> torch.Tensor:
+    """h_t = last hidden state of the RNN run over x_{t-k+1} .. x_t, positions before 0 being zero vectors."""
+    batch, length, width = x.shape
+    k = module.window
+    outputs = []
+    for t in range(length):
+        steps = [x[:, s] if s >= 0 else torch.zeros(batch, width) for s in range(t - k + 1, t + 1)]
+        state = None
+        for step in steps:  # one RNN step at a time, carrying the state by hand
+            out, state = module.rnn(step[:, None], state)
+        outputs.append(out[:, 0])
+    return torch.stack(outputs, dim=1)
+
+
+@pytest.mark.parametrize("rnn_type", ["GRU", "LSTM", "RNN"])
+@pytest.mark.parametrize("window", [1, 3, 12])
+def test_vectorised_equals_naive_loop(rnn_type, window):
+    torch.manual_seed(0)
+    module = LocalRNN(6, rnn_type, window)
+    x = torch.randn(2, 9, 6)
+    torch.testing.assert_close(module(x), naive_local_rnn(module, x), atol=1e-6, rtol=0)
+
+
+def test_windows_are_left_zero_padded():
+    x = torch.arange(1.0, 6.0)[None, :, None]  # [1, 5, 1]: tokens 1..5
+    windows = local_windows(x, 3)[0, :, :, 0]
+    expected = torch.tensor([[0, 0, 1], [0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 5]], dtype=torch.float)
+    assert torch.equal(windows, expected)
+
+
+def test_bad_arguments_are_value_errors():
+    with pytest.raises(ValueError, match="rnn_type"):
+        LocalRNN(4, "TCN", 3)
+    with pytest.raises(ValueError, match="window"):
+        LocalRNN(4, "GRU", 0)

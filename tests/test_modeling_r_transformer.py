@@ -1,0 +1,128 @@
+"""R-Transformer (txv_r_transformer): the shared tester, a naive re-implementation of the block from the paper /
+original code structure, causality, padding, and config errors. The LocalRNN itself: tests/test_local_rnn.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from txv_tester import TxvModelTesterMixin
+
+import hf_txvariants  # noqa: F401
+from hf_txvariants.configuration_r_transformer import RTransformerConfig
+from hf_txvariants.modeling_r_transformer import (
+    RTransformerForCausalLM,
+    RTransformerForSequenceClassification,
+    RTransformerModel,
+)
+
+TINY = dict(
+    vocab_size=19, hidden_size=16, num_hidden_layers=2, num_rnn_layers=2, num_attention_heads=2,
+    local_window=3, dropout=0.1, attention_dropout=0.1, embedding_dropout=0.1, pad_token_id=0,
+)
+
+
+class TestRTransformer(TxvModelTesterMixin):
+    config_class = RTransformerConfig
+    model_classes = (RTransformerModel, RTransformerForCausalLM, RTransformerForSequenceClassification)
+    causal_lm_class = RTransformerForCausalLM
+    tiny_config_kwargs = TINY
+
+
+class TestRTransformerLSTM(TxvModelTesterMixin):
+    config_class = RTransformerConfig
+    model_classes = (RTransformerModel,)
+    tiny_config_kwargs = {**TINY, "rnn_type": "LSTM", "num_rnn_layers": 1}
+
+    @pytest.mark.slow
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
+
+def build(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return RTransformerForCausalLM(RTransformerConfig(**{**TINY, **overrides})).eval()
+
+
+def ids(batch=2, length=8, seed=0):
+    return torch.randint(1, 19, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def naive_forward(model: RTransformerModel, x: torch.Tensor) -> torch.Tensor:
+    """The R-Transformer written out position by position: for each block, LocalRNN sub-layers
+    h_t = x_t + RNN(LN(x)_{t-k+1..t}) (zeros before the start), causal softmax(q k^T / sqrt(d)) v attention per head,
+    FFN; all as x + f(LN(x)); final LN."""
+    k = model.config.local_window
+    hidden = model.embed_tokens(x)
+    batch, length, width = hidden.shape
+    for block in model.layers:
+        for rnn_layer in block.rnn_layers:
+            normed = rnn_layer.layer_norm(hidden)
+            summaries = []
+            for t in range(length):
+                window = torch.zeros(batch, k, width)
+                start = max(0, t - k + 1)
+                window[:, k - (t + 1 - start) :] = normed[:, start : t + 1]
+                summaries.append(rnn_layer.local_rnn.rnn(window)[0][:, -1])
+            hidden = hidden + torch.stack(summaries, 1)
+        attn = block.self_attn
+        normed = block.attention_layer_norm(hidden)
+        heads = []
+        for h in range(attn.num_heads):
+            part = slice(h * attn.head_dim, (h + 1) * attn.head_dim)
+            q = (normed @ attn.q_proj.weight[part].t() + attn.q_proj.bias[part])
+            key = (normed @ attn.k_proj.weight[part].t() + attn.k_proj.bias[part])
+            v = (normed @ attn.v_proj.weight[part].t() + attn.v_proj.bias[part])
+            scores = q @ key.transpose(1, 2) / attn.head_dim**0.5
+            scores = scores.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
+            heads.append(scores.softmax(-1) @ v)
+        hidden = hidden + attn.o_proj(torch.cat(heads, -1))
+        ff = block.mlp.CoreNet
+        hidden = hidden + ff[3](torch.relu(ff[0](block.feed_forward_layer_norm(hidden))))
+    return model.norm(hidden)
+
+
+@pytest.mark.parametrize("rnn_type", ["GRU", "LSTM", "RNN"])
+def test_matches_naive_forward(rnn_type):
+    model = build(rnn_type=rnn_type).model
+    x = ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x).last_hidden_state, naive_forward(model, x), atol=1e-5, rtol=0)
+
+
+def test_causal_and_position_free():
+    """A later token never changes an earlier output; there is no position embedding parameter."""
+    model = build()
+    x = ids()
+    changed = x.clone()
+    changed[:, 5:] = 3
+    with torch.no_grad():
+        torch.testing.assert_close(model(changed).logits[:, :5], model(x).logits[:, :5], atol=1e-6, rtol=0)
+    assert not any("position" in name for name, _ in model.named_parameters())
+
+
+def test_left_padding_equals_row_alone():
+    model = build()
+    x = ids(1, 6)
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), x], dim=1)
+    mask = torch.cat([torch.zeros(1, 4), torch.ones(1, 6)], dim=1).long()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(padded, attention_mask=mask).logits[:, 4:], model(x).logits, atol=1e-5, rtol=0
+        )
+    batch = torch.cat([padded, ids(1, 10, seed=3)])
+    batch_mask = torch.cat([mask, torch.ones(1, 10, dtype=torch.long)])
+    together = model.generate(batch, attention_mask=batch_mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    alone = model.generate(x, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(together[0, 4:], alone[0])
+
+
+def test_errors_name_the_field():
+    with pytest.raises(ValueError, match="rnn_type"):
+        RTransformerConfig(**{**TINY, "rnn_type": "QRNN"})
+    with pytest.raises(ValueError, match="local_window"):
+        RTransformerConfig(**{**TINY, "local_window": 0})
+    with pytest.raises(ValueError, match="attention_mask"):
+        build()(ids(), attention_mask=torch.ones(2, 3))
+    config = RTransformerConfig(d_model=32, h=4, ksize=5, n_level=2, n=1)
+    assert (config.hidden_size, config.num_attention_heads, config.local_window, config.intermediate_size) == (32, 4, 5, 128)
