@@ -25,8 +25,8 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------------------------------------------------
 # text
 def default_corpus() -> str:
-    """The embedded demo corpus: docstrings of the Python standard library (see data/make_default_corpus.py)."""
-    data = resources.files("hf_txvariants.training").joinpath("data/default_corpus.txt.gz").read_bytes()
+    """The embedded demo corpus: docstrings of the Python standard library (see corpus/make_default_corpus.py)."""
+    data = resources.files("hf_txvariants.training").joinpath("corpus/default_corpus.txt.gz").read_bytes()
     return gzip.decompress(data).decode("utf-8")
 
 

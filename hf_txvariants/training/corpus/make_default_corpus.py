@@ -1,6 +1,6 @@
 """Builds `default_corpus.txt.gz`, the demo's embedded corpus: the docstrings (English prose with some code) of the
 Python standard library's pure-Python modules, in sorted file order, deduplicated. Python's sources are under the PSF
-license. Re-run with `python -m hf_txvariants.training.data.make_default_corpus` (the output depends on the Python
+license. Re-run with `python -m hf_txvariants.training.corpus.make_default_corpus` (the output depends on the Python
 version, which is why the built file is shipped rather than rebuilt at run time)."""
 
 from __future__ import annotations
