@@ -22,8 +22,7 @@ from .txv_attention import causal_allowed
 from .txv_cache import MemoryCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_modeling_utils import TxvModelMixin
-from .txv_positions import sinusoid_table
-from .txv_relative_attention import RelativePositionAttention
+from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
 from .txv_sequence_classification import last_token_indices, sequence_classification_loss
 
 
@@ -289,11 +288,11 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             input_mask = attention_mask[:, -query_length:].to(device=device, dtype=torch.bool)
         allowed = self._allowed_keys(cache, query_length, input_mask, device)
 
-        key_length = cache.memory_length + query_length
-        distances = torch.arange(key_length - 1, -1, -1.0, device=device)
-        if config.clamp_len > 0:
-            distances = distances.clamp(max=config.clamp_len)
-        position_embeddings = self.drop(sinusoid_table(distances, config.hidden_size).to(inputs_embeds.dtype))
+        position_embeddings = self.drop(
+            relative_position_embeddings(
+                cache.memory_length + query_length, config.hidden_size, config.clamp_len, inputs_embeds.dtype, device
+            )
+        )
 
         shared_biases = None if config.untie_r else (self.r_w_bias, self.r_r_bias)
         hidden_states = self.drop(inputs_embeds)

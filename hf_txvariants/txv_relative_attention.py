@@ -16,22 +16,38 @@ import torch
 from torch import nn
 
 from .txv_attention import additive_mask, get_attention_function
+from .txv_positions import sinusoid_table
 
 
-def relative_shift(position_scores: torch.Tensor) -> torch.Tensor:
+def relative_distances(key_length: int, clamp_len: int, device) -> torch.Tensor:
+    """Distances `key_length - 1, ..., 1, 0, -1` (clamped at `clamp_len` when it is > 0), the rows of the sinusoid
+    table that `relative_shift` expects. The extra distance -1 only ever lands on future keys, which are masked; it
+    makes the shifted view non-overlapping, so its backward pass is a plain strided copy."""
+    distances = torch.arange(key_length - 1, -2, -1.0, device=device)
+    return distances.clamp(max=clamp_len) if clamp_len > 0 else distances
+
+
+def relative_position_embeddings(key_length: int, hidden_size: int, clamp_len: int, dtype, device) -> torch.Tensor:
+    """`[key_length + 1, hidden_size]` sinusoids for `relative_distances` (Dai et al.'s R matrix)."""
+    return sinusoid_table(relative_distances(key_length, clamp_len, device), hidden_size).to(dtype)
+
+
+def relative_shift(position_scores: torch.Tensor, key_length: int) -> torch.Tensor:
     """Moves the position scores from "by distance" to "by key" layout without a copy (the paper's appendix B trick).
 
-    `position_scores[..., i, m]` is the score of query i for relative distance `R - 1 - m` (the sinusoid table runs
-    from distance R-1 down to 0, R = key length). Query i sits at absolute position `M + i` (M = memory length,
-    Q = query length, R = M + Q), so key j needs distance `M + i - j`, i.e. m = j + (Q - 1 - i). In memory that is
-    element `i * (R - 1) + j + (Q - 1)` of the row-major `[Q, R]` block: a strided view. Entries for future keys
-    (j > M + i) read neighbouring values and must be masked by the caller."""
+    `position_scores[..., i, m]` is the score of query i for distance `key_length - 1 - m` (the table of
+    `relative_distances`: key_length - 1 down to 0, optionally one more row for -1; R rows in all). Query i sits at
+    absolute position `M + i` (M = memory length, Q = query length, key_length = M + Q), so key j needs distance
+    `M + i - j`, i.e. m = j + (Q - 1 - i): element `i * (R - 1) + j + (Q - 1)` of the row-major `[Q, R]` block, a
+    strided view. Entries for future keys (j > M + i) read neighbouring values and must be masked by the caller.
+    With R = key_length + 1 the view does not overlap itself (cheap backward)."""
     scores = position_scores.contiguous()
-    *batch, query_length, key_length = scores.shape
-    batch_strides = scores.stride()[:-2]
+    *batch, query_length, rows = scores.shape
+    if rows not in (key_length, key_length + 1):
+        raise ValueError(f"position scores have {rows} distances, expected {key_length} or {key_length + 1}")
     return scores.as_strided(
         (*batch, query_length, key_length),
-        (*batch_strides, key_length - 1, 1),
+        (*scores.stride()[:-2], rows - 1, 1),
         scores.storage_offset() + query_length - 1,
     )
 
@@ -69,12 +85,16 @@ class RelativePositionAttention(nn.Module):
         context_norm: nn.Module | None = None,
         shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
         output_attentions: bool = False,
+        attention_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         hidden_states: `[B, Q, hidden]` the current segment; memory: `[B, M, hidden]` or None.
-        position_embeddings: `[M + Q, hidden]` sinusoids for distances M+Q-1 ... 0 (clamped, dropped out).
+        position_embeddings: `[M + Q + 1, hidden]` from `relative_position_embeddings` (dropped out); the
+            `[M + Q, hidden]` table without the row for distance -1 is accepted too.
         allowed: bool, broadcastable to `[B, heads, Q, M + Q]`.
         context_norm: applied to `[memory; hidden]` before the projections (pre-layer-norm models).
+        attention_bias: an optional extra additive term, broadcastable to `[B, heads, Q, M + Q]` (e.g. the log of
+            adaptive span's soft mask), added to the position scores.
         Returns the attention output after `o_net` and dropout, `[B, Q, hidden]`, and the weights if requested.
         """
         batch, query_length, _ = hidden_states.shape
@@ -87,12 +107,14 @@ class RelativePositionAttention(nn.Module):
         query = nn.functional.linear(context[:, -query_length:], w_query).view(batch, query_length, *heads)
         key = nn.functional.linear(context, w_key).view(batch, key_length, *heads).transpose(1, 2)
         value = nn.functional.linear(context, w_value).view(batch, key_length, *heads).transpose(1, 2)
-        position_keys = self.r_net(position_embeddings).view(key_length, *heads)
+        position_keys = self.r_net(position_embeddings).view(position_embeddings.shape[0], *heads)
 
         r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
         # (b) + (d): (q + v) . W_r R for every distance, [B, H, Q, R], then shifted so that column j is key j.
         position_scores = torch.matmul((query + r_r_bias).transpose(1, 2), position_keys.permute(1, 2, 0))
-        position_bias = relative_shift(position_scores) * self.scaling
+        position_bias = relative_shift(position_scores, key_length) * self.scaling
+        if attention_bias is not None:
+            position_bias = position_bias + attention_bias
         attention_bias = additive_mask(allowed, query.dtype, position_bias)
 
         attention = get_attention_function(self.config, output_attentions)
