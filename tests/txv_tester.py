@@ -188,9 +188,20 @@ class TxvModelTesterMixin:
             eager.set_attn_implementation("eager")
             sdpa = self.build(model_class, config)
             sdpa.set_attn_implementation("sdpa")
-            torch.testing.assert_close(
-                first_tensor(self.run(sdpa, **inputs)), first_tensor(self.run(eager, **inputs)), atol=ATOL, rtol=0
-            )
+            calls = []
+            original = torch.nn.functional.scaled_dot_product_attention
+
+            def counting_sdpa(*args, **kwargs):
+                calls.append(1)
+                return original(*args, **kwargs)
+
+            torch.nn.functional.scaled_dot_product_attention = counting_sdpa
+            try:
+                sdpa_output = first_tensor(self.run(sdpa, **inputs))
+            finally:
+                torch.nn.functional.scaled_dot_product_attention = original
+            assert calls, f"{model_class.__name__} with attn_implementation='sdpa' never called SDPA"
+            torch.testing.assert_close(sdpa_output, first_tensor(self.run(eager, **inputs)), atol=ATOL, rtol=0)
 
     # ------------------------------------------------------------------------------------------------ training
     def training_loss(self, model, inputs):
