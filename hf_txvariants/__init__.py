@@ -58,6 +58,12 @@ from .modeling_r_transformer import (
     RTransformerModel,
     RTransformerPreTrainedModel,
 )
+from .configuration_adaptive_span import AdaptiveSpanConfig
+from .modeling_adaptive_span import (
+    AdaptiveSpanForCausalLM,
+    AdaptiveSpanModel,
+    AdaptiveSpanPreTrainedModel,
+)
 from .txv_cache import MemoryCache
 
 __version__ = "0.1.0"
@@ -72,6 +78,7 @@ AUTO_CLASSES = {
 # One line per variant: its config class and the module holding the classes named in its `auto_classes`.
 VARIANTS = {
     "transfo-xl": (TransfoXLConfig, TransfoXLPreTrainedModel),
+    "txv_adaptive_span": (AdaptiveSpanConfig, AdaptiveSpanPreTrainedModel),
     "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
     "gtrxl": (GTrXLConfig, GTrXLPreTrainedModel),
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
@@ -97,6 +104,10 @@ for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
 
 __all__ = [
+    "AdaptiveSpanConfig",
+    "AdaptiveSpanModel",
+    "AdaptiveSpanForCausalLM",
+    "AdaptiveSpanPreTrainedModel",
     "SparseTransformerConfig",
     "SparseTransformerModel",
     "SparseTransformerForCausalLM",

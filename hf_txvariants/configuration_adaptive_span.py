@@ -1,0 +1,109 @@
+"""Adaptive-span Transformer configuration (Sukhbaatar et al. 2019). model_type `txv_adaptive_span`."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+
+@strict
+class AdaptiveSpanConfig(PreTrainedConfig):
+    r"""
+    A Transformer-XL-style decoder (segment memory as `past_key_values`, relative positions, post-layer-norm) whose
+    heads learn their attention span.
+
+    Standard names are stored; the papers' and the original code's names are accepted through `attribute_map`
+    (`d_model`/`hid_sz`, `n_head`/`nheads`, `d_head`, `d_inner`/`inner_hid_sz`, `n_layer`/`nlayers`, `dropatt`).
+
+    Args:
+        vocab_size, hidden_size, num_attention_heads, head_dim, intermediate_size, num_hidden_layers.
+        attn_span: S, the largest span; a query sees at most the S keys at distances 0 .. S - 1.
+        mem_len: positions kept as memory (default S - 1, all a full span needs); trimmed further to what the
+            current spans need when `adapt_span_cache`.
+        adapt_span_enabled: False gives the plain model with a hard window of S keys.
+        adapt_span_ramp: R, the length of the soft mask's ramp. adapt_span_init: initial span as a fraction of S.
+        adapt_span_loss: weight of the L1 span penalty in the loss (the original enwik8 recipes use 2e-6).
+        adapt_span_cache: drop the memory and keys that the current spans give weight 0 (saves compute and memory).
+        adapt_span_dynamic: spans computed per query, z_t = S * sigmoid(v . x_t + b).
+        memory_init: "empty" (no memory before the first segment) or "zeros" (S - 1 zero vectors, attended to).
+        dropout, attention_dropout, layer_norm_eps, initializer_range.
+    """
+
+    model_type = "txv_adaptive_span"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "d_model": "hidden_size",
+        "hid_sz": "hidden_size",
+        "n_head": "num_attention_heads",
+        "nheads": "num_attention_heads",
+        "d_head": "head_dim",
+        "d_inner": "intermediate_size",
+        "inner_hid_sz": "intermediate_size",
+        "n_layer": "num_hidden_layers",
+        "nlayers": "num_hidden_layers",
+        "dropatt": "attention_dropout",
+    }
+
+    vocab_size: int = 256
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    head_dim: int | None = None
+    intermediate_size: int = 1024
+    num_hidden_layers: int = 8
+    attn_span: int = 1024
+    mem_len: int | None = None
+    adapt_span_enabled: bool = True
+    adapt_span_ramp: int = 32
+    adapt_span_init: float = 0.0
+    adapt_span_loss: float = 2e-6
+    adapt_span_cache: bool = True
+    adapt_span_dynamic: bool = False
+    memory_init: str = "empty"
+    dropout: float | int = 0.0
+    attention_dropout: float | int = 0.0
+    layer_norm_eps: float = 1e-5
+    initializer_range: float = 0.02
+    use_cache: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        for alias in [name for name in kwargs if name in self.attribute_map]:
+            setattr(self, alias, kwargs.pop(alias))
+        if self.head_dim is None and self.num_attention_heads > 0:
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.mem_len is None and self.attn_span > 0:
+            self.mem_len = self.attn_span - 1
+        super().__post_init__(**kwargs)
+        self.validate_architecture()
+
+    def validate_architecture(self):
+        """Called at construction: a wrong config is a ValueError naming the field."""
+        for name in ("vocab_size", "hidden_size", "num_attention_heads", "head_dim", "intermediate_size",
+                     "num_hidden_layers", "attn_span", "adapt_span_ramp"):
+            value = getattr(self, name)
+            if value is None or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if self.hidden_size % 2:
+            raise ValueError(f"hidden_size must be even (sinusoidal relative positions), got {self.hidden_size}")
+        if self.mem_len < 0:
+            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
+        if not 0.0 <= self.adapt_span_init <= 1.0:
+            raise ValueError(f"adapt_span_init must be in [0, 1] (a fraction of attn_span), got {self.adapt_span_init}")
+        if self.adapt_span_loss < 0:
+            raise ValueError(f"adapt_span_loss must be >= 0, got {self.adapt_span_loss}")
+        if self.memory_init not in ("zeros", "empty"):
+            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+__all__ = ["AdaptiveSpanConfig"]

@@ -1,0 +1,111 @@
+"""Adaptive attention span (Sukhbaatar et al. 2019, "Adaptive Attention Span in Transformers"), a shared block.
+
+Every head h learns a span z_h in [0, S]; the attention weight of a key at distance x from its query (x = 0 for the
+query itself) is multiplied by the soft mask
+
+    m_z(x) = clamp((R + z - x) / R, 0, 1)                      R: the ramp length
+
+and the weights are renormalised. Softmax-then-mask-then-renormalise equals a softmax with the additive term log m:
+
+    softmax(s)_j m_j / sum_k softmax(s)_k m_k  =  exp(s_j + log m_j) / sum_k exp(s_k + log m_k)
+
+so the mask is passed to the shared attention functions as an additive bias (log m, and the masked value where
+m = 0): the result is exact for eager and SDPA alike (the original code adds 1e-8 to the denominator).
+
+The L1 span penalty is sum over layers of the mean span of the heads (tokens), added to the loss with a weight
+(`adapt_span_loss`, as in the original code: coeff * S * mean(current_val)). Spans are kept inside [0, S]: the forward
+pass uses the value clamped to [0, 1] (with a straight-through gradient) and `clamp_()` clamps the parameter in place
+after an optimiser step, like the original `clamp_param`.
+
+The dynamic variant computes the span from the query's input, z_t = S * sigmoid(v . x_t + b), one per head.
+
+Trimming: a key at distance x >= ceil(z_max) + R has weight exactly 0, so keys farther than `required_keys()` are
+dropped before attention (and memory older than that is not kept), which is what makes a short span cheap.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def soft_span_mask(distances: torch.Tensor, spans: torch.Tensor, ramp: int) -> torch.Tensor:
+    """m_z(x) = clamp((R + z - x) / R, 0, 1) broadcast over `distances` (x) and `spans` (z)."""
+    return ((ramp + spans - distances) / ramp).clamp(0.0, 1.0)
+
+
+def span_attention_bias(distances: torch.Tensor, spans: torch.Tensor, ramp: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention term log m_z(x) (finfo.min where m = 0) that renormalises the masked softmax exactly."""
+    mask = soft_span_mask(distances.to(torch.float32), spans.to(torch.float32), ramp)
+    minimum = torch.finfo(dtype).min
+    log_mask = torch.log(mask.clamp(min=torch.finfo(torch.float32).tiny))
+    return log_mask.masked_fill(mask <= 0, minimum).to(dtype)
+
+
+class AdaptiveSpan(nn.Module):
+    """The learned spans of one attention layer.
+
+    Args:
+        num_heads: H. max_span: S. ramp: R. init: initial span as a fraction of S (original `adapt_span_init`).
+        dynamic: spans computed from the query's input, z_t = S * sigmoid(v . x_t + b) (needs `hidden_size`).
+    Parameter `current_val` (static): `[H]`, the span fraction (z = S * current_val), as in the original code.
+    """
+
+    def __init__(self, num_heads: int, max_span: int, ramp: int, init: float = 0.0, dynamic: bool = False,
+                 hidden_size: int | None = None):
+        super().__init__()
+        if max_span < 1:
+            raise ValueError(f"max_span must be >= 1, got {max_span}")
+        if ramp < 1:
+            raise ValueError(f"ramp must be >= 1, got {ramp}")
+        self.num_heads = num_heads
+        self.max_span = max_span
+        self.ramp = ramp
+        self.init = init
+        self.dynamic = dynamic
+        if dynamic:
+            if hidden_size is None:
+                raise ValueError("hidden_size is needed for dynamic spans")
+            self.span_predictor = nn.Linear(hidden_size, num_heads)
+        else:
+            self.current_val = nn.Parameter(torch.full((num_heads,), float(init)))
+
+    def spans(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
+        """Static: `[H]` spans in tokens. Dynamic: `[batch, Q, H]` from the queries' inputs `hidden_states`."""
+        if self.dynamic:
+            return self.max_span * torch.sigmoid(self.span_predictor(hidden_states).float())
+        value = self.current_val.float()
+        clamped = value + (value.clamp(0.0, 1.0) - value).detach()  # inside [0, 1], gradient straight through
+        return self.max_span * clamped
+
+    def penalty(self, spans: torch.Tensor) -> torch.Tensor:
+        """The L1 span penalty of this layer: the mean span over heads (and positions for dynamic spans)."""
+        return spans.mean()
+
+    def required_keys(self, spans: torch.Tensor) -> int:
+        """Distances 0 .. required_keys() - 1 can have a non-zero weight: ceil(z_max) + R, at most S."""
+        largest = float(spans.detach().max()) if spans.numel() else 0.0
+        return max(1, min(self.max_span, math.ceil(largest) + self.ramp))
+
+    def attention_bias(self, spans: torch.Tensor, query_length: int, key_length: int, dtype) -> torch.Tensor:
+        """The additive bias for queries at the last `query_length` of `key_length` positions:
+        `[1, H, Q, K]` for static spans, `[batch, H, Q, K]` for dynamic ones."""
+        device = spans.device
+        query_positions = torch.arange(key_length - query_length, key_length, device=device)
+        distances = (query_positions[:, None] - torch.arange(key_length, device=device)[None, :]).clamp(min=0)
+        if self.dynamic:
+            z = spans.permute(0, 2, 1)[..., None]  # [batch, H, Q, 1]
+        else:
+            z = spans[None, :, None, None]
+        return span_attention_bias(distances[None, None].float(), z, self.ramp, dtype)
+
+    @torch.no_grad()
+    def clamp_(self):
+        """Keeps the span parameters inside [0, 1] (call after each optimiser step, as the original code does)."""
+        if not self.dynamic:
+            self.current_val.clamp_(0.0, 1.0)
+
+
+__all__ = ["AdaptiveSpan", "soft_span_mask", "span_attention_bias"]
