@@ -1,0 +1,281 @@
+"""GTrXL as the memory of a PPO agent, against a memory-less baseline of the same size (Parisotto et al. 2019).
+
+The task, `RememberCueEnv`, is a T-maze without the maze: the first observation shows a cue (left or right), then
+`corridor_length` steps show nothing, and at the junction (flagged in the observation) the agent must pick the side
+the cue showed: +1 if right, -1 if wrong. The decision comes more steps after the cue than one training segment holds
+(`corridor_length >= segment_length`), so the agent can only succeed by reading the cue from its memory
+(`past_key_values`) across segments. A memory-less agent is at chance (50 %).
+
+The agent acts one step at a time, carrying the GTrXL memory and marking episode starts (a per-row reset); every
+`segment_length` steps it learns with PPO on the segment it just collected, re-run from the memory that segment
+started with (the stored-memory scheme of the paper). The baseline is the very same network with `mem_len=0`:
+every step attends only to itself.
+
+    python examples/rl_gtrxl.py                      # 5 seeds of GTrXL and of the baseline, a few minutes on CPU
+    python examples/rl_gtrxl.py --seeds 0 --iterations 150 --variants gtrxl trxl_i baseline
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from hf_txvariants import GTrXLConfig, GTrXLModel
+
+
+class RememberCueEnv(gym.Env):
+    """Observation `[cue_left, cue_right, at_junction]`; actions 0 (left) / 1 (right), only the junction's counts.
+
+    Step 0 shows the cue, steps 1..corridor_length-1 show zeros, step corridor_length is the junction; the episode
+    ends there with reward +1 (the cue's side) or -1, and `info["success"]`."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, corridor_length: int = 10):
+        if corridor_length < 1:
+            raise ValueError(f"corridor_length must be >= 1, got {corridor_length}")
+        self.corridor_length = corridor_length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.cue = 0
+        self.time = 0
+
+    def _observation(self) -> np.ndarray:
+        observation = np.zeros(3, dtype=np.float32)
+        if self.time == 0:
+            observation[self.cue] = 1.0
+        if self.time == self.corridor_length:
+            observation[2] = 1.0
+        return observation
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cue = int(self.np_random.integers(2))
+        self.time = 0
+        return self._observation(), {}
+
+    def step(self, action):
+        if self.time < self.corridor_length:
+            self.time += 1
+            return self._observation(), 0.0, False, False, {}
+        success = int(action) == self.cue
+        return self._observation(), 1.0 if success else -1.0, True, False, {"success": success}
+
+
+gym.register("RememberCue-v0", entry_point=RememberCueEnv)
+
+
+class ActorCritic(nn.Module):
+    """Observation encoder -> GTrXL (inputs_embeds) -> policy logits and value."""
+
+    def __init__(self, observation_size: int, num_actions: int, config: GTrXLConfig):
+        super().__init__()
+        self.encoder = nn.Linear(observation_size, config.hidden_size)
+        self.backbone = GTrXLModel(config)
+        self.policy = nn.Linear(config.hidden_size, num_actions)
+        self.value = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, observations, memory, episode_starts):
+        """observations `[envs, steps, obs]`, episode_starts `[envs, steps]` -> logits, values, updated memory."""
+        out = self.backbone(
+            inputs_embeds=self.encoder(observations), past_key_values=memory, episode_starts=episode_starts
+        )
+        hidden = out.last_hidden_state
+        return self.policy(hidden), self.value(hidden).squeeze(-1), out.past_key_values
+
+
+@dataclass
+class Settings:
+    corridor_length: int = 10
+    segment_length: int = 8
+    mem_len: int = 16
+    num_envs: int = 32
+    iterations: int = 150
+    hidden_size: int = 32
+    num_layers: int = 2
+    num_heads: int = 2
+    learning_rate: float = 1e-3
+    epochs: int = 4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip: float = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    eval_episodes: int = 256
+
+
+# variant -> GTrXL config fields; "baseline" is GTrXL's own network with no memory (same parameters).
+VARIANTS = {
+    "gtrxl": {"gate_type": "gru"},
+    "trxl_i": {"gate_type": "trxl_i"},
+    "baseline": {"gate_type": "gru", "mem_len": 0},
+}
+
+
+def make_agent(variant: str, settings: Settings) -> ActorCritic:
+    fields = dict(
+        vocab_size=1,  # observations come in as inputs_embeds
+        hidden_size=settings.hidden_size,
+        num_attention_heads=settings.num_heads,
+        intermediate_size=2 * settings.hidden_size,
+        num_hidden_layers=settings.num_layers,
+        mem_len=settings.mem_len,
+    )
+    config = GTrXLConfig(**{**fields, **VARIANTS[variant]})
+    return ActorCritic(3, 2, config)
+
+
+def play(agent, envs, observations, memory, starts, steps, greedy=False):
+    """Acts `steps` steps in every env, one step at a time with the memory. Returns the trajectory, the state to
+    continue from and the successes of the episodes that ended."""
+    trajectory = {k: [] for k in ("observations", "starts", "actions", "log_probs", "values", "rewards", "dones")}
+    successes = []
+    for _ in range(steps):
+        obs = torch.as_tensor(np.stack(observations))
+        with torch.no_grad():
+            logits, values, memory = agent(obs[:, None], memory, starts[:, None])
+        distribution = torch.distributions.Categorical(logits=logits[:, 0])
+        actions = logits[:, 0].argmax(-1) if greedy else distribution.sample()
+        rewards, dones = [], []
+        for i, env in enumerate(envs):
+            observation, reward, terminated, truncated, info = env.step(int(actions[i]))
+            if terminated or truncated:
+                successes.append(float(info.get("success", False)))
+                observation, _ = env.reset()
+            observations[i] = observation
+            rewards.append(reward)
+            dones.append(terminated or truncated)
+        for key, value in (
+            ("observations", obs),
+            ("starts", starts),
+            ("actions", actions),
+            ("log_probs", distribution.log_prob(actions)),
+            ("values", values[:, 0]),
+            ("rewards", torch.tensor(rewards)),
+            ("dones", torch.tensor(dones)),
+        ):
+            trajectory[key].append(value)
+        starts = torch.tensor(dones)
+    trajectory = {k: torch.stack(v, dim=1) for k, v in trajectory.items()}  # [envs, steps, ...]
+    return trajectory, observations, memory, starts, successes
+
+
+def advantages_and_returns(trajectory, next_value, settings: Settings):
+    rewards, values, dones = trajectory["rewards"], trajectory["values"], trajectory["dones"].float()
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        following = next_value if t == rewards.shape[1] - 1 else values[:, t + 1]
+        delta = rewards[:, t] + settings.gamma * following * (1 - dones[:, t]) - values[:, t]
+        running = delta + settings.gamma * settings.gae_lambda * (1 - dones[:, t]) * running
+        advantages[:, t] = running
+    return advantages, advantages + values
+
+
+def evaluate(agent, settings: Settings, seed: int) -> float:
+    envs = [RememberCueEnv(settings.corridor_length) for _ in range(settings.num_envs)]
+    observations = [env.reset(seed=10_000 + seed * 1000 + i)[0] for i, env in enumerate(envs)]
+    memory = agent.backbone.init_memory(len(envs))
+    starts = torch.ones(len(envs), dtype=torch.bool)
+    successes = []
+    while len(successes) < settings.eval_episodes:
+        _, observations, memory, starts, done = play(
+            agent, envs, observations, memory, starts, settings.corridor_length + 1, greedy=True
+        )
+        successes += done
+    return float(np.mean(successes[: settings.eval_episodes]))
+
+
+def train(variant: str, seed: int, settings: Settings, log_every: int = 0) -> dict:
+    torch.manual_seed(seed)
+    agent = make_agent(variant, settings)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=settings.learning_rate)
+    envs = [RememberCueEnv(settings.corridor_length) for _ in range(settings.num_envs)]
+    observations = [env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)]
+    memory = agent.backbone.init_memory(len(envs))
+    starts = torch.ones(len(envs), dtype=torch.bool)
+    recent, started = [], time.time()
+    for iteration in range(settings.iterations):
+        segment_memory = memory.clone()  # what this segment starts from, for re-running it while learning
+        trajectory, observations, memory, starts, successes = play(
+            agent, envs, observations, memory, starts, settings.segment_length
+        )
+        recent = (recent + successes)[-200:]
+        with torch.no_grad():  # value of the next step, without advancing the memory
+            obs = torch.as_tensor(np.stack(observations))[:, None]
+            next_value = agent(obs, memory.clone(), starts[:, None])[1][:, 0]
+        advantages, returns = advantages_and_returns(trajectory, next_value, settings)
+        normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        for _ in range(settings.epochs):
+            logits, values, _ = agent(trajectory["observations"], segment_memory.clone(), trajectory["starts"])
+            distribution = torch.distributions.Categorical(logits=logits)
+            ratio = (distribution.log_prob(trajectory["actions"]) - trajectory["log_probs"]).exp()
+            clipped = ratio.clamp(1 - settings.clip, 1 + settings.clip)
+            policy_loss = -torch.min(ratio * normalised, clipped * normalised).mean()
+            value_loss = (values - returns).pow(2).mean()
+            loss = policy_loss + settings.value_coef * value_loss - settings.entropy_coef * distribution.entropy().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
+            optimizer.step()
+        if log_every and (iteration + 1) % log_every == 0:
+            print(
+                f"  {variant} seed {seed} iteration {iteration + 1}: training success (last 200 episodes) "
+                f"{np.mean(recent):.2f}, {time.time() - started:.0f}s",
+                flush=True,
+            )
+    agent.eval()
+    return {
+        "variant": variant,
+        "seed": seed,
+        "success": evaluate(agent, settings, seed),
+        "training_success_last_200": float(np.mean(recent)) if recent else float("nan"),
+        "parameters": sum(p.numel() for p in agent.parameters()),
+        "seconds": round(time.time() - started, 1),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", default=["gtrxl", "baseline"], choices=sorted(VARIANTS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    for field, value in asdict(Settings()).items():
+        parser.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (small models are fastest on one)")
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--output", help="write every run's result to this JSON file")
+    args = parser.parse_args(argv)
+    settings = Settings(**{field: getattr(args, field) for field in asdict(Settings())})
+    if settings.corridor_length < settings.segment_length:
+        print("note: corridor_length < segment_length, the cue can be in the same segment as the decision")
+    torch.set_num_threads(args.threads)
+    results = []
+    for variant in args.variants:
+        for seed in args.seeds:
+            result = train(variant, seed, settings, args.log_every)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    print(f"\nRememberCue, decision {settings.corridor_length} steps after the cue, segments of "
+          f"{settings.segment_length}, {settings.iterations} PPO iterations x {settings.num_envs} envs:")
+    print("| agent | parameters | greedy success per seed | mean |")
+    print("|---|---|---|---|")
+    for variant in args.variants:
+        rows = [r for r in results if r["variant"] == variant]
+        rates = " / ".join(f"{r['success']:.2f}" for r in rows)
+        print(f"| {variant} | {rows[0]['parameters']} | {rates} | {np.mean([r['success'] for r in rows]):.2f} |")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"settings": asdict(settings), "results": results}, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main()
