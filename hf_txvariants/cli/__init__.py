@@ -34,7 +34,7 @@ def _train(args):
 
     fields = {f.name for f in dataclasses.fields(TrainArgs)}
     result = train(TrainArgs(**{k: v for k, v in vars(args).items() if k in fields}))
-    if result["eval"]:
+    if result["eval"] and result["history"]:  # printed by the main process only
         final = result["eval"][-1]
         print(f"validation: {final['bpc']:.4f} bits per token, perplexity {final['perplexity']:.3f} "
               f"({final['tokens']} tokens); model saved to {result['model_dir']}")

@@ -57,6 +57,7 @@ class TrainArgs:
     resume: str | None = None  # "latest" or a checkpoint folder
     seed: int = 0
     mixed_precision: str = "no"  # "no" or "bf16"
+    cpu: bool = False  # train on CPU even with a GPU (without a GPU, CPU processes use gloo under torchrun/accelerate)
     tensorboard: bool = True
     progress: bool = True
     save_model: bool = True
@@ -130,7 +131,10 @@ def train(args: TrainArgs, accelerator=None) -> dict:
             except ImportError:
                 pass
         accelerator = Accelerator(
+            cpu=args.cpu or not (torch.cuda.is_available() or torch.backends.mps.is_available()),
             mixed_precision=args.mixed_precision,
+            # one scheduler step per optimizer step, however many processes (the batch is global, not per process)
+            step_scheduler_with_optimizer=False,
             log_with=log_with,
             project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
         )
