@@ -64,6 +64,13 @@ from .modeling_adaptive_span import (
     AdaptiveSpanModel,
     AdaptiveSpanPreTrainedModel,
 )
+from .configuration_txv_reformer import TxvReformerConfig
+from .modeling_txv_reformer import (
+    TxvReformerForCausalLM,
+    TxvReformerForSequenceClassification,
+    TxvReformerModel,
+    TxvReformerPreTrainedModel,
+)
 from .txv_cache import MemoryCache
 
 __version__ = "0.1.0"
@@ -85,6 +92,7 @@ VARIANTS = {
     "txv_vanilla": (VanillaConfig, VanillaPreTrainedModel),
     "txv_shaw": (ShawConfig, ShawPreTrainedModel),
     "txv_r_transformer": (RTransformerConfig, RTransformerPreTrainedModel),
+    "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
 }
 
 # The standard ForCausalLM name for Transformer-XL's LM head.
@@ -104,6 +112,11 @@ for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
 
 __all__ = [
+    "TxvReformerConfig",
+    "TxvReformerModel",
+    "TxvReformerForCausalLM",
+    "TxvReformerForSequenceClassification",
+    "TxvReformerPreTrainedModel",
     "AdaptiveSpanConfig",
     "AdaptiveSpanModel",
     "AdaptiveSpanForCausalLM",
