@@ -87,7 +87,7 @@ VARIANTS = {
     "transfo-xl": (TransfoXLConfig, TransfoXLPreTrainedModel),
     "txv_adaptive_span": (AdaptiveSpanConfig, AdaptiveSpanPreTrainedModel),
     "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
-    "gtrxl": (GTrXLConfig, GTrXLPreTrainedModel),
+    "txv_gtrxl": (GTrXLConfig, GTrXLPreTrainedModel),
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_vanilla": (VanillaConfig, VanillaPreTrainedModel),
     "txv_shaw": (ShawConfig, ShawPreTrainedModel),
