@@ -1,0 +1,124 @@
+"""LSH attention against a naive loop implementation of the paper's algorithm (Kitaev et al. 2020, section 3), and
+the properties the paper states."""
+
+import math
+
+import pytest
+import torch
+
+from hf_txvariants.txv_lsh import hash_vectors, local_attention, lsh_attention
+
+
+def naive_hash(x, rotations):
+    """h(x) = argmax([xR ; -xR]) (Andoni et al. 2015), one rotation per round. x [L, D], rotations [D, R, b/2]."""
+    out = []
+    for r in range(rotations.shape[1]):
+        projected = x @ rotations[:, r, :]
+        out.append(torch.cat([projected, -projected], -1).argmax(-1))
+    return torch.stack(out)  # [R, L]
+
+
+def naive_lsh(qk, v, buckets, chunk, causal=True):
+    """One head. Sort each round by (bucket, position), concatenate the rounds, chunk, attend to own and previous
+    chunk (circularly); mask the future (-1e9) and the own position (-1e5); combine rounds by softmax of their
+    log-normalisers."""
+    rounds, length = buckets.shape
+    keys = qk / torch.sqrt((qk**2).mean(-1, keepdim=True) + 1e-6) / math.sqrt(qk.shape[-1])
+    entries = []
+    for r in range(rounds):
+        entries += [(r, i) for i in sorted(range(length), key=lambda i: (int(buckets[r, i]), i))]
+    n_chunks = len(entries) // chunk
+    outputs = torch.zeros(rounds, length, v.shape[-1], dtype=torch.float64)
+    lse = torch.zeros(rounds, length, dtype=torch.float64)
+    for g, (r, i) in enumerate(entries):
+        c = g // chunk
+        candidates = [entries[k] for cc in ((c - 1) % n_chunks, c) for k in range(cc * chunk, (cc + 1) * chunk)]
+        scores = []
+        for _, j in candidates:
+            s = float(qk[i] @ keys[j])
+            if causal and j > i:
+                s = -1e9
+            if j == i:
+                s = -1e5
+            scores.append(s)
+        scores = torch.tensor(scores, dtype=torch.float64)
+        lse[r, i] = torch.logsumexp(scores, 0)
+        weights = torch.exp(scores - lse[r, i])
+        outputs[r, i] = sum(w * v[j].double() for w, (_, j) in zip(weights, candidates))
+    weights = torch.softmax(lse, 0)
+    return (weights[..., None] * outputs).sum(0)
+
+
+@pytest.mark.parametrize("num_hashes, num_buckets", [(1, 4), (2, 4), (3, [2, 4])])
+def test_lsh_attention_matches_naive_loops(num_hashes, num_buckets):
+    generator = torch.Generator().manual_seed(0)
+    batch, heads, length, dim, chunk = 2, 2, 16, 4, 4
+    qk = torch.randn(batch, heads, length, dim, generator=generator)
+    v = torch.randn(batch, heads, length, dim, generator=generator)
+    result = lsh_attention(qk, v, num_hashes, num_buckets, chunk, seed=3)
+    buckets = hash_vectors(qk, num_hashes, num_buckets, seed=3)
+    total = num_buckets if isinstance(num_buckets, int) else math.prod(num_buckets)
+    for b in range(batch):
+        for h in range(heads):
+            round_buckets = buckets[b, h] - (torch.arange(num_hashes) * total)[:, None]
+            assert round_buckets.min() >= 0 and round_buckets.max() < total
+            expected = naive_lsh(qk[b, h], v[b, h], round_buckets, chunk)
+            # float32 resolves -1e5 (the self-mask value) only to 2^-7: a query that sees only copies of itself
+            # (its own position from two rounds) gets weights 0.4989 instead of 0.5, as in transformers.
+            torch.testing.assert_close(result[b, h].double(), expected, atol=5e-3, rtol=0)
+
+
+def test_hash_matches_random_rotation_formula():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 2, 10, 6, generator=generator)
+    buckets = hash_vectors(x, 2, 8, seed=5)
+    rotations = torch.randn((2, 6, 2, 4), generator=torch.Generator().manual_seed(5))
+    for h in range(2):
+        expected = naive_hash(x[0, h], rotations[h]) + torch.tensor([[0], [8]])
+        assert torch.equal(buckets[0, h], expected)
+    # transformers draws the same rotations after torch.manual_seed(hash_seed)
+    torch.manual_seed(5)
+    assert torch.equal(torch.randn((2, 6, 2, 4)), rotations)
+
+
+def test_angular_hashing_properties():
+    x = torch.randn(1, 1, 32, 8)
+    buckets = hash_vectors(torch.cat([x, 3 * x, -x], 2), 1, 16, seed=0)[0, 0, 0]
+    assert torch.equal(buckets[:32], buckets[32:64])  # scale invariant (angular)
+    assert torch.equal((buckets[:32] + 8) % 16, buckets[64:])  # x and -x: opposite buckets
+
+
+def test_self_attention_only_when_nothing_else():
+    qk = torch.randn(1, 1, 8, 4)
+    v = torch.randn(1, 1, 8, 4)
+    out = lsh_attention(qk, v, 1, 2, 8, seed=0)  # one chunk: full causal attention
+    torch.testing.assert_close(out[0, 0, 0], v[0, 0, 0])  # position 0 has only itself
+    # Position 1 sees position 0 and (with weight ~exp(-1e5)) itself: the output is v[0].
+    torch.testing.assert_close(out[0, 0, 1], v[0, 0, 0])
+
+
+def test_padding_bucket_and_hash_seed():
+    x = torch.randn(1, 1, 6, 4)
+    valid = torch.tensor([[True, True, True, True, False, False]])
+    buckets = hash_vectors(x, 2, 4, seed=0, key_valid=valid)[0, 0]
+    assert (buckets[0, 4:] == 4).all() and (buckets[1, 4:] == 9).all()  # extra bucket; rounds offset by 5
+    assert torch.equal(hash_vectors(x, 2, 4, seed=0), hash_vectors(x, 2, 4, seed=0))
+    state = torch.get_rng_state()
+    hash_vectors(x, 2, 4, seed=0)
+    assert torch.equal(state, torch.get_rng_state())  # a fixed seed does not touch the global random state
+
+
+def test_local_attention_matches_dense_mask():
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 12, 4, generator=generator) for _ in range(3))
+    out = local_attention(q, k, v, 4, before=1)
+    scores = q @ k.transpose(-1, -2) / 2.0
+    i, j = torch.arange(12)[:, None], torch.arange(12)[None]
+    allowed = (j <= i) & (j // 4 >= i // 4 - 1)
+    expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
+def test_lengths_not_multiple_of_chunk_raise():
+    with pytest.raises(ValueError, match="lsh_attn_chunk_length"):
+        lsh_attention(torch.randn(1, 1, 10, 4), torch.randn(1, 1, 10, 4), 1, 4, 4)
