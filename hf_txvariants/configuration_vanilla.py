@@ -18,6 +18,8 @@ class VanillaConfig(PreTrainedConfig):
         head_dim (`d_head`, default hidden_size // num_attention_heads), intermediate_size (`d_inner`).
         position_embedding_type: "sinusoidal" (Vaswani et al., no parameters) or "learned" (Al-Rfou et al.: a
             learned vector per position, here added once at the input).
+        per_layer_positions: Al-Rfou et al.'s learned positions added again at the input of every layer (each layer
+            its own table); needs position_embedding_type="learned".
         max_position_embeddings: the longest sequence ("learned" cannot go further; "sinusoidal" is not limited).
         scale_embedding: multiply token embeddings by sqrt(hidden_size) (Vaswani et al.).
         pre_lnorm: layer norm on each sub-layer input (plus a final norm) instead of after the residual.
@@ -54,6 +56,7 @@ class VanillaConfig(PreTrainedConfig):
     intermediate_size: int = 2048
     position_embedding_type: str = "learned"
     max_position_embeddings: int = 512
+    per_layer_positions: bool = False
     scale_embedding: bool = False
     pre_lnorm: bool = False
     dropout: float | int = 0.1
@@ -101,6 +104,8 @@ class VanillaConfig(PreTrainedConfig):
             )
         if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
             raise ValueError(f"hidden_size must be even for sinusoidal positions, got {self.hidden_size}")
+        if self.per_layer_positions and self.position_embedding_type != "learned":
+            raise ValueError("per_layer_positions=True needs position_embedding_type='learned'")
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

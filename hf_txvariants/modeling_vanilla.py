@@ -88,6 +88,12 @@ class VanillaModel(VanillaPreTrainedModel):
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         else:
             self.embed_positions = None
+        self.layer_positions = None
+        if config.per_layer_positions:  # Al-Rfou: positions again at the input of layers 2 .. L
+            self.layer_positions = nn.ModuleList(
+                nn.Embedding(config.max_position_embeddings, config.hidden_size)
+                for _ in range(config.num_hidden_layers - 1)
+            )
         self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
@@ -188,7 +194,9 @@ class VanillaModel(VanillaPreTrainedModel):
             )
 
         all_hidden, all_self, all_cross = [], [], []
-        for layer in self.layers:
+        for layer_idx, layer in enumerate(self.layers):
+            if layer_idx > 0 and self.layer_positions is not None:
+                hidden_states = hidden_states + self.layer_positions[layer_idx - 1](position_ids.to(device)).to(dtype)
             all_hidden.append(hidden_states)
             hidden_states, self_weights, cross_weights = layer(
                 hidden_states,

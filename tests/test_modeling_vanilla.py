@@ -36,6 +36,36 @@ class TestVanillaDecoder(TxvModelTesterMixin):
     tiny_config_kwargs = TINY
 
 
+class TestVanillaPerLayerPositions(TxvModelTesterMixin):
+    config_class = VanillaConfig
+    model_classes = (VanillaForCausalLM,)
+    causal_lm_class = VanillaForCausalLM
+    tiny_config_kwargs = {**TINY, "per_layer_positions": True, "pre_lnorm": True}
+
+    @pytest.mark.slow
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
+
+def test_per_layer_positions_are_added_at_each_layer_input():
+    """Layer l > 1 sees (output of layer l - 1) + P_l[position], each layer its own table."""
+    model = build(per_layer_positions=True)
+    x = ids()
+    seen, produced = [], []
+    handles = [layer.register_forward_pre_hook(lambda m, args: seen.append(args[0])) for layer in model.model.layers]
+    handles += [layer.register_forward_hook(lambda m, a, out: produced.append(out[0])) for layer in model.model.layers]
+    with torch.no_grad():
+        output = model(x, output_hidden_states=True)
+    for handle in handles:
+        handle.remove()
+    positions = torch.arange(x.shape[1])
+    for layer_idx in (1, 2):
+        expected = produced[layer_idx - 1] + model.model.layer_positions[layer_idx - 1].weight[positions]
+        torch.testing.assert_close(seen[layer_idx], expected, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="per_layer_positions"):
+        VanillaConfig(**{**TINY, "per_layer_positions": True, "position_embedding_type": "sinusoidal"})
+
+
 class TestVanillaSinusoidalEncoder(TxvModelTesterMixin):
     config_class = VanillaConfig
     model_classes = (VanillaModel, VanillaForMaskedLM, VanillaForSequenceClassification)
