@@ -75,7 +75,8 @@ def read_metrics(output_dir: str | Path) -> list[dict]:
 
 def _config_fingerprint(config) -> dict:
     skip = {"transformers_version", "architectures", "auto_map", "_name_or_path", "dtype", "torch_dtype"}
-    return {k: v for k, v in config.to_dict().items() if k not in skip}
+    # through JSON, so that a fingerprint read back from run_state.json compares equal (int keys become strings)
+    return json.loads(json.dumps({k: v for k, v in config.to_dict().items() if k not in skip}, default=str))
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:

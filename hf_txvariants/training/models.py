@@ -67,7 +67,7 @@ def build_config(
     if "position_embedding_type" in fields:
         kwargs["position_embedding_type"] = "sinusoidal"
     kwargs.update(extra)
-    unknown = sorted(k for k in kwargs if k not in fields)
+    unknown = sorted(k for k in kwargs if k not in fields and not hasattr(cls, k))
     if unknown:
         raise ModelError(f"variant {variant!r} has no config field(s) {unknown}")
     try:

@@ -1,0 +1,141 @@
+"""MemoryTrainer: the XL memory is carried across training steps in order and reset at evaluation; sequence
+classification fine-tuning with Trainer on a `datasets` Dataset and the plugin's offline `accuracy` metric."""
+
+from __future__ import annotations
+
+import math
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from transformers import TrainingArguments
+
+import hf_txvariants
+from hf_txvariants import metrics
+from hf_txvariants.training import build_char_tokenizer, build_config, build_model, encode, segment_dataset
+from hf_txvariants.training.trainer import MemoryTrainer, OrderedSegmentSampler
+
+TEXT = ("Transformer-XL carries a memory of the previous segment. " * 40).strip()
+
+
+def _args(tmp_path, **kwargs):
+    defaults = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+                    learning_rate=3e-3, report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,
+                    disable_tqdm=True, seed=0, dataloader_num_workers=0,
+                    remove_unused_columns=False)
+    defaults.update(kwargs)
+    return TrainingArguments(**defaults)
+
+
+class Recorder:
+    """Wraps the model's forward to record the memory each call received."""
+
+    def __init__(self, model):
+        self.calls = []
+        self.original = model.forward
+
+        def forward(*args, **kwargs):
+            cache = kwargs.get("past_key_values")
+            self.calls.append((model.training, None if cache is None else cache.memory_length,
+                               None if cache is None else id(cache), kwargs["input_ids"][:, 0].tolist()))
+            return self.original(*args, **kwargs)
+
+        model.forward = forward
+
+
+def test_ordered_sampler_keeps_whole_batches():
+    sampler = OrderedSegmentSampler(list(range(11)), batch_size=4)
+    assert list(sampler) == list(range(8)) and len(sampler) == 8
+
+
+def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
+    tokenizer = build_char_tokenizer(TEXT)
+    tokens = encode(tokenizer, TEXT)
+    train_set = segment_dataset(tokens[:1200], batch_size=2, seg_len=16)
+    eval_set = segment_dataset(tokens[1200:], batch_size=2, seg_len=16)
+    model = build_model(build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16,
+                                     dropout=0.0))
+    recorder = Recorder(model)
+    trainer = MemoryTrainer(model=model, args=_args(tmp_path, max_steps=4), train_dataset=train_set,
+                            eval_dataset=eval_set)
+    trainer.train()
+    train_calls = [c for c in recorder.calls if c[0]]
+    assert [c[1] for c in train_calls] == [0, 16, 16, 16]  # empty memory first, then the previous segment's
+    assert len({c[2] for c in train_calls}) == 1  # one cache object, updated in place and carried
+    # batches continue the same two rows, in order: row r's segment i + 1 starts where its segment i ended
+    rows = [torch.tensor(c[3]) for c in train_calls]
+    stream_rows = torch.stack([torch.tensor(train_set[i]["input_ids"][0]) for i in range(8)]).view(4, 2)
+    assert all(torch.equal(r, s) for r, s in zip(rows, stream_rows))
+    memory_after_training = trainer.train_memory
+    assert memory_after_training.memory_length == 16
+
+    recorder.calls.clear()
+    first = trainer.evaluate()
+    eval_calls = [c for c in recorder.calls if not c[0]]
+    assert eval_calls[0][1] == 0 and all(c[1] == 16 for c in eval_calls[1:])  # fresh memory, then carried
+    assert len(eval_calls) == len(eval_set) // 2
+    assert trainer.train_memory is memory_after_training  # evaluation leaves the training memory alone
+    assert first["eval_bpc"] == pytest.approx(first["eval_loss"] / math.log(2))
+    assert first["eval_perplexity"] == pytest.approx(math.exp(first["eval_loss"]))
+    # every evaluation starts again from an empty memory, so it is repeatable
+    recorder.calls.clear()
+    second = trainer.evaluate()
+    assert recorder.calls[0][1] == 0
+    assert second["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
+
+    # and the memory matters: evaluating without carrying it gives a different loss
+    trainer_no_memory = MemoryTrainer(model=model, args=_args(tmp_path / "b", per_device_eval_batch_size=2),
+                                      eval_dataset=eval_set)
+    model.config.mem_len = 0
+    try:
+        without = trainer_no_memory.evaluate()
+    finally:
+        model.config.mem_len = 16
+    assert without["eval_loss"] != pytest.approx(first["eval_loss"], abs=1e-4)
+
+
+def _classification_data(tokenizer, n=48):
+    rng = np.random.default_rng(0)
+    words = ["memory", "segment", "relative", "position", "attention", "layer", "cache", "token"]
+    texts, labels = [], []
+    for i in range(n):
+        sentence = " ".join(rng.choice(words, size=4))
+        label = i % 2
+        texts.append(sentence if label == 0 else sentence[::-1])  # task: is the text reversed?
+        labels.append(label)
+    encoded = tokenizer(texts, padding="max_length", max_length=40, truncation=True)
+    return datasets.Dataset.from_dict({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
+                                       "labels": labels})
+
+
+def test_sequence_classification_fine_tuning_with_trainer(tmp_path):
+    from transformers import AutoModelForSequenceClassification, Trainer
+
+    tokenizer = build_char_tokenizer("memory segment relative position attention layer cache token ")
+    tokenizer.pad_token = tokenizer.eos_token
+    data = _classification_data(tokenizer).train_test_split(test_size=0.25, seed=0)
+    config = build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=0, dropout=0.0,
+                          num_labels=2, pad_token_id=tokenizer.pad_token_id)
+    model = AutoModelForSequenceClassification.from_config(config)
+    accuracy = metrics.load("accuracy")
+
+    def compute_metrics(prediction):
+        return accuracy.compute(predictions=prediction.predictions.argmax(-1), references=prediction.label_ids)
+
+    trainer = Trainer(model=model, args=_args(tmp_path, per_device_train_batch_size=8, num_train_epochs=6,
+                                              learning_rate=3e-3, eval_strategy="no"),
+                      train_dataset=data["train"], eval_dataset=data["test"], compute_metrics=compute_metrics)
+    before = trainer.evaluate()
+    trainer.train()
+    after = trainer.evaluate()
+    assert 0.0 <= after["eval_accuracy"] <= 1.0
+    assert after["eval_loss"] < before["eval_loss"]
+    assert after["eval_accuracy"] >= 0.75
+    trainer.save_model(tmp_path / "clf")
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf")
+    batch = data["test"][:4]
+    with torch.no_grad():
+        a = model.eval()(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])).logits
+        b = reloaded.eval()(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])).logits
+    assert torch.allclose(a, b, atol=1e-5)

@@ -1,0 +1,178 @@
+"""Accelerate training: ordered per-rank segment streams, two gloo processes == one process, resume after a kill ==
+an uninterrupted run, gradient accumulation == the whole batch, and clear one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_txvariants.cli import main
+from hf_txvariants.training import TrainArgs, read_metrics, segment_stream, train
+from hf_txvariants.training.data import DataError, build_char_tokenizer, default_corpus, encode, load_text
+
+TINY = dict(max_chars=20000, d_model=32, n_layer=2, n_head=2, seg_len=16, mem_len=16, batch_size=4, eval_every=0,
+            eval_batch_size=2, eval_segments=2, warmup_steps=1, lr=3e-3, progress=False, tensorboard=False)
+TINY_FLAGS = ["--max-chars", "20000", "--d-model", "32", "--n-layer", "2", "--n-head", "2", "--seg-len", "16",
+              "--mem-len", "16", "--batch-size", "4", "--eval-every", "0", "--eval-batch-size", "2", "--eval-segments",
+              "2", "--warmup-steps", "1", "--lr", "3e-3", "--no-progress", "--no-tensorboard"]
+
+
+def _env():
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("TXV_TEST_KILL_AT_STEP", None)
+    return env
+
+
+def _losses(folder) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in read_metrics(folder) if m["split"] == "train"}
+
+
+def test_segment_streams_are_contiguous_and_split_by_rank():
+    tokens = torch.arange(1000)
+    whole = segment_stream(tokens, 4, 10)
+    # each row continues itself from one segment to the next; targets are the inputs shifted by one
+    first, second = whole.segment(0), whole.segment(1)
+    assert torch.equal(second[0][:, 0], first[0][:, -1] + 1)
+    assert torch.equal(first[1], first[0] + 1)
+    # the rows of two ranks are exactly the rows of the one-process stream
+    ranks = [segment_stream(tokens, 4, 10, rank=r, world_size=2) for r in range(2)]
+    assert torch.equal(torch.cat([r.rows for r in ranks]), whole.rows)
+    # rows are contiguous pieces of the corpus in order
+    row_length = (len(tokens) - 1) // 4
+    assert torch.equal(whole.rows[:, 0], torch.arange(4) * row_length)
+    assert torch.equal(whole.rows[2], tokens[2 * row_length : 2 * row_length + whole.rows.shape[1]])
+
+
+def test_char_tokenizer_round_trip_and_unknown_characters(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = build_char_tokenizer("abc de\nf\t")
+    text = "bad cafe\n\tfed"
+    assert tokenizer.decode(encode(tokenizer, text).tolist()) == text
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded("z a")["input_ids"] == [reloaded.unk_token_id, tokenizer.convert_tokens_to_ids(" "), tokenizer.convert_tokens_to_ids("a")]
+
+
+def test_embedded_corpus_and_text_sources(tmp_path):
+    corpus = default_corpus()
+    assert len(corpus) > 500_000 and corpus.isascii()
+    (tmp_path / "a.txt").write_text("first file\n")
+    (tmp_path / "b.txt").write_text("second file\n")
+    assert load_text(tmp_path / "a.txt").startswith("first file")
+    both = load_text(tmp_path)
+    assert both.index("first") < both.index("second")
+    import datasets
+
+    datasets.Dataset.from_dict({"text": ["one line", "another"]}).save_to_disk(str(tmp_path / "ds"))
+    assert load_text(tmp_path / "ds") == "one line\nanother"
+
+
+def test_gradient_accumulation_matches_the_whole_batch(tmp_path):
+    whole = train(TrainArgs(output_dir=str(tmp_path / "whole"), max_steps=4, dropout=0.0, save_model=False, **TINY))
+    accum = train(TrainArgs(output_dir=str(tmp_path / "accum"), max_steps=4, dropout=0.0, grad_accum=2,
+                            save_model=False, **TINY))
+    a, b = _losses(tmp_path / "whole"), _losses(tmp_path / "accum")
+    assert list(a) == [1, 2, 3, 4]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], abs=1e-5)
+    assert a[4] < a[1]  # it learns
+    assert whole["eval"][-1]["bpc"] == pytest.approx(accum["eval"][-1]["bpc"], abs=1e-4)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_give_the_loss_curve_of_one(tmp_path):
+    flags = TINY_FLAGS + ["--max-steps", "6", "--dropout", "0", "--save-every", "3"]
+    one = subprocess.run([sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(tmp_path / "one")]
+                         + flags, env=_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+         "-m", "hf_txvariants.cli", "train", "--output-dir", str(tmp_path / "two")] + flags,
+        env=_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    state = json.loads((tmp_path / "two" / "checkpoints" / "step-6" / "run_state.json").read_text())
+    assert state["world_size"] == 2  # really two processes, each with its own memory file
+    assert {p.name for p in (tmp_path / "two" / "checkpoints" / "step-6").glob("memory_rank*.pt")} == {
+        "memory_rank0.pt", "memory_rank1.pt"}
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert list(a) == list(b) == list(range(1, 7))
+    for step in a:
+        assert a[step] == pytest.approx(b[step], abs=1e-5), (step, a, b)
+    assert a[6] < a[1]
+    valid = lambda folder: [m["valid_bpc"] for m in read_metrics(folder) if m["split"] == "valid"]  # noqa: E731
+    assert valid(tmp_path / "one") == pytest.approx(valid(tmp_path / "two"), abs=1e-4)
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_gives_the_same_losses(tmp_path):
+    flags = TINY_FLAGS + ["--max-steps", "8", "--dropout", "0.1", "--save-every", "3"]
+    reference = tmp_path / "reference"
+    assert main(["train", "--output-dir", str(reference)] + flags) == 0
+    killed = tmp_path / "killed"
+    env = dict(_env(), TXV_TEST_KILL_AT_STEP="5")  # dies (SIGKILL) after step 5; the last checkpoint is step 3
+    run = subprocess.run([sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(killed)] + flags,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert max(_losses(killed)) == 5 and not (killed / "model").exists()
+    assert main(["train", "--output-dir", str(killed), "--resume", "latest"] + flags) == 0
+    a, b = _losses(reference), _losses(killed)
+    assert list(b) == list(range(1, 9))  # the killed run's steps 4-5 were replaced by the resumed ones
+    for step in a:
+        assert a[step] == pytest.approx(b[step], abs=1e-6), (step, a, b)
+    from transformers import AutoModelForCausalLM
+
+    ref_model = AutoModelForCausalLM.from_pretrained(reference / "model")
+    resumed_model = AutoModelForCausalLM.from_pretrained(killed / "model")
+    for (name, p), q in zip(ref_model.named_parameters(), resumed_model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def _error_line(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("txv: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_bad_input_gives_one_clear_line(tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    err = _error_line(capsys, ["train", "--output-dir", str(tmp_path / "a"), "--data", str(short)] + TINY_FLAGS)
+    assert "too short" in err and "segment" in err
+    err = _error_line(capsys, ["train", "--output-dir", str(tmp_path / "b"), "--data", str(tmp_path / "nope.txt")]
+                      + TINY_FLAGS)
+    assert "not found" in err and "nope.txt" in err
+    err = _error_line(capsys, ["train", "--output-dir", str(tmp_path / "c"), "--variant", "transfo-xxl"] + TINY_FLAGS)
+    assert "unknown variant 'transfo-xxl'" in err and "transfo-xl" in err
+    err = _error_line(capsys, ["eval", "--model", str(tmp_path / "missing-model")])
+    assert "missing-model" in err
+    err = _error_line(capsys, ["train", "--output-dir", str(tmp_path / "d"), "--resume", "latest"] + TINY_FLAGS)
+    assert "no checkpoint" in err
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["train", "--output-dir", out, "--max-steps", "2", "--no-save-model"] + TINY_FLAGS) == 0
+    flags = list(TINY_FLAGS)
+    flags[flags.index("--n-layer") + 1] = "3"
+    err = _error_line(capsys, ["train", "--output-dir", out, "--max-steps", "4", "--resume", "latest"] + flags)
+    assert "cannot resume" in err and "num_hidden_layers=2 in the checkpoint, 3 now" in err
+    flags = list(TINY_FLAGS)
+    flags[flags.index("--seg-len") + 1] = "8"
+    err = _error_line(capsys, ["train", "--output-dir", out, "--max-steps", "4", "--resume", "latest"] + flags)
+    assert "cannot resume" in err and "seg_len" in err
