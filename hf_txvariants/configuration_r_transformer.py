@@ -17,7 +17,10 @@ class RTransformerConfig(PreTrainedConfig):
         vocab_size, hidden_size (`d_model`), num_attention_heads (`h`), head_dim (default hidden_size // heads).
         num_hidden_layers (`n_level`): number of blocks. Each block: `num_rnn_layers` LocalRNN sub-layers (`n`),
             a causal multi-head self-attention sub-layer and a feed-forward sub-layer, each as
-            x + dropout(sublayer(LayerNorm(x))) (the original code); a final LayerNorm after the last block.
+            x + dropout(sublayer(LayerNorm(x))) (the original code).
+        layer_norm_type: "annotated" (the original code's LayerNorm: unbiased std, eps added to the std) or
+            "standard" (`nn.LayerNorm`). final_layer_norm: a LayerNorm after the last block (the original has none).
+        output_bias: a bias in the (tied) output layer (the original's `decoder` Linear has one).
         rnn_type: "GRU", "LSTM" or "RNN". local_window (`ksize`): the LocalRNN window k.
         intermediate_size (`d_ff`, default 4 * hidden_size).
         dropout, embedding_dropout (original `emb_dropout`), attention_dropout, layer_norm_eps, initializer_range.
@@ -51,6 +54,9 @@ class RTransformerConfig(PreTrainedConfig):
     embedding_dropout: float | int = 0.1
     attention_dropout: float | int = 0.1
     layer_norm_eps: float = 1e-6
+    layer_norm_type: str = "annotated"
+    final_layer_norm: bool = False
+    output_bias: bool = True
     initializer_range: float = 0.02
     classifier_dropout: float | int | None = None
     use_cache: bool = False
@@ -87,6 +93,8 @@ class RTransformerConfig(PreTrainedConfig):
             raise ValueError(f"num_rnn_layers must be >= 0, got {self.num_rnn_layers}")
         if self.rnn_type not in ("GRU", "LSTM", "RNN"):
             raise ValueError(f"rnn_type must be 'GRU', 'LSTM' or 'RNN', got {self.rnn_type!r}")
+        if self.layer_norm_type not in ("standard", "annotated"):
+            raise ValueError(f"layer_norm_type must be 'standard' or 'annotated', got {self.layer_norm_type!r}")
         for name in ("dropout", "embedding_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

@@ -2,7 +2,8 @@
 
 No position embeddings: order comes from a LocalRNN (see `txv_local_rnn`) that summarises the last `local_window`
 tokens at every position. Each block: LocalRNN sub-layer(s), causal multi-head self-attention, feed-forward, each as
-x + dropout(sublayer(LayerNorm(x))) as in the original code. Causal throughout: `RTransformerForCausalLM` and
+x + dropout(sublayer(LayerNorm(x))) as in the original code (github.com/DSE-MSU/R-transformer, whose outputs
+the tests reproduce from fixtures). Causal throughout: `RTransformerForCausalLM` and
 `RTransformerForSequenceClassification` (last real token). No key/value cache: `generate()` re-runs the whole
 sequence at each step (the LocalRNN would also need its last k - 1 inputs per layer cached).
 """
@@ -18,6 +19,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, Seque
 
 from .configuration_r_transformer import RTransformerConfig
 from .txv_feedforward import PositionwiseFeedForward
+from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN
 from .txv_mha import MultiHeadAttention, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
@@ -30,7 +32,7 @@ class RTransformerLocalRNNLayer(nn.Module):
 
     def __init__(self, config: RTransformerConfig):
         super().__init__()
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layer_norm = make_layer_norm(config.layer_norm_type, config.hidden_size, config.layer_norm_eps)
         self.local_rnn = LocalRNN(config.hidden_size, config.rnn_type, config.local_window)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -45,9 +47,9 @@ class RTransformerBlock(GradientCheckpointingLayer):
     def __init__(self, config: RTransformerConfig, layer_idx: int):
         super().__init__()
         self.rnn_layers = nn.ModuleList(RTransformerLocalRNNLayer(config) for _ in range(config.num_rnn_layers))
-        self.attention_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attention_layer_norm = make_layer_norm(config.layer_norm_type, config.hidden_size, config.layer_norm_eps)
         self.self_attn = MultiHeadAttention(config, layer_idx)
-        self.feed_forward_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.feed_forward_layer_norm = make_layer_norm(config.layer_norm_type, config.hidden_size, config.layer_norm_eps)
         self.mlp = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -85,7 +87,7 @@ class RTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, (nn.LayerNorm, AnnotatedLayerNorm)):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, (nn.GRU, nn.LSTM, nn.RNN)):
@@ -96,14 +98,18 @@ class RTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
 
 
 class RTransformerModel(RTransformerPreTrainedModel):
-    """Token embeddings (no positions), `num_hidden_layers` blocks, a final LayerNorm."""
+    """Token embeddings (no positions), `num_hidden_layers` blocks, a final LayerNorm if `config.final_layer_norm`."""
 
     def __init__(self, config: RTransformerConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.embedding_dropout = nn.Dropout(config.embedding_dropout)
         self.layers = nn.ModuleList(RTransformerBlock(config, layer_idx) for layer_idx in range(config.num_hidden_layers))
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = (
+            make_layer_norm(config.layer_norm_type, config.hidden_size, config.layer_norm_eps)
+            if config.final_layer_norm
+            else None
+        )
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -161,7 +167,8 @@ class RTransformerModel(RTransformerPreTrainedModel):
             all_hidden.append(hidden_states)
             hidden_states, weights = layer(hidden_states, mask, token_mask, output_attentions=output_attentions)
             all_attentions.append(weights)
-        hidden_states = self.norm(hidden_states)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
         all_hidden.append(hidden_states)
         output = BaseModelOutput(
             last_hidden_state=hidden_states,
@@ -179,7 +186,7 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
     def __init__(self, config: RTransformerConfig):
         super().__init__(config)
         self.model = RTransformerModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.output_bias)
         self.post_init()
 
     @classmethod

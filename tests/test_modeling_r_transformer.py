@@ -1,11 +1,15 @@
-"""R-Transformer (txv_r_transformer): the shared tester, a naive re-implementation of the block from the paper /
-original code structure, causality, padding, and config errors. The LocalRNN itself: tests/test_local_rnn.py."""
+"""R-Transformer (txv_r_transformer): parity with the authors' code (fixtures from
+tests/fixtures/make_r_transformer_fixtures.py), the shared tester, a naive re-implementation written out position by
+position, causality, padding, and config errors. The LocalRNN itself: tests/test_local_rnn.py."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
-from torch import nn
+from safetensors import safe_open
 from txv_tester import TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401
@@ -29,10 +33,12 @@ class TestRTransformer(TxvModelTesterMixin):
     tiny_config_kwargs = TINY
 
 
-class TestRTransformerLSTM(TxvModelTesterMixin):
+class TestRTransformerLSTMStandardNorm(TxvModelTesterMixin):
     config_class = RTransformerConfig
     model_classes = (RTransformerModel,)
-    tiny_config_kwargs = {**TINY, "rnn_type": "LSTM", "num_rnn_layers": 1}
+    tiny_config_kwargs = {
+        **TINY, "rnn_type": "LSTM", "num_rnn_layers": 1, "layer_norm_type": "standard", "final_layer_norm": True,
+    }
 
     @pytest.mark.slow
     def test_remote_code_loads_without_plugin(self, tmp_path):
@@ -79,7 +85,7 @@ def naive_forward(model: RTransformerModel, x: torch.Tensor) -> torch.Tensor:
         hidden = hidden + attn.o_proj(torch.cat(heads, -1))
         ff = block.mlp.CoreNet
         hidden = hidden + ff[3](torch.relu(ff[0](block.feed_forward_layer_norm(hidden))))
-    return model.norm(hidden)
+    return hidden if model.norm is None else model.norm(hidden)
 
 
 @pytest.mark.parametrize("rnn_type", ["GRU", "LSTM", "RNN"])
@@ -126,3 +132,65 @@ def test_errors_name_the_field():
         build()(ids(), attention_mask=torch.ones(2, 3))
     config = RTransformerConfig(d_model=32, h=4, ksize=5, n_level=2, n=1)
     assert (config.hidden_size, config.num_attention_heads, config.local_window, config.intermediate_size) == (32, 4, 5, 128)
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "r_transformer_original"
+# The original's parameter names -> ours (the original's unused `local_rnn.output`, `rt.norm`, `rt.feed_forward`
+# are dropped: they are built but never called).
+KEY_MAP = [
+    (r"^encoder\.weight$", "model.embed_tokens.weight"),
+    (r"^decoder\.(weight|bias)$", r"lm_head.\1"),
+    (r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.local_rnn\.rnn\.(.*)$", r"model.layers.\1.rnn_layers.\2.local_rnn.rnn.\3"),
+    (r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.connection\.norm\.a_2$", r"model.layers.\1.rnn_layers.\2.layer_norm.weight"),
+    (r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.connection\.norm\.b_2$", r"model.layers.\1.rnn_layers.\2.layer_norm.bias"),
+    (r"^rt\.forward_net\.(\d+)\.connections\.0\.norm\.a_2$", r"model.layers.\1.attention_layer_norm.weight"),
+    (r"^rt\.forward_net\.(\d+)\.connections\.0\.norm\.b_2$", r"model.layers.\1.attention_layer_norm.bias"),
+    (r"^rt\.forward_net\.(\d+)\.connections\.1\.norm\.a_2$", r"model.layers.\1.feed_forward_layer_norm.weight"),
+    (r"^rt\.forward_net\.(\d+)\.connections\.1\.norm\.b_2$", r"model.layers.\1.feed_forward_layer_norm.bias"),
+    (r"^rt\.forward_net\.(\d+)\.pooling\.linears\.0\.(.*)$", r"model.layers.\1.self_attn.q_proj.\2"),
+    (r"^rt\.forward_net\.(\d+)\.pooling\.linears\.1\.(.*)$", r"model.layers.\1.self_attn.k_proj.\2"),
+    (r"^rt\.forward_net\.(\d+)\.pooling\.linears\.2\.(.*)$", r"model.layers.\1.self_attn.v_proj.\2"),
+    (r"^rt\.forward_net\.(\d+)\.pooling\.linears\.3\.(.*)$", r"model.layers.\1.self_attn.o_proj.\2"),
+    (r"^rt\.forward_net\.(\d+)\.feed_forward\.w_1\.(.*)$", r"model.layers.\1.mlp.CoreNet.0.\2"),
+    (r"^rt\.forward_net\.(\d+)\.feed_forward\.w_2\.(.*)$", r"model.layers.\1.mlp.CoreNet.3.\2"),
+]
+UNUSED = (r"\.local_rnn\.output\.", r"^rt\.norm\.", r"^rt\.feed_forward\.")
+
+
+def convert(original_state):
+    converted = {}
+    for key, tensor in original_state.items():
+        if any(re.search(pattern, key) for pattern in UNUSED):
+            continue
+        for pattern, target in KEY_MAP:
+            if re.match(pattern, key):
+                converted[re.sub(pattern, target, key)] = tensor
+                break
+        else:
+            raise AssertionError(f"unmapped original key {key}")
+    return converted
+
+
+@pytest.mark.parametrize("case", sorted(p.stem for p in FIXTURES.glob("*.safetensors")))
+def test_matches_original_code(case):
+    with safe_open(str(FIXTURES / f"{case}.safetensors"), "pt") as f:
+        meta = f.metadata()
+        tensors = {key: f.get_tensor(key) for key in f.keys()}
+    config = RTransformerConfig(
+        vocab_size=int(meta["vocab"]), d_model=int(meta["d_model"]), h=int(meta["h"]), n=int(meta["n"]),
+        ksize=int(meta["ksize"]), n_level=int(meta["n_level"]), rnn_type=meta["rnn_type"],
+    )
+    model = RTransformerForCausalLM(config).eval()
+    state = convert({k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")})
+    ours = model.state_dict()
+    assert set(state) == set(ours), set(state) ^ set(ours)
+    for key, tensor in state.items():
+        assert tensor.shape == ours[key].shape, key
+    model.load_state_dict(state)
+    with torch.no_grad():
+        logits = model(tensors["input_ids"]).logits
+    torch.testing.assert_close(logits, tensors["logits"], atol=1e-5, rtol=0)
+
+
+def test_fixtures_present():
+    assert len(list(FIXTURES.glob("*.safetensors"))) == 3
