@@ -71,6 +71,12 @@ from .modeling_txv_reformer import (
     TxvReformerModel,
     TxvReformerPreTrainedModel,
 )
+from .configuration_image_transformer import ImageTransformerConfig
+from .modeling_image_transformer import (
+    ImageTransformerForCausalLM,
+    ImageTransformerModel,
+    ImageTransformerPreTrainedModel,
+)
 from .txv_cache import MemoryCache
 
 __version__ = "0.1.0"
@@ -93,6 +99,7 @@ VARIANTS = {
     "txv_shaw": (ShawConfig, ShawPreTrainedModel),
     "txv_r_transformer": (RTransformerConfig, RTransformerPreTrainedModel),
     "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
+    "txv_image_transformer": (ImageTransformerConfig, ImageTransformerPreTrainedModel),
 }
 
 # The standard ForCausalLM name for Transformer-XL's LM head.
@@ -112,6 +119,10 @@ for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
 
 __all__ = [
+    "ImageTransformerConfig",
+    "ImageTransformerModel",
+    "ImageTransformerForCausalLM",
+    "ImageTransformerPreTrainedModel",
     "TxvReformerConfig",
     "TxvReformerModel",
     "TxvReformerForCausalLM",

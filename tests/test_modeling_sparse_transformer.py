@@ -34,6 +34,11 @@ class TestSparseTransformer(TxvModelTesterMixin):
     tiny_config_kwargs = TINY
     seq_length = 11
 
+    def test_eager_equals_sdpa(self):
+        """The dense path through eager and SDPA (blocked and FlexAttention are compared with it below)."""
+        self.tiny_config_kwargs = {**TINY, "pattern_implementation": "dense"}
+        super().test_eager_equals_sdpa()
+
 
 def _model(**overrides):
     torch.manual_seed(0)

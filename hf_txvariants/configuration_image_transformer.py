@@ -1,0 +1,127 @@
+"""Image Transformer configuration (Parmar, Vaswani, Uszkoreit, Kaiser, Shazeer, Ku and Tran 2018)."""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers.configuration_utils import PreTrainedConfig
+
+ATTENTION_TYPES = ("local_1d", "local_2d")
+PATTERN_IMPLEMENTATIONS = ("blocked", "flex", "dense")
+
+
+@strict
+class ImageTransformerConfig(PreTrainedConfig):
+    r"""
+    An autoregressive decoder over the channel intensities of `image_size` x `num_channels` images: every channel of
+    every pixel is one position (intensities 0..255, token 256 is the start token), in raster order (local 1D) or in
+    block-raster order of the `height x (width * channels)` grid (local 2D). Standard names are stored; the papers'
+    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`) are accepted through `attribute_map`.
+
+    Args:
+        image_size: `[height, width]`. num_channels: 1 (grey) or 3 (RGB).
+        attention_type: "local_1d" (query blocks of `block_length` attend to themselves and the previous block) or
+            "local_2d" (query blocks of `query_shape` rows x columns of the grid attend to the memory block that
+            extends them by `memory_flange` rows above and columns left and right, causally).
+        num_classes: > 0 for class-conditional generation (a class embedding is added at every position).
+        pattern_implementation: "blocked" (trains on CPU), "flex" (FlexAttention), "dense" (reference mask).
+        block_size: query block of the blocked path (default: the attention block).
+    """
+
+    model_type = "txv_image_transformer"
+    attribute_map = {
+        "d_model": "hidden_size",
+        "n_head": "num_attention_heads",
+        "d_head": "head_dim",
+        "d_inner": "intermediate_size",
+        "n_layer": "num_hidden_layers",
+        "dropatt": "attention_dropout",
+    }
+
+    image_size: list[int] = (32, 32)
+    num_channels: int = 3
+    vocab_size: int = 257
+    hidden_size: int = 512
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 8
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    attention_type: str = "local_1d"
+    block_length: int = 256
+    query_shape: list[int] = (8, 16)
+    memory_flange: list[int] = (8, 16)
+    num_classes: int = 0
+    pattern_implementation: str = "blocked"
+    block_size: int | None = None
+    dropout: float | int = 0.0
+    attention_dropout: float | int = 0.0
+    layer_norm_eps: float = 1e-6
+    initializer_range: float = 0.02
+    use_cache: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 256
+    pad_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        for alias in [name for name in kwargs if name in self.attribute_map]:
+            setattr(self, alias, kwargs.pop(alias))
+        self.image_size = [int(x) for x in self.image_size]
+        self.query_shape = [int(x) for x in self.query_shape]
+        self.memory_flange = [int(x) for x in self.memory_flange]
+        if self.head_dim is None and self.num_attention_heads > 0:
+            if self.hidden_size % self.num_attention_heads != 0:
+                raise ValueError(
+                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
+                )
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if self.block_size is None:
+            self.block_size = self.block_length if self.attention_type == "local_1d" else self.query_shape[0] * self.query_shape[1]
+        super().__post_init__(**kwargs)
+        self.validate_architecture()
+
+    @property
+    def grid_width(self) -> int:
+        """Positions per row: every channel of every pixel."""
+        return self.image_size[1] * self.num_channels
+
+    @property
+    def num_positions(self) -> int:
+        return self.image_size[0] * self.grid_width
+
+    def validate_architecture(self):
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "intermediate_size",
+                     "num_channels", "block_length", "block_size"):
+            value = getattr(self, name)
+            if value is None or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if len(self.image_size) != 2 or min(self.image_size) <= 0:
+            raise ValueError(f"image_size must be [height, width] > 0, got {self.image_size}")
+        if self.vocab_size != 257:
+            raise ValueError(f"vocab_size must be 257 (256 intensities + the start token 256), got {self.vocab_size}")
+        if self.attention_type not in ATTENTION_TYPES:
+            raise ValueError(f"attention_type must be one of {ATTENTION_TYPES}, got {self.attention_type!r}")
+        if self.pattern_implementation not in PATTERN_IMPLEMENTATIONS:
+            raise ValueError(
+                f"pattern_implementation must be one of {PATTERN_IMPLEMENTATIONS}, got {self.pattern_implementation!r}"
+            )
+        if self.attention_type == "local_2d":
+            if len(self.query_shape) != 2 or min(self.query_shape) <= 0:
+                raise ValueError(f"query_shape must be [rows, columns] > 0, got {self.query_shape}")
+            if len(self.memory_flange) != 2 or min(self.memory_flange) < 0:
+                raise ValueError(f"memory_flange must be [rows, columns] >= 0, got {self.memory_flange}")
+            if self.image_size[0] % self.query_shape[0] or self.grid_width % self.query_shape[1]:
+                raise ValueError(
+                    f"query_shape {self.query_shape} must tile the {self.image_size[0]} x {self.grid_width} grid "
+                    "(height x width * num_channels)"
+                )
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+__all__ = ["ImageTransformerConfig"]

@@ -1,0 +1,157 @@
+"""Image Transformer: shared tester, local 1D / 2D attention as the paper defines it, bits per dimension, class
+conditioning, image generation and PNG output."""
+
+import math
+
+import pytest
+import torch
+from txv_tester import TxvModelTesterMixin
+
+from hf_txvariants import ImageTransformerConfig, ImageTransformerForCausalLM, ImageTransformerModel
+from hf_txvariants.modeling_image_transformer import (
+    generation_order,
+    images_to_input_ids,
+    input_ids_to_images,
+    save_png,
+)
+
+TINY = dict(
+    image_size=[4, 4],
+    num_channels=3,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    attention_type="local_2d",
+    block_length=8,
+    query_shape=[2, 4],
+    memory_flange=[1, 4],
+)
+
+
+def _images(batch, seed=0, config=None):
+    config = config or ImageTransformerConfig(**TINY)
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, *config.image_size, config.num_channels), generator=generator)
+
+
+class TestImageTransformer(TxvModelTesterMixin):
+    config_class = ImageTransformerConfig
+    model_classes = (ImageTransformerModel, ImageTransformerForCausalLM)
+    causal_lm_class = ImageTransformerForCausalLM
+    tiny_config_kwargs = TINY
+    seq_length = 30
+
+    def make_inputs(self, config, batch_size=None, seq_length=None, seed=0):
+        ids = images_to_input_ids(_images(batch_size or self.batch_size, seed, config), config)
+        return {"input_ids": ids[:, : (seq_length or self.seq_length)]}
+
+    def test_eager_equals_sdpa(self):
+        """The dense path through eager and SDPA (blocked and FlexAttention are compared with it below)."""
+        self.tiny_config_kwargs = {**TINY, "pattern_implementation": "dense"}
+        super().test_eager_equals_sdpa()
+
+
+def _model(**overrides):
+    torch.manual_seed(0)
+    return ImageTransformerForCausalLM(ImageTransformerConfig(**{**TINY, **overrides})).eval()
+
+
+def test_images_round_trip_and_block_raster_order():
+    config = ImageTransformerConfig(**TINY)
+    images = _images(2)
+    ids = images_to_input_ids(images, config)
+    assert ids.shape == (2, 49) and (ids[:, 0] == 256).all()
+    assert torch.equal(input_ids_to_images(ids, config), images.to(torch.uint8))
+    # Grid 4 x 12 (width * channels), query blocks 2 x 4: the first block is rows 0-1, grid columns 0-3.
+    assert generation_order(config)[:8].tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert generation_order(ImageTransformerConfig(**{**TINY, "attention_type": "local_1d"})).tolist() == list(range(48))
+
+
+@pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
+def test_receptive_field_is_the_papers(attention_type):
+    """Changing the intensity carried by step s changes the logits of step t only if the paper's pattern lets t see
+    s (one layer): local 1D = own and previous query block; local 2D = memory block (flanges), causally."""
+    model = _model(attention_type=attention_type, num_hidden_layers=1)
+    config = model.config
+    ids = images_to_input_ids(_images(1, 3), config)
+    with torch.no_grad():
+        base = model(ids).logits[0]
+    order = generation_order(config)
+    width, (bh, bw), (fh, fw) = config.grid_width, config.query_shape, config.memory_flange
+    query = 40
+    for key in range(0, query + 1):
+        changed = ids.clone()
+        changed[0, key] = (changed[0, key] + 77) % 256
+        with torch.no_grad():
+            moved = not torch.allclose(model(changed).logits[0, query], base[query], atol=1e-6)
+        if attention_type == "local_1d":
+            expected = key // 8 >= query // 8 - 1
+        else:
+            q_row, q_col = divmod(int(order[query]), width)
+            k_row, k_col = divmod(int(order[key]), width)
+            top, left = q_row // bh * bh, q_col // bw * bw
+            expected = top - fh <= k_row < top + bh and left - fw <= k_col < left + bw + fw
+        assert moved == expected, (key, moved, expected)
+
+
+@pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
+def test_implementations_agree(attention_type):
+    ids = images_to_input_ids(_images(2, 1), ImageTransformerConfig(**TINY))
+    logits = []
+    for implementation in ("dense", "blocked", "flex"):
+        model = _model(attention_type=attention_type, pattern_implementation=implementation)
+        with torch.no_grad():
+            logits.append(model(ids).logits)
+    for other in logits[1:]:
+        torch.testing.assert_close(other, logits[0], atol=1e-5, rtol=0)
+
+
+def test_loss_is_bits_per_dimension():
+    model = _model()
+    ids = images_to_input_ids(_images(2, 2), model.config)
+    output = model(ids, labels=ids)
+    log_probs = torch.log_softmax(output.logits[:, :-1].double(), -1)
+    nats = -log_probs.gather(-1, ids[:, 1:, None]).mean()
+    torch.testing.assert_close(output.loss.double(), nats / math.log(2), atol=1e-5, rtol=0)
+    assert abs(output.loss.item() - 8.0) < 0.5  # untrained: about log2(256) bits
+
+
+def test_class_conditioning_and_generation(tmp_path):
+    model = _model(num_classes=3)
+    ids = images_to_input_ids(_images(1, 4), model.config)
+    with torch.no_grad():
+        a = model(ids, class_labels=torch.tensor([0])).logits
+        b = model(ids, class_labels=torch.tensor([2])).logits
+    assert not torch.allclose(a, b)
+    with pytest.raises(ValueError, match="class_labels"):
+        model(ids)
+    torch.manual_seed(0)
+    images = model.generate_images(class_labels=torch.tensor([0, 1]))
+    assert images.shape == (2, 4, 4, 3) and images.dtype == torch.uint8
+    greedy = model.generate_images(class_labels=torch.tensor([1]), do_sample=False)
+    # Greedy generation = argmax of the model's own logits, step by step.
+    ids = images_to_input_ids(greedy, model.config)
+    with torch.no_grad():
+        logits = model(ids, class_labels=torch.tensor([1])).logits
+    assert torch.equal(logits[0, :-1].argmax(-1), ids[0, 1:])
+    path = tmp_path / "samples.png"
+    save_png(images, path, scale=2)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == 16  # 2 images x 4 px x 2
+
+
+@pytest.mark.parametrize(
+    "field, value", [("attention_type", "global"), ("query_shape", [3, 4]), ("vocab_size", 256), ("image_size", [4])]
+)
+def test_bad_config_names_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        ImageTransformerConfig(**{**TINY, field: value})
+
+
+def test_bad_input_names_tensor():
+    config = ImageTransformerConfig(**TINY)
+    with pytest.raises(ValueError, match="images"):
+        images_to_input_ids(torch.zeros(1, 4, 4, 1), config)
+    with pytest.raises(ValueError, match="longer than an image"):
+        _model()(torch.zeros(1, 50, dtype=torch.long))
