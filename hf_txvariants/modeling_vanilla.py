@@ -291,6 +291,8 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         The auxiliary losses (intermediate layers, future targets) are added only in training mode."""
         config = self.config
         return_dict = return_dict if return_dict is not None else config.return_dict
+        if output_hidden_states is None:
+            output_hidden_states = config.output_hidden_states
         aux_intermediate = (
             labels is not None and self.training and config.intermediate_loss_weight > 0
             and config.num_hidden_layers > 1 and any(self.intermediate_layer_weights())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_txvariants.txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from hf_txvariants.txv_local_rnn import LocalRNN, local_windows
 
 
@@ -43,3 +44,19 @@ def test_bad_arguments_are_value_errors():
         LocalRNN(4, "TCN", 3)
     with pytest.raises(ValueError, match="window"):
         LocalRNN(4, "GRU", 0)
+
+
+def test_annotated_layer_norm_formula():
+    """y = w * (x - mean) / (unbiased std + eps) + b, computed here element by element."""
+    norm = AnnotatedLayerNorm(4, eps=0.1)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, -1.0, 0.5]))
+        norm.bias.copy_(torch.tensor([0.0, 1.0, 0.0, -1.0]))
+    x = torch.tensor([[1.0, 2.0, 4.0, 7.0]])
+    mean = (1 + 2 + 4 + 7) / 4
+    std = (sum((v - mean) ** 2 for v in [1, 2, 4, 7]) / 3) ** 0.5
+    expected = torch.tensor([[w * (v - mean) / (std + 0.1) + b for v, w, b in zip([1, 2, 4, 7], [1, 2, -1, 0.5], [0, 1, 0, -1])]])
+    torch.testing.assert_close(norm(x), expected)
+    assert isinstance(make_layer_norm("standard", 4, 1e-5), torch.nn.LayerNorm)
+    with pytest.raises(ValueError, match="layer_norm_type"):
+        make_layer_norm("rms", 4, 1e-5)
