@@ -21,7 +21,7 @@ def add_arguments(parser):
     parser.add_argument("--data", help="your text: a file, a folder of text files or a saved `datasets` folder "
                         "(default: the embedded corpus, Python standard-library docstrings)")
     parser.add_argument("--out", default="txv-demo", help="output folder (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=500, help="training steps per model (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=800, help="training steps per model (default: %(default)s)")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-head", type=int, default=4)
@@ -46,10 +46,11 @@ def add_arguments(parser):
 
 
 def baseline_variant(name: str) -> tuple[str, dict]:
-    from ..training.models import has_variant
+    from ..training.models import config_class, has_variant
 
     if name == "auto":
         name = "txv_vanilla" if has_variant("txv_vanilla") else "transfo-xl"
+    config_class(name)  # an unknown name is a clear error before anything is trained
     return name, ({"mem_len": 0} if name == "transfo-xl" else {})
 
 

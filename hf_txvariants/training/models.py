@@ -45,7 +45,8 @@ def build_config(
 ):
     """A config of `variant` with the given size. Transformer-XL gets `cutoffs=[]` (plain softmax, right for
     characters), `memory_init="empty"` and `clamp_len=-1`; variants with absolute positions get
-    `max_position_embeddings=seg_len`. Variant-specific fields can be passed as `extra`."""
+    `max_position_embeddings=seg_len` (their own default position type: for txv_vanilla, learned positions, whose
+    small initial scale matches the token embeddings; unscaled sinusoids of norm ~1 drown them). Variant-specific fields can be passed as `extra`."""
     cls = config_class(variant)
     fields = set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "attribute_map", {}))
     kwargs = dict(
@@ -64,8 +65,6 @@ def build_config(
         kwargs["cutoffs"] = []
     if "max_position_embeddings" in fields:
         kwargs["max_position_embeddings"] = seg_len
-    if "position_embedding_type" in fields:
-        kwargs["position_embedding_type"] = "sinusoidal"
     kwargs.update(extra)
     unknown = sorted(k for k in kwargs if k not in fields and not hasattr(cls, k))
     if unknown:
