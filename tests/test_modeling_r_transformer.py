@@ -33,16 +33,13 @@ class TestRTransformer(TxvModelTesterMixin):
     tiny_config_kwargs = TINY
 
 
+@pytest.mark.slow
 class TestRTransformerLSTMStandardNorm(TxvModelTesterMixin):
     config_class = RTransformerConfig
     model_classes = (RTransformerModel,)
     tiny_config_kwargs = {
         **TINY, "rnn_type": "LSTM", "num_rnn_layers": 1, "layer_norm_type": "standard", "final_layer_norm": True,
     }
-
-    @pytest.mark.slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def build(seed=0, **overrides):

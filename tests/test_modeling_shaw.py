@@ -35,16 +35,13 @@ class TestShawDecoder(TxvModelTesterMixin):
     tiny_config_kwargs = TINY
 
 
+@pytest.mark.slow
 class TestShawEncoderKeysOnly(TxvModelTesterMixin):
     """Without relative values the key term goes through sdpa as a bias: eager == sdpa is checked here."""
 
     config_class = ShawConfig
     model_classes = (ShawModel, ShawForMaskedLM, ShawForSequenceClassification)
     tiny_config_kwargs = {**TINY, "is_decoder": False, "relative_values": False, "pre_lnorm": True}
-
-    @pytest.mark.slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def naive_relation_aware_attention(attn: RelationAwareSelfAttention, x, past=None, causal=True):

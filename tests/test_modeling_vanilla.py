@@ -36,15 +36,12 @@ class TestVanillaDecoder(TxvModelTesterMixin):
     tiny_config_kwargs = TINY
 
 
+@pytest.mark.slow
 class TestVanillaPerLayerPositions(TxvModelTesterMixin):
     config_class = VanillaConfig
     model_classes = (VanillaForCausalLM,)
     causal_lm_class = VanillaForCausalLM
     tiny_config_kwargs = {**TINY, "per_layer_positions": True, "pre_lnorm": True}
-
-    @pytest.mark.slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def test_per_layer_positions_are_added_at_each_layer_input():
@@ -66,14 +63,11 @@ def test_per_layer_positions_are_added_at_each_layer_input():
         VanillaConfig(**{**TINY, "per_layer_positions": True, "position_embedding_type": "sinusoidal"})
 
 
+@pytest.mark.slow
 class TestVanillaSinusoidalEncoder(TxvModelTesterMixin):
     config_class = VanillaConfig
     model_classes = (VanillaModel, VanillaForMaskedLM, VanillaForSequenceClassification)
     tiny_config_kwargs = {**TINY, "is_decoder": False, "position_embedding_type": "sinusoidal", "pre_lnorm": True}
-
-    @pytest.mark.slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def build(seed=0, **overrides):
