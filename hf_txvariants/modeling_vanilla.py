@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel, TrainerCallback
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
@@ -471,6 +471,15 @@ class VanillaForSequenceClassification(VanillaPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
+class TrainingProgressCallback(TrainerCallback):
+    """For transformers' Trainer: sets `model.set_training_progress(global_step / max_steps)` before every step, which
+    drives Al-Rfou's intermediate-loss schedule (`Trainer(..., callbacks=[TrainingProgressCallback()])`)."""
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and hasattr(model, "set_training_progress") and state.max_steps:
+            model.set_training_progress(min(1.0, state.global_step / state.max_steps))
+
+
 @torch.no_grad()
 def sliding_window_log_probs(model, input_ids: torch.LongTensor, window: int, windows_per_batch: int = 1):
     """Al-Rfou et al.'s evaluation: `[batch, length - 1]` log-probabilities of input_ids[:, t] for t >= 1.
@@ -511,4 +520,5 @@ __all__ = [
     "VanillaForSequenceClassification",
     "VanillaCausalLMOutput",
     "sliding_window_log_probs",
+    "TrainingProgressCallback",
 ]

@@ -18,6 +18,7 @@ from hf_txvariants.modeling_vanilla import (
     VanillaForCausalLM,
     VanillaForMaskedLM,
     VanillaForSequenceClassification,
+    TrainingProgressCallback,
     VanillaModel,
     sliding_window_log_probs,
 )
@@ -208,6 +209,16 @@ def test_auxiliary_losses_recomputed_by_hand():
     torch.testing.assert_close(output.loss, output.lm_loss)
     with pytest.raises(ValueError, match="progress"):
         model.set_training_progress(1.5)
+
+
+def test_training_progress_callback_drives_the_schedule():
+    from transformers import TrainerControl, TrainerState
+
+    model = build(num_hidden_layers=4)
+    state = TrainerState(max_steps=10, global_step=3)
+    TrainingProgressCallback().on_step_begin(None, state, TrainerControl(), model=model)
+    assert model.training_progress == 0.3
+    assert model.intermediate_layer_weights() == [0.0, 0.0, 1.0]  # layer l counts while progress < l / 8
 
 
 def test_sliding_window_log_probs(windows_per_batch=4):
