@@ -192,3 +192,32 @@ def test_encoder_decoder_model():
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, atol=1e-5, rtol=0)
     generated = model.generate(source, attention_mask=source_mask, max_new_tokens=4, do_sample=False)
     assert generated.shape == (2, 5)
+
+
+def test_no_per_pair_vectors_are_materialised():
+    """The efficient form: no intermediate tensor has a (query, key, head_dim) layout, i.e. no a_ij vectors per pair."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    shapes = []
+
+    class RecordShapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(tensor, torch.Tensor):
+                    shapes.append(tuple(tensor.shape))
+            return out
+
+    def per_pair(recorded):  # a shape holding the query and key lengths (11, 11) together with head_dim (8)
+        return [shape for shape in recorded if shape.count(11) >= 2 and 8 in shape]
+
+    attn = make_attention()
+    x = torch.randn(2, 11, 16)  # q = k = 11, head_dim = 8, 2k + 1 = 7: all different
+    with torch.no_grad(), RecordShapes():
+        attn(x, causal_mask(11, 11))
+    assert (2, 2, 11, 11) in shapes  # the attention scores exist (the recording works)
+    assert not per_pair(shapes), per_pair(shapes)
+    shapes.clear()
+    with torch.no_grad(), RecordShapes():  # the detector catches the materialised form a^K_ij = w^K[index_ij]
+        attn.relative_key_embeddings(relative_distance_index(11, 11, 3, "cpu"))
+    assert per_pair(shapes)
