@@ -59,7 +59,7 @@ class RTransformerConfig(PreTrainedConfig):
     output_bias: bool = True
     initializer_range: float = 0.02
     classifier_dropout: float | int | None = None
-    use_cache: bool = False
+    use_cache: bool = True
     tie_word_embeddings: bool = True
     pad_token_id: int | None = None
     bos_token_id: int | None = None

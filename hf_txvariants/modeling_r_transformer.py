@@ -4,8 +4,8 @@ No position embeddings: order comes from a LocalRNN (see `txv_local_rnn`) that s
 tokens at every position. Each block: LocalRNN sub-layer(s), causal multi-head self-attention, feed-forward, each as
 x + dropout(sublayer(LayerNorm(x))) as in the original code (github.com/DSE-MSU/R-transformer, whose outputs
 the tests reproduce from fixtures). Causal throughout: `RTransformerForCausalLM` and
-`RTransformerForSequenceClassification` (last real token). No key/value cache: `generate()` re-runs the whole
-sequence at each step (the LocalRNN would also need its last k - 1 inputs per layer cached).
+`RTransformerForSequenceClassification` (last real token). `generate()` uses an `RTransformerCache`: transformers'
+`DynamicCache` for the attention keys/values plus, per LocalRNN layer, its last k - 1 inputs.
 """
 
 from __future__ import annotations
@@ -15,15 +15,34 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, SequenceClassifierOutput
+from transformers.cache_utils import DynamicCache
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, SequenceClassifierOutput
 
 from .configuration_r_transformer import RTransformerConfig
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
-from .txv_local_rnn import LocalRNN
+from .txv_local_rnn import LocalRNN, next_prefix
 from .txv_mha import MultiHeadAttention, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+
+
+class RTransformerCache(DynamicCache):
+    """The attention keys/values of every block (a `DynamicCache`, layer index = block index) and, per LocalRNN
+    sub-layer, the last `local_window - 1` inputs of its windows (`rnn_prefixes[(block, sub_layer)]`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rnn_prefixes: dict[tuple[int, int], torch.Tensor] = {}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        for key, prefix in self.rnn_prefixes.items():
+            self.rnn_prefixes[key] = prefix.index_select(0, beam_idx.to(prefix.device))
+
+    def reset(self):
+        super().reset()
+        self.rnn_prefixes.clear()
 
 
 class RTransformerLocalRNNLayer(nn.Module):
@@ -36,11 +55,15 @@ class RTransformerLocalRNNLayer(nn.Module):
         self.local_rnn = LocalRNN(config.hidden_size, config.rnn_type, config.local_window)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states, token_mask=None):
+    def forward(self, hidden_states, token_mask=None, cache: RTransformerCache | None = None, cache_key=None):
         normed = self.layer_norm(hidden_states)
         if token_mask is not None:
             normed = normed * token_mask[..., None].to(normed.dtype)
-        return hidden_states + self.dropout(self.local_rnn(normed))
+        prefix = cache.rnn_prefixes.get(cache_key) if cache is not None else None
+        output = self.local_rnn(normed, prefix)
+        if cache is not None:
+            cache.rnn_prefixes[cache_key] = next_prefix(prefix, normed, self.local_rnn.window)
+        return hidden_states + self.dropout(output)
 
 
 class RTransformerBlock(GradientCheckpointingLayer):
@@ -53,11 +76,14 @@ class RTransformerBlock(GradientCheckpointingLayer):
         self.mlp = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states, attention_mask=None, token_mask=None, output_attentions=False):
-        for rnn_layer in self.rnn_layers:
-            hidden_states = rnn_layer(hidden_states, token_mask)
+    def forward(self, hidden_states, attention_mask=None, token_mask=None, past_key_values=None, output_attentions=False):
+        for index, rnn_layer in enumerate(self.rnn_layers):
+            hidden_states = rnn_layer(hidden_states, token_mask, past_key_values, (self.self_attn.layer_idx, index))
         attention_output, weights = self.self_attn(
-            self.attention_layer_norm(hidden_states), attention_mask, output_attentions=output_attentions
+            self.attention_layer_norm(hidden_states),
+            attention_mask,
+            past_key_values=past_key_values,
+            output_attentions=output_attentions,
         )
         hidden_states = hidden_states + self.dropout(attention_output)
         hidden_states = hidden_states + self.mlp(self.feed_forward_layer_norm(hidden_states))
@@ -123,21 +149,25 @@ class RTransformerModel(RTransformerPreTrainedModel):
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        past_key_values: RTransformerCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutput | tuple:
-        """attention_mask: `[batch, length]`, 1 = token, 0 = padding (left or right)."""
+    ) -> BaseModelOutputWithPast | tuple:
+        """attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding (left or right).
+        past_key_values: the `RTransformerCache` of the previous call (created when `use_cache`)."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
-        if kwargs.get("past_key_values") is not None:
-            raise ValueError("past_key_values is not supported: the R-Transformer has no cache (pass the whole sequence)")
+        use_cache = use_cache if use_cache is not None else config.use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False  # a checkpointed block is run twice: it would write its cache twice
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds")
         if input_ids is not None:
@@ -153,25 +183,30 @@ class RTransformerModel(RTransformerPreTrainedModel):
             )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
-        if attention_mask is not None and attention_mask.shape != (batch, length):
+        if past_key_values is not None and not isinstance(past_key_values, RTransformerCache):
             raise ValueError(
-                f"attention_mask must be [batch={batch}, length={length}] (1 = token, 0 = padding), "
-                f"got shape {tuple(attention_mask.shape)}"
+                f"past_key_values must be the RTransformerCache returned by this model, got {type(past_key_values).__name__}"
             )
-        mask = self_attention_mask(attention_mask, batch, length, 0, True, dtype, device)
-        token_mask = attention_mask.to(device) if attention_mask is not None else None
+        if use_cache and past_key_values is None:
+            past_key_values = RTransformerCache()
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        mask = self_attention_mask(attention_mask, batch, length, past_length, True, dtype, device)
+        token_mask = attention_mask[:, -length:].to(device) if attention_mask is not None else None
 
         hidden_states = self.embedding_dropout(inputs_embeds)
         all_hidden, all_attentions = [], []
         for layer in self.layers:
             all_hidden.append(hidden_states)
-            hidden_states, weights = layer(hidden_states, mask, token_mask, output_attentions=output_attentions)
+            hidden_states, weights = layer(
+                hidden_states, mask, token_mask, past_key_values=past_key_values, output_attentions=output_attentions
+            )
             all_attentions.append(weights)
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
         all_hidden.append(hidden_states)
-        output = BaseModelOutput(
+        output = BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
@@ -179,7 +214,7 @@ class RTransformerModel(RTransformerPreTrainedModel):
 
 
 class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
-    """Language model with a (tied) linear softmax. `generate()` recomputes the whole sequence at every step."""
+    """Language model with a (tied) linear softmax; `generate()` keeps an `RTransformerCache`."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -191,7 +226,7 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # no key/value cache: generate() must not create one
+        return False  # the model creates its own RTransformerCache; generate() must not swap it for a DynamicCache
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -199,38 +234,45 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
-        """The whole sequence every step (no cache)."""
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if inputs_embeds is not None and inputs_embeds.shape[1] == input_ids.shape[1]:
-            inputs = {"inputs_embeds": inputs_embeds, "attention_mask": attention_mask}
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
+    ):
+        """Only the tokens the cache has not seen yet (all of them without a cache)."""
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        inputs = {"attention_mask": attention_mask, "past_key_values": past_key_values, "use_cache": use_cache}
+        if inputs_embeds is not None and past_length == 0 and inputs_embeds.shape[1] == input_ids.shape[1]:
+            inputs["inputs_embeds"] = inputs_embeds
+        else:
+            inputs["input_ids"] = input_ids[:, past_length:]
         return inputs
 
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        past_key_values: RTransformerCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> CausalLMOutput | tuple:
+    ) -> CausalLMOutputWithPast | tuple:
         """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
         config = self.config
         return_dict = return_dict if return_dict is not None else config.return_dict
-        kwargs.pop("use_cache", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
-            **kwargs,
         )
         hidden_states = outputs.last_hidden_state
         loss = None
@@ -252,8 +294,12 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
                 logits = logits[:, -logits_to_keep:]
         else:
             logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-        output = CausalLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        output = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )
         return output if return_dict else output.to_tuple()
 
@@ -285,6 +331,7 @@ class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            use_cache=False,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -301,6 +348,7 @@ class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
 
 
 __all__ = [
+    "RTransformerCache",
     "RTransformerPreTrainedModel",
     "RTransformerModel",
     "RTransformerForCausalLM",

@@ -16,10 +16,22 @@ from torch import nn
 RNN_TYPES = {"GRU": nn.GRU, "LSTM": nn.LSTM, "RNN": nn.RNN}
 
 
-def local_windows(hidden_states: torch.Tensor, window: int) -> torch.Tensor:
-    """`[batch, length, d]` -> `[batch, length, window, d]`: window t holds x_{t-window+1} .. x_t, zero-padded."""
-    padded = nn.functional.pad(hidden_states, (0, 0, window - 1, 0))
+def local_windows(hidden_states: torch.Tensor, window: int, prefix: torch.Tensor | None = None) -> torch.Tensor:
+    """`[batch, length, d]` -> `[batch, length, window, d]`: window t holds x_{t-window+1} .. x_t, left-padded with
+    zeros, or with `prefix` (`[batch, window - 1, d]`, the inputs before this chunk) when continuing a sequence."""
+    if prefix is None:
+        padded = nn.functional.pad(hidden_states, (0, 0, window - 1, 0))
+    else:
+        padded = torch.cat([prefix.to(hidden_states.dtype), hidden_states], dim=1)
     return padded.unfold(1, window, 1).transpose(-1, -2)
+
+
+def next_prefix(prefix: torch.Tensor | None, hidden_states: torch.Tensor, window: int) -> torch.Tensor:
+    """The last `window - 1` inputs after `hidden_states` (what the next chunk's first windows need)."""
+    if prefix is None:
+        prefix = hidden_states.new_zeros(hidden_states.shape[0], window - 1, hidden_states.shape[-1])
+    joined = torch.cat([prefix.to(hidden_states.dtype), hidden_states], dim=1)
+    return joined[:, joined.shape[1] - (window - 1) :]
 
 
 class LocalRNN(nn.Module):
@@ -34,8 +46,9 @@ class LocalRNN(nn.Module):
         self.window = window
         self.rnn = RNN_TYPES[rnn_type](hidden_size, hidden_size, batch_first=True)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, prefix: torch.Tensor | None = None) -> torch.Tensor:
+        """`prefix`: the `window - 1` inputs before `hidden_states` (cached generation); None = sequence start."""
         batch, length, width = hidden_states.shape
-        windows = local_windows(hidden_states, self.window).reshape(batch * length, self.window, width)
+        windows = local_windows(hidden_states, self.window, prefix).reshape(batch * length, self.window, width)
         outputs = self.rnn(windows)[0]
         return outputs[:, -1].view(batch, length, width)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_txvariants.txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
-from hf_txvariants.txv_local_rnn import LocalRNN, local_windows
+from hf_txvariants.txv_local_rnn import LocalRNN, local_windows, next_prefix
 
 
 def naive_local_rnn(module: LocalRNN, x: torch.Tensor) -> torch.Tensor:
@@ -60,3 +60,16 @@ def test_annotated_layer_norm_formula():
     assert isinstance(make_layer_norm("standard", 4, 1e-5), torch.nn.LayerNorm)
     with pytest.raises(ValueError, match="layer_norm_type"):
         make_layer_norm("rms", 4, 1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_chunks_with_prefix_equal_one_pass(window):
+    """Running chunk by chunk, each with the previous `window - 1` inputs as prefix, equals one pass."""
+    torch.manual_seed(0)
+    module = LocalRNN(5, "GRU", window)
+    x = torch.randn(2, 9, 5)
+    prefix, outputs = None, []
+    for chunk in (x[:, :2], x[:, 2:3], x[:, 3:]):
+        outputs.append(module(chunk, prefix))
+        prefix = next_prefix(prefix, chunk, window)
+    torch.testing.assert_close(torch.cat(outputs, 1), module(x), atol=1e-6, rtol=0)

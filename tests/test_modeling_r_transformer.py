@@ -120,6 +120,27 @@ def test_left_padding_equals_row_alone():
     assert torch.equal(together[0, 4:], alone[0])
 
 
+def test_cache_incremental_equals_full():
+    """RTransformerCache: attention keys/values + the last k - 1 LocalRNN inputs per sub-layer (k = 3 > chunk of 1)."""
+    model = build()
+    x = ids(length=10)
+    with torch.no_grad():
+        full = model(x, use_cache=False).logits
+        first = model(x[:, :4], use_cache=True)
+        second = model(x[:, 4:5], past_key_values=first.past_key_values)
+        third = model(x[:, 5:], past_key_values=second.past_key_values)
+    assert set(third.past_key_values.rnn_prefixes) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generate_with_cache_equals_without(num_beams):
+    model = build()
+    prompt = ids(2, 4)
+    kwargs = dict(max_new_tokens=5, do_sample=False, num_beams=num_beams, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, use_cache=True, **kwargs), model.generate(prompt, use_cache=False, **kwargs))
+
+
 def test_errors_name_the_field():
     with pytest.raises(ValueError, match="rnn_type"):
         RTransformerConfig(**{**TINY, "rnn_type": "QRNN"})
@@ -127,6 +148,10 @@ def test_errors_name_the_field():
         RTransformerConfig(**{**TINY, "local_window": 0})
     with pytest.raises(ValueError, match="attention_mask"):
         build()(ids(), attention_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="RTransformerCache"):
+        from transformers import DynamicCache
+
+        build()(ids(), past_key_values=DynamicCache())
     config = RTransformerConfig(d_model=32, h=4, ksize=5, n_level=2, n=1)
     assert (config.hidden_size, config.num_attention_heads, config.local_window, config.intermediate_size) == (32, 4, 5, 128)
 
