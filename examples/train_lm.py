@@ -71,7 +71,7 @@ def main(argv=None) -> int:
             if result["history"]:
                 final = result["eval"][-1]
                 print(f"validation: {final['bpc']:.4f} bits per token, perplexity {final['perplexity']:.3f} "
-                      f"({final['tokens']} tokens); model saved to {result['model_dir']}")
+                      f"({final['tokens']} tokens)" + (f"; model saved to {result['model_dir']}" if args.save_model else ""))
     except (DataError, ModelError, FileNotFoundError) as error:
         print(f"train_lm.py: error: {error}", file=sys.stderr)
         return 2

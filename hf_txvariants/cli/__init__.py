@@ -37,7 +37,7 @@ def _train(args):
     if result["eval"] and result["history"]:  # printed by the main process only
         final = result["eval"][-1]
         print(f"validation: {final['bpc']:.4f} bits per token, perplexity {final['perplexity']:.3f} "
-              f"({final['tokens']} tokens); model saved to {result['model_dir']}")
+              f"({final['tokens']} tokens)" + (f"; model saved to {result['model_dir']}" if args.save_model else ""))
 
 
 def _eval(args):

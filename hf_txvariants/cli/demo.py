@@ -138,7 +138,11 @@ def run(args) -> dict:
 
     print("[5/5] plotting the training curves")
     plot = out / "training_curves.png"
-    plot_curves({"Transformer-XL": xl["history"], f"baseline ({base_label})": base["history"]}, plot)
+    try:
+        plot_curves({"Transformer-XL": xl["history"], f"baseline ({base_label})": base["history"]}, plot)
+    except ImportError:
+        print("      matplotlib is not installed (pip install matplotlib): no plot; the curves are in metrics.jsonl")
+        plot = None
 
     results = {
         "transformer_xl": {"bpc": xl_eval["bpc"], "chars_per_second": xl_speed, "final_valid_bpc": xl["eval"][-1]["bpc"],
@@ -148,7 +152,7 @@ def run(args) -> dict:
                      "final_valid_bpc": base["eval"][-1]["bpc"], "train_seconds": trained_base - trained_xl,
                      "model_dir": base["model_dir"], "parameters": sum(p.numel() for p in base_model.parameters())},
         "eval_chars": xl_eval["tokens"], "attention_length": window, "speed_ratio": xl_speed / base_speed,
-        "sample": sample, "plot": str(plot), "total_seconds": time.perf_counter() - started,
+        "sample": sample, "plot": str(plot) if plot else None, "total_seconds": time.perf_counter() - started,
     }
     (out / "demo_results.json").write_text(json.dumps(results, indent=2) + "\n")
     print()
@@ -159,7 +163,8 @@ def run(args) -> dict:
           f"{base_speed:,.0f} chars/s")
     print(f"  evaluation-speed ratio (Transformer-XL / baseline): {results['speed_ratio']:.1f}x")
     print(f"Saved: {xl['model_dir']} and {base['model_dir']} (Hugging Face format, with tokenizer)")
-    print(f"Plot:  {plot}")
+    if plot:
+        print(f"Plot:  {plot}")
     print(f"Sample from the reloaded Transformer-XL:\n{sample}\n")
     print(f"Total time: {results['total_seconds']:.0f} s")
     if not math.isfinite(xl_eval["bpc"]):
