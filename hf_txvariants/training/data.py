@@ -54,11 +54,17 @@ def load_text(source: str | Path | None = None, text_column: str = "text") -> st
     if not files:
         raise DataError(f"no text files found in {path}")
     import datasets
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
+    quiet = are_progress_bars_disabled()
+    disable_progress_bars()
     try:
         dataset = datasets.load_dataset("text", data_files=[str(f) for f in files], split="train", sample_by="document")
     except Exception as error:  # datasets raises many types for unreadable files
-        raise DataError(f"could not read text from {path}: {error}") from None
+        raise DataError(f"could not read text from {path}: {str(error).splitlines()[0]}") from None
+    finally:
+        if not quiet:
+            enable_progress_bars()
     return "\n".join(dataset["text"])
 
 
