@@ -139,3 +139,31 @@ def test_sequence_classification_fine_tuning_with_trainer(tmp_path):
         a = model.eval()(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])).logits
         b = reloaded.eval()(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])).logits
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def _example(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_example_scripts_run(tmp_path, capsys):
+    lm = _example("train_lm")
+    tiny = ["--max-chars", "30000", "--d-model", "32", "--n-layer", "2", "--n-head", "2", "--seg-len", "16",
+            "--mem-len", "16", "--batch-size", "4", "--eval-batch-size", "4", "--max-steps", "4", "--eval-every", "0",
+            "--no-progress", "--no-tensorboard"]
+    assert lm.main(["--trainer", "--output-dir", str(tmp_path / "lm")] + tiny) == 0
+    assert "bits per token" in capsys.readouterr().out
+    assert (tmp_path / "lm" / "model" / "tokenizer.json").exists()
+    assert lm.main(["--output-dir", str(tmp_path / "lm2"), "--variant", "nope"] + tiny) == 2
+    assert "unknown variant 'nope'" in capsys.readouterr().err
+    clf = _example("finetune_classification")
+    assert clf.main(["--output-dir", str(tmp_path / "clf"), "--examples", "40", "--epochs", "1", "--d-model", "32",
+                     "--max-length", "32", "--batch-size", "8"]) == 0
+    assert "accuracy on 8 held-out examples" in capsys.readouterr().out
