@@ -34,6 +34,10 @@ class TestShawDecoder(TxvModelTesterMixin):
     causal_lm_class = ShawForCausalLM
     tiny_config_kwargs = TINY
 
+    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
 
 @pytest.mark.slow
 class TestShawEncoderKeysOnly(TxvModelTesterMixin):

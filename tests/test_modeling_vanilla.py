@@ -36,6 +36,10 @@ class TestVanillaDecoder(TxvModelTesterMixin):
     causal_lm_class = VanillaForCausalLM
     tiny_config_kwargs = TINY
 
+    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
 
 @pytest.mark.slow
 class TestVanillaPerLayerPositions(TxvModelTesterMixin):
