@@ -176,3 +176,23 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     flags[flags.index("--seg-len") + 1] = "8"
     err = _error_line(capsys, ["train", "--output-dir", out, "--max-steps", "4", "--resume", "latest"] + flags)
     assert "cannot resume" in err and "seg_len" in err
+
+
+@pytest.mark.parametrize("variant", ["transfo-xl", "txv_gtrxl", "txv_adaptive_span", "txv_vanilla"])
+def test_causal_variants_plug_into_the_loop(variant):
+    from hf_txvariants.training import build_config, build_model, lm_forward, uses_memory, variant_names
+    from hf_txvariants.training.models import init_memory
+
+    if variant not in variant_names():
+        pytest.skip(f"{variant} is not registered in this checkout")
+    torch.manual_seed(0)
+    model = build_model(build_config(variant, 40, d_model=32, n_layer=2, n_head=2, mem_len=8, seg_len=16, dropout=0.0))
+    stream = segment_stream(torch.randint(0, 40, (200,)), 2, 16)
+    memory = init_memory(model, 2)
+    assert uses_memory(model) == (memory is not None) == (getattr(model.config, "mem_len", 0) > 0)
+    for step in range(2):
+        loss, memory = lm_forward(model, *stream.segment(step), memory)
+        loss.backward()
+        assert torch.isfinite(loss)
+        if uses_memory(model):
+            assert memory.memory_length == 8  # carried into the next segment

@@ -58,7 +58,11 @@ def build_config(
         dropout=dropout,
     )
     if "mem_len" in fields:
-        kwargs.update(mem_len=mem_len, same_length=False, clamp_len=-1)
+        kwargs["mem_len"] = mem_len
+    if "same_length" in fields:
+        kwargs["same_length"] = False
+    if "clamp_len" in fields:
+        kwargs["clamp_len"] = -1
     if "memory_init" in fields:
         kwargs["memory_init"] = "empty"
     if "cutoffs" in fields:
@@ -94,14 +98,24 @@ def load_model(path: str | Path):
         raise ModelError(f"could not load a causal LM from {path}: {str(error).splitlines()[0]}") from None
 
 
-def uses_memory(model) -> bool:
+def _memory_owner(model):
+    """The module with `init_memory` (the LM head model or its base model), or None for models without memory."""
     model = getattr(model, "module", model)
-    return getattr(model.config, "mem_len", 0) > 0 and hasattr(model, "init_memory")
+    if getattr(model.config, "mem_len", 0) <= 0:
+        return None
+    for candidate in (model, getattr(model, "base_model", None)):
+        if candidate is not None and hasattr(candidate, "init_memory"):
+            return candidate
+    return None
+
+
+def uses_memory(model) -> bool:
+    return _memory_owner(model) is not None
 
 
 def init_memory(model, batch_size: int):
-    model = getattr(model, "module", model)
-    return model.init_memory(batch_size) if uses_memory(model) else None
+    owner = _memory_owner(model)
+    return owner.init_memory(batch_size) if owner is not None else None
 
 
 def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, reduction: str = "mean"):
