@@ -69,8 +69,6 @@ class MemoryTrainer(Trainer):
         else:
             self.eval_memory = outputs.past_key_values
         loss = outputs.loss
-        if num_items_in_batch is not None and self.model_accepts_loss_kwargs is False:
-            pass
         return (loss, outputs) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
