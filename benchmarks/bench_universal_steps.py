@@ -57,6 +57,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--act-loss-weight", type=float, default=0.001)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--halting-bias-init", type=float, default=-1.0)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
@@ -68,7 +69,7 @@ def main():
         num_hidden_layers=8,
         use_act=True,
         act_loss_weight=args.act_loss_weight,
-        halting_bias_init=-1.0,
+        halting_bias_init=args.halting_bias_init,
         dropout=0.0,
     )
     model = UniversalTransformerForMaskedLM(config).train()
@@ -87,6 +88,7 @@ def main():
     results = {
         "train_steps": args.train_steps,
         "act_loss_weight": args.act_loss_weight,
+        "halting_bias_init": args.halting_bias_init,
         "train_seconds": round(time.time() - start, 1),
         "easy": evaluate(model, False, generator),
         "hard": evaluate(model, True, generator),

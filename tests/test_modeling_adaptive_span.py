@@ -42,6 +42,10 @@ class TestAdaptiveSpan(TxvModelTesterMixin):
     has_memory = True
     memory_test_config_kwargs = dict(attn_span=20, adapt_span_init=0.4)
 
+    @pytest.mark.slow  # a subprocess that imports transformers: the slowest test here
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
 
 class TestAdaptiveSpanDynamic(TestAdaptiveSpan):
     tiny_config_kwargs = {**TINY, "adapt_span_dynamic": True}
@@ -226,3 +230,17 @@ def test_bad_input_names_the_tensor():
         model(torch.tensor([[1, 2]]), past_key_values=object())
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.tensor([[1, 2]]), attention_mask=torch.ones(2, 2))
+
+
+@pytest.mark.slow  # tokenises the embedded corpus
+def test_plot_example_trains_and_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from plot_adaptive_span import plot_spans, train_adaptive_span
+
+    model, _, log = train_adaptive_span(steps=2, attn_span=16, seg_len=8, batch_size=2, log_every=1)
+    assert len(log) == 2 and model.get_spans().shape == (3, 4)
+    plot_spans(model.get_spans(), 16, tmp_path / "spans.png")
+    assert (tmp_path / "spans.png").read_bytes()[:4] == b"\x89PNG"

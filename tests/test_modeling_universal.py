@@ -48,6 +48,10 @@ class TestUniversalTransformerACT(TxvModelTesterMixin):
     causal_lm_class = UniversalTransformerForCausalLM
     tiny_config_kwargs = TINY
 
+    @pytest.mark.slow  # a subprocess that imports transformers: the slowest test here
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
 
 class TestUniversalTransformerFixedSteps(TestUniversalTransformerACT):
     tiny_config_kwargs = {**TINY, "use_act": False, "is_decoder": False}
