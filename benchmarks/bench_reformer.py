@@ -55,7 +55,7 @@ def measure(function, repeats):
 
 
 def config_kwargs(length, layers):
-    side = int(length**0.5)
+    side = 2 ** (length.bit_length() // 2)  # axial factors: a power of 2 near sqrt(L); L a power of 2
     return dict(
         vocab_size=256,
         hidden_size=128,
