@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_txvariants.cli import main
@@ -15,6 +16,16 @@ from hf_txvariants.cli import main
 FAST = ["--steps", "4", "--max-chars", "40000", "--eval-chars", "300", "--d-model", "32", "--n-layer", "2",
         "--n-head", "2", "--seg-len", "16", "--mem-len", "16", "--batch-size", "4", "--sample-chars", "20",
         "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 
 @pytest.mark.slow

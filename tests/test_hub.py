@@ -28,6 +28,16 @@ EXPECTED = {
 METRICS = {"valid_bpc": 2.345, "valid_perplexity": 5.08}
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
@@ -109,7 +119,7 @@ def test_load_by_repo_id_from_the_hf_cache_offline(tiny, tmp_path):
         assert torch.allclose(logits, expected["logits"], atol=1e-5)
         print("REMOTE-CODE-OK", type(model).__module__)
     """)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"),
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"), OMP_NUM_THREADS="1",
                HF_MODULES_CACHE=str(tmp_path / "modules"), PYTHONPATH="")
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)

@@ -19,6 +19,16 @@ from hf_txvariants.training.trainer import MemoryTrainer, OrderedSegmentSampler
 TEXT = ("Transformer-XL carries a memory of the previous segment. " * 40).strip()
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+
 def _args(tmp_path, **kwargs):
     defaults = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2,
                     learning_rate=3e-3, report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,

@@ -24,6 +24,16 @@ TINY_FLAGS = ["--max-chars", "20000", "--d-model", "32", "--n-layer", "2", "--n-
               "2", "--warmup-steps", "1", "--lr", "3e-3", "--no-progress", "--no-tensorboard"]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+
 def _env():
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop("TXV_TEST_KILL_AT_STEP", None)
