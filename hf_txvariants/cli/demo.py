@@ -40,7 +40,8 @@ def add_arguments(parser):
                         "else Transformer-XL with mem_len=0), or a registered variant name")
     parser.add_argument("--prompt", default="Return the ")
     parser.add_argument("--sample-chars", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1; the default models "
+                        "are too small to gain from more, and several threads slow to a crawl on a busy machine)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true")
 
