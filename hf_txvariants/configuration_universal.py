@@ -28,7 +28,8 @@ class UniversalTransformerConfig(PreTrainedConfig):
             `encoder_hidden_states` (set by `EncoderDecoderModel`).
         scale_embedding: token embeddings are multiplied by sqrt(hidden_size) (tensor2tensor's symbol modality).
         dropout, attention_dropout (`dropatt`), layer_norm_eps, initializer_range.
-        use_cache: kept False; there is no key/value cache (generation recomputes the prefix at every token).
+        use_cache: causal forward passes return a `UniversalStepCache` as `past_key_values` (default False, which
+            suits training; `generate()` turns it on).
     """
 
     model_type = "txv_universal"

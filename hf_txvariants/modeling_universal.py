@@ -8,6 +8,10 @@ recurrently over depth. Before every step t the coordinate embedding is added to
 With `use_act` each position halts with Adaptive Computation Time (txv_act.py): a position that has halted is copied,
 not updated, while the others go on, and the ponder cost N + R is added to the loss with `act_loss_weight`. Without
 ACT the model runs `num_hidden_layers` steps, which is exactly a stack of that many weight-tied layers.
+
+Generation reuses the past: `UniversalStepCache` keeps, for every step, the step inputs x^t of the positions already
+processed (a position that halted keeps its final state, so its later step inputs are recomputed from it), and each
+new token attends to them, which gives exactly the outputs of a pass over the whole sequence.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MaskedLMOutput, ModelOutput, SequenceClassifierOutput
 
 from .configuration_universal import UniversalTransformerConfig
 from .txv_act import AdaptiveComputationTime
-from .txv_attention import additive_mask, get_attention_function
+from .txv_attention import additive_mask, causal_allowed, get_attention_function
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_modeling_utils import TxvModelMixin
 from .txv_positions import sinusoid_table
@@ -38,7 +43,7 @@ class UniversalTransformerModelOutput(ModelOutput):
     last_hidden_state: torch.FloatTensor | None = None
     ponder_cost: torch.FloatTensor | None = None
     n_updates: torch.FloatTensor | None = None
-    past_key_values: None = None
+    past_key_values: "UniversalStepCache | None" = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
@@ -53,10 +58,112 @@ class UniversalTransformerCausalLMOutput(ModelOutput):
     lm_loss: torch.FloatTensor | None = None
     ponder_cost: torch.FloatTensor | None = None
     n_updates: torch.FloatTensor | None = None
-    past_key_values: None = None
+    past_key_values: "UniversalStepCache | None" = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class UniversalStepCache(Cache):
+    """The past of a causal Universal Transformer, carried as `past_key_values`.
+
+    `step_inputs[t]` is `[batch, past, hidden]`: the input x^t of step t of every cached position. Every cached
+    position has halted after the steps stored (the loop of its call ran until all had halted); for a later step t it
+    is a frozen copy, x^t = final + P + T_t, recomputed from `final` (its output before the final layer norm) and
+    `positions` (P). `key_mask` marks the cached positions that may be attended to (not padding)."""
+
+    def __init__(self):
+        super().__init__(layers=[])
+        self.step_inputs: list[torch.Tensor] = []
+        self.final: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+        self.key_mask: torch.Tensor | None = None
+
+    @property
+    def past_length(self) -> int:
+        return 0 if self.final is None else self.final.shape[1]
+
+    def step_input(self, step: int, time_embedding: torch.Tensor) -> torch.Tensor:
+        if step < len(self.step_inputs):
+            return self.step_inputs[step]
+        return self.final + self.positions + time_embedding
+
+    def append(self, step_inputs, final, positions, key_mask, time_embedding_fn):
+        """Adds the new positions: their step inputs of the steps run, their final state, P and padding mask."""
+        if self.final is None:
+            self.step_inputs = [x.detach() for x in step_inputs]
+            self.final, self.positions, self.key_mask = final.detach(), positions.detach(), key_mask
+            return
+        steps = max(len(self.step_inputs), len(step_inputs))
+        merged = []
+        for step in range(steps):
+            time = time_embedding_fn(step)
+            old = self.step_input(step, time)
+            new = step_inputs[step] if step < len(step_inputs) else final + positions + time
+            merged.append(torch.cat([old, new.detach()], dim=1))
+        self.step_inputs = merged
+        self.final = torch.cat([self.final, final.detach()], dim=1)
+        self.positions = torch.cat([self.positions, positions.detach()], dim=1)
+        self.key_mask = torch.cat([self.key_mask, key_mask], dim=1)
+
+    def __len__(self):
+        return len(self.step_inputs)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.past_length
+
+    def get_max_length(self, layer_idx: int | None = None):
+        return None
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.past_length + query_length, 0
+
+    def update(self, *args, **kwargs):
+        raise NotImplementedError("UniversalStepCache holds step inputs, not keys/values")
+
+    def crop(self, tokens_to_remove: int):
+        raise NotImplementedError("UniversalStepCache cannot be cropped (assisted decoding is not supported)")
+
+    def reset(self):
+        self.step_inputs, self.final, self.positions, self.key_mask = [], None, None, None
+
+    def _map_rows(self, fn):
+        if self.final is not None:
+            self.step_inputs = [fn(x) for x in self.step_inputs]
+            self.final, self.positions, self.key_mask = fn(self.final), fn(self.positions), fn(self.key_mask)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        self._map_rows(lambda t: t[indices])
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.final is not None
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False]
 
 
 @dataclass
@@ -129,9 +236,14 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         encoder_hidden_states=None,
         cross_attention_mask=None,
         output_attentions=False,
+        self_context=None,
     ):
+        """self_context: `[batch, past + length, hidden]` the step inputs of the cached positions followed by
+        `hidden_states` (incremental decoding); keys and values of the self-attention are computed from it."""
+        normed = self.self_attn_layer_norm(hidden_states)
+        context = None if self_context is None else self.self_attn_layer_norm(self_context)
         attended, self_weights = self.self_attn(
-            self.self_attn_layer_norm(hidden_states), self_attention_mask, output_attentions=output_attentions
+            normed, self_attention_mask, key_value_states=context, output_attentions=output_attentions
         )
         hidden_states = hidden_states + self.drop(attended)
         cross_weights = None
@@ -233,7 +345,8 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             real tokens only, so a left-padded row gives the outputs of the row alone.
         encoder_hidden_states / encoder_attention_mask: the encoder output and its padding mask, for the
             cross-attention (`config.add_cross_attention`).
-        past_key_values / use_cache: accepted for the generation API; there is no cache, the prefix is recomputed.
+        past_key_values: the `UniversalStepCache` of the previous call (causal only); use_cache: return one
+            (default `config.use_cache`; `generate()` turns it on). attention_mask may then cover past + new tokens.
         """
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
@@ -259,23 +372,50 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
 
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or attention_mask.shape != (batch, length):
+        cache = None
+        if isinstance(past_key_values, UniversalStepCache):
+            cache = past_key_values
+            if not is_causal and cache.past_length:
+                raise ValueError("past_key_values (a UniversalStepCache) needs causal self-attention")
+            if cache.final is not None and cache.final.shape[0] != batch:
                 raise ValueError(
-                    f"attention_mask must be [batch={batch}, length={length}] (1 = token, 0 = padding), "
-                    f"got shape {tuple(attention_mask.shape)}"
+                    f"past_key_values holds batch size {cache.final.shape[0]}, but the input has batch size {batch}"
                 )
-            real = attention_mask.to(device=device, dtype=torch.bool)
-            position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)
+        elif past_key_values is not None:
+            raise ValueError(
+                f"past_key_values must be the UniversalStepCache returned by this model, got "
+                f"{type(past_key_values).__name__} (with EncoderDecoderModel.generate pass use_cache=False)"
+            )
+        use_cache = (config.use_cache if use_cache is None else use_cache) and is_causal
+        if use_cache and cache is None:
+            cache = UniversalStepCache()
+        past = cache.past_length if cache is not None else 0
+
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in (
+                length,
+                past + length,
+            ):
+                raise ValueError(
+                    f"attention_mask must be [batch={batch}, length={length}] or [batch, past + length={past + length}]"
+                    f" (1 = token, 0 = padding), got shape {tuple(attention_mask.shape)}"
+                )
+            real = attention_mask[:, -length:].to(device=device, dtype=torch.bool)
         else:
             real = None
-            position_ids = torch.arange(length, device=device).expand(batch, length)
+        new_real = real if real is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
+        # positions count real tokens only (a left-padded row equals the row alone)
+        offset = cache.key_mask.sum(-1, keepdim=True) if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
+        position_ids = (offset + new_real.long().cumsum(-1) - 1).clamp(min=0)
+        position_table = sinusoid_table(position_ids.reshape(-1), config.hidden_size).view(batch, length, -1).to(dtype)
 
-        allowed = torch.ones(1, 1, length, length, dtype=torch.bool, device=device)
         if is_causal:
-            allowed = torch.tril(allowed)
-        if real is not None:
-            allowed = allowed & real[:, None, None, :]
+            allowed = causal_allowed(length, past, device)[None, None]
+        else:
+            allowed = torch.ones(1, 1, length, length, dtype=torch.bool, device=device)
+        if real is not None or past:
+            key_valid = torch.cat([cache.key_mask, new_real], dim=1) if past else new_real
+            allowed = allowed & key_valid[:, None, None, :]
         self_attention_mask = additive_mask(allowed, dtype)
 
         cross_attention_mask = None
@@ -299,19 +439,27 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
                 cross_allowed = encoder_attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
             cross_attention_mask = additive_mask(cross_allowed, dtype)
 
-        attentions, cross_attentions = [], []
+        attentions, cross_attentions, step_inputs = [], [], []
+
+        def time_embedding(step):
+            return sinusoid_table(torch.tensor([step + 1.0], device=device), config.hidden_size).to(dtype)
 
         def step_fn(state, step):
-            step_input = state + self.coordinate_embedding(position_ids, step, dtype)
+            step_input = state + position_table + time_embedding(step)  # x^t = h^{t-1} + P + T_t
+            dropped = self.drop(step_input)
+            context = torch.cat([cache.step_input(step, time_embedding(step)), dropped], dim=1) if past else None
             step_output, self_weights, cross_weights = self.layer(
-                self.drop(step_input),
+                dropped,
                 self_attention_mask,
                 encoder_hidden_states,
                 cross_attention_mask,
                 output_attentions=output_attentions,
+                self_context=context,
             )
             attentions.append(self_weights)
             cross_attentions.append(cross_weights)
+            if use_cache:
+                step_inputs.append(step_input)
             return step_input, step_output
 
         state = inputs_embeds * self.embed_scale
@@ -331,10 +479,13 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             hidden_states = state
             n_updates = torch.full((batch, length), float(config.num_hidden_layers), device=device)
             all_states = tuple(all_states) if output_hidden_states else None
+        if use_cache:
+            cache.append(step_inputs, hidden_states, position_table, new_real, time_embedding)
         hidden_states = self.final_layer_norm(hidden_states)
 
         output = UniversalTransformerModelOutput(
             last_hidden_state=hidden_states,
+            past_key_values=cache if use_cache else None,
             ponder_cost=ponder_cost,
             n_updates=n_updates,
             hidden_states=all_states,
@@ -365,7 +516,7 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # no key/value cache: every generation step recomputes the prefix
+        return False  # the model creates its own UniversalStepCache; generate() must not swap it for a DynamicCache
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -374,16 +525,21 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
         self.lm_head = new_embeddings
 
     def prepare_inputs_for_generation(
-        self, input_ids, attention_mask=None, inputs_embeds=None, encoder_hidden_states=None,
-        encoder_attention_mask=None, **kwargs,
+        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, encoder_hidden_states=None,
+        encoder_attention_mask=None, use_cache=None, **kwargs,
     ):
-        """The whole sequence every step (there is no cache to continue from)."""
+        """Only the tokens not yet in the `UniversalStepCache` (the whole sequence when use_cache=False)."""
+        use_cache = True if use_cache is None else use_cache
+        cache = past_key_values if use_cache and isinstance(past_key_values, UniversalStepCache) else None
+        if cache is not None and cache.past_length:
+            input_ids = input_ids[:, cache.past_length :]
         return {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
+            "past_key_values": cache,
             "encoder_hidden_states": encoder_hidden_states,
             "encoder_attention_mask": encoder_attention_mask,
-            "use_cache": False,
+            "use_cache": use_cache,
         }
 
     def forward(
@@ -408,9 +564,11 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
+            use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             return_dict=True,
@@ -440,6 +598,7 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
             lm_loss=lm_loss,
             ponder_cost=outputs.ponder_cost,
             n_updates=outputs.n_updates,
+            past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
@@ -567,4 +726,5 @@ __all__ = [
     "UniversalTransformerForSequenceClassification",
     "UniversalTransformerModelOutput",
     "UniversalTransformerCausalLMOutput",
+    "UniversalStepCache",
 ]

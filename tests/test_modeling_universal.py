@@ -242,3 +242,44 @@ def test_bad_input_names_the_tensor():
         model(torch.tensor([[1, 2]]), attention_mask=torch.ones(1, 3))
     with pytest.raises(ValueError, match="add_cross_attention"):
         model(torch.tensor([[1, 2]]), encoder_hidden_states=torch.zeros(1, 2, 16))
+
+
+@pytest.mark.parametrize("use_act", [True, False])
+def test_step_cache_incremental_equals_full_pass(use_act):
+    """Chunks with the UniversalStepCache give the logits and steps of one pass; in this example later chunks run
+    more steps than earlier ones, so frozen step inputs of halted positions are recomputed from the cache."""
+    model = build(seed=0, use_act=use_act, halting_bias_init=0.0, initializer_range=0.5)
+    tokens = torch.randint(1, 37, (3, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(tokens)
+    mask[1, :2] = 0  # a left-padded row
+    with torch.no_grad():
+        full = model(tokens, attention_mask=mask)
+        cache, logits, steps = None, [], []
+        for start, end in [(0, 4), (4, 5), (5, 10)]:
+            out = model(tokens[:, start:end], attention_mask=mask[:, :end], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits)
+            steps.append(out.n_updates)
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat(logits, 1)[real], full.logits[real], atol=ATOL, rtol=0)
+    assert torch.equal(torch.cat(steps, 1)[real], full.n_updates[real])
+    if use_act:
+        assert full.n_updates.unique().numel() > 1
+
+
+def test_generate_with_cache_equals_without():
+    model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
+    prompt = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(model.generate(prompt, **kwargs), model.generate(prompt, use_cache=False, **kwargs))
+    beams = dict(kwargs, num_beams=2)
+    assert torch.equal(model.generate(prompt, **beams), model.generate(prompt, use_cache=False, **beams))
+
+
+def test_foreign_cache_is_a_clear_error():
+    from transformers import DynamicCache
+
+    model = build()
+    with pytest.raises(ValueError, match="use_cache=False"):
+        model(torch.tensor([[1, 2]]), past_key_values=DynamicCache())
