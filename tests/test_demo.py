@@ -50,6 +50,15 @@ def test_fast_demo(tmp_path, capsys):
     assert AutoModelForCausalLM.from_pretrained(out / "transfo-xl" / "model").config.mem_len == 16
     assert results["sample"].startswith("Return the ") and len(results["sample"]) > len("Return the ")
 
+    # `txv eval` on the saved models: with memory, and with a sliding window
+    assert main(["eval", "--model", str(out / "transfo-xl" / "model"), "--max-chars", "600", "--seg-len", "16"]) == 0
+    with_memory = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert with_memory["tokens"] == 592 and math.isfinite(with_memory["bpc"])
+    assert main(["eval", "--model", str(out / "baseline" / "model"), "--max-chars", "600", "--window", "32",
+                 "--batch-size", "8"]) == 0
+    window = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert window["tokens"] == 599 and math.isfinite(window["bpc"])
+
 
 def test_demo_bad_input_is_one_line(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--data", str(tmp_path / "missing.txt")] + FAST) == 2

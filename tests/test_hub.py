@@ -156,3 +156,25 @@ def test_push_uploads_the_complete_repo_without_network(tiny):
         hf_api.return_value.upload_folder.side_effect = upload_folder
         push_to_hub(model, REPO, tokenizer, token="hf_fake")
         hf_api.assert_called_once_with(token="hf_fake")
+
+
+def test_txv_push_command(tiny, tmp_path, capsys):
+    from hf_txvariants.cli import main
+
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    (tmp_path / "model" / "eval_results.json").write_text(json.dumps({"valid_bpc": 1.5}))
+    seen = {}
+
+    def upload_folder(*, repo_id, folder_path, repo_type, commit_message):
+        seen["files"] = {p.name for p in Path(folder_path).iterdir()}
+        seen["card"] = ModelCard.load(Path(folder_path) / "README.md")
+        return mock.Mock(commit_url="https://huggingface.co/me/m/commit/1")
+
+    with mock.patch("huggingface_hub.HfApi") as hf_api:
+        hf_api.return_value.upload_folder.side_effect = upload_folder
+        assert main(["push", "--model", str(tmp_path / "model"), "--repo-id", "me/m", "--dataset", "toy"]) == 0
+    assert "pushed to https://huggingface.co/me/m/commit/1" in capsys.readouterr().out
+    assert EXPECTED <= seen["files"]
+    assert seen["card"].data.eval_results[0].metric_value == 1.5
