@@ -2,6 +2,8 @@
 
 `import hf_txvariants` registers every config and model with the transformers Auto classes."""
 
+import sys
+
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -10,30 +12,15 @@ from transformers import (
     AutoModelForSequenceClassification,
 )
 
-from .configuration_gtrxl import GTrXLConfig
 from .configuration_transfo_xl import TransfoXLConfig
-from .modeling_gtrxl import GTrXLForCausalLM, GTrXLModel, GTrXLPreTrainedModel
 from .modeling_transfo_xl import (
     TransfoXLForSequenceClassification,
     TransfoXLLMHeadModel,
     TransfoXLModel,
     TransfoXLPreTrainedModel,
 )
-from .configuration_universal import UniversalTransformerConfig
-from .modeling_universal import (
-    UniversalTransformerForCausalLM,
-    UniversalTransformerForMaskedLM,
-    UniversalTransformerForSequenceClassification,
-    UniversalTransformerModel,
-    UniversalTransformerPreTrainedModel,
-)
-from .configuration_sparse_transformer import SparseTransformerConfig
-from .modeling_sparse_transformer import (
-    SparseTransformerForCausalLM,
-    SparseTransformerForSequenceClassification,
-    SparseTransformerModel,
-    SparseTransformerPreTrainedModel,
-)
+from .configuration_gtrxl import GTrXLConfig
+from .modeling_gtrxl import GTrXLForCausalLM, GTrXLModel, GTrXLPreTrainedModel
 from .configuration_vanilla import VanillaConfig
 from .modeling_vanilla import (
     VanillaForCausalLM,
@@ -58,11 +45,32 @@ from .modeling_r_transformer import (
     RTransformerModel,
     RTransformerPreTrainedModel,
 )
+from .configuration_universal import UniversalTransformerConfig
+from .modeling_universal import (
+    UniversalTransformerForCausalLM,
+    UniversalTransformerForMaskedLM,
+    UniversalTransformerForSequenceClassification,
+    UniversalTransformerModel,
+    UniversalTransformerPreTrainedModel,
+)
 from .configuration_adaptive_span import AdaptiveSpanConfig
 from .modeling_adaptive_span import (
     AdaptiveSpanForCausalLM,
     AdaptiveSpanModel,
     AdaptiveSpanPreTrainedModel,
+)
+from .configuration_sparse_transformer import SparseTransformerConfig
+from .modeling_sparse_transformer import (
+    SparseTransformerForCausalLM,
+    SparseTransformerForSequenceClassification,
+    SparseTransformerModel,
+    SparseTransformerPreTrainedModel,
+)
+from .configuration_image_transformer import ImageTransformerConfig
+from .modeling_image_transformer import (
+    ImageTransformerForCausalLM,
+    ImageTransformerModel,
+    ImageTransformerPreTrainedModel,
 )
 from .configuration_txv_reformer import TxvReformerConfig
 from .modeling_txv_reformer import (
@@ -70,12 +78,6 @@ from .modeling_txv_reformer import (
     TxvReformerForSequenceClassification,
     TxvReformerModel,
     TxvReformerPreTrainedModel,
-)
-from .configuration_image_transformer import ImageTransformerConfig
-from .modeling_image_transformer import (
-    ImageTransformerForCausalLM,
-    ImageTransformerModel,
-    ImageTransformerPreTrainedModel,
 )
 from .txv_cache import MemoryCache
 
@@ -91,15 +93,15 @@ AUTO_CLASSES = {
 # One line per variant: its config class and the module holding the classes named in its `auto_classes`.
 VARIANTS = {
     "transfo-xl": (TransfoXLConfig, TransfoXLPreTrainedModel),
-    "txv_adaptive_span": (AdaptiveSpanConfig, AdaptiveSpanPreTrainedModel),
-    "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
     "txv_gtrxl": (GTrXLConfig, GTrXLPreTrainedModel),
-    "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_vanilla": (VanillaConfig, VanillaPreTrainedModel),
     "txv_shaw": (ShawConfig, ShawPreTrainedModel),
     "txv_r_transformer": (RTransformerConfig, RTransformerPreTrainedModel),
-    "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
+    "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
+    "txv_adaptive_span": (AdaptiveSpanConfig, AdaptiveSpanPreTrainedModel),
+    "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_image_transformer": (ImageTransformerConfig, ImageTransformerPreTrainedModel),
+    "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
 }
 
 # The standard ForCausalLM name for Transformer-XL's LM head.
@@ -107,8 +109,6 @@ TransfoXLForCausalLM = TransfoXLLMHeadModel
 
 
 def _register(config_class, pretrained_class):
-    import sys
-
     module = sys.modules[pretrained_class.__module__]
     AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
     for auto_name, class_name in pretrained_class.auto_classes.items():
@@ -119,58 +119,58 @@ for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
 
 __all__ = [
-    "ImageTransformerConfig",
-    "ImageTransformerModel",
-    "ImageTransformerForCausalLM",
-    "ImageTransformerPreTrainedModel",
-    "TxvReformerConfig",
-    "TxvReformerModel",
-    "TxvReformerForCausalLM",
-    "TxvReformerForSequenceClassification",
-    "TxvReformerPreTrainedModel",
     "AdaptiveSpanConfig",
-    "AdaptiveSpanModel",
     "AdaptiveSpanForCausalLM",
+    "AdaptiveSpanModel",
     "AdaptiveSpanPreTrainedModel",
-    "SparseTransformerConfig",
-    "SparseTransformerModel",
-    "SparseTransformerForCausalLM",
-    "SparseTransformerForSequenceClassification",
-    "SparseTransformerPreTrainedModel",
-    "UniversalTransformerConfig",
-    "UniversalTransformerModel",
-    "UniversalTransformerForCausalLM",
-    "UniversalTransformerForMaskedLM",
-    "UniversalTransformerForSequenceClassification",
-    "UniversalTransformerPreTrainedModel",
     "GTrXLConfig",
     "GTrXLForCausalLM",
     "GTrXLModel",
     "GTrXLPreTrainedModel",
+    "ImageTransformerConfig",
+    "ImageTransformerForCausalLM",
+    "ImageTransformerModel",
+    "ImageTransformerPreTrainedModel",
     "MemoryCache",
-    "TransfoXLConfig",
-    "TransfoXLModel",
-    "TransfoXLLMHeadModel",
-    "TransfoXLForCausalLM",
-    "TransfoXLForSequenceClassification",
-    "TransfoXLPreTrainedModel",
-    "VARIANTS",
-    "VanillaConfig",
-    "VanillaModel",
-    "VanillaForCausalLM",
-    "VanillaForMaskedLM",
-    "VanillaForSequenceClassification",
-    "VanillaPreTrainedModel",
-    "sliding_window_log_probs",
+    "RTransformerConfig",
+    "RTransformerForCausalLM",
+    "RTransformerForSequenceClassification",
+    "RTransformerModel",
+    "RTransformerPreTrainedModel",
     "ShawConfig",
-    "ShawModel",
     "ShawForCausalLM",
     "ShawForMaskedLM",
     "ShawForSequenceClassification",
+    "ShawModel",
     "ShawPreTrainedModel",
-    "RTransformerConfig",
-    "RTransformerModel",
-    "RTransformerForCausalLM",
-    "RTransformerForSequenceClassification",
-    "RTransformerPreTrainedModel",
+    "SparseTransformerConfig",
+    "SparseTransformerForCausalLM",
+    "SparseTransformerForSequenceClassification",
+    "SparseTransformerModel",
+    "SparseTransformerPreTrainedModel",
+    "TransfoXLConfig",
+    "TransfoXLForCausalLM",
+    "TransfoXLForSequenceClassification",
+    "TransfoXLLMHeadModel",
+    "TransfoXLModel",
+    "TransfoXLPreTrainedModel",
+    "TxvReformerConfig",
+    "TxvReformerForCausalLM",
+    "TxvReformerForSequenceClassification",
+    "TxvReformerModel",
+    "TxvReformerPreTrainedModel",
+    "UniversalTransformerConfig",
+    "UniversalTransformerForCausalLM",
+    "UniversalTransformerForMaskedLM",
+    "UniversalTransformerForSequenceClassification",
+    "UniversalTransformerModel",
+    "UniversalTransformerPreTrainedModel",
+    "VARIANTS",
+    "VanillaConfig",
+    "VanillaForCausalLM",
+    "VanillaForMaskedLM",
+    "VanillaForSequenceClassification",
+    "VanillaModel",
+    "VanillaPreTrainedModel",
+    "sliding_window_log_probs",
 ]

@@ -21,8 +21,9 @@ from transformers.modeling_outputs import ModelOutput
 from .configuration_adaptive_span import AdaptiveSpanConfig
 from .txv_adaptive_span import AdaptiveSpan
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache
+from .txv_cache import MemoryCache, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
+from .txv_inputs import embed_inputs, segment_padding_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
 
@@ -226,49 +227,27 @@ class AdaptiveSpanModel(AdaptiveSpanPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
 
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
-        if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
-            inputs_embeds = self.embed_tokens(input_ids)
-        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must be [batch, length, {config.hidden_size}] (config.hidden_size), "
-                f"got shape {tuple(inputs_embeds.shape)}"
-            )
+        inputs_embeds = embed_inputs(
+            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
+        )
         batch, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
 
-        if past_key_values is None:
-            cache = self.init_memory(batch, inputs_embeds.dtype, device)
-        elif isinstance(past_key_values, MemoryCache):
-            cache = past_key_values
-            cache.check_compatible(batch_size=batch, hidden_size=config.hidden_size, num_layers=len(self.layers))
-        else:
-            raise ValueError(
-                f"past_key_values must be the MemoryCache returned by this model, got {type(past_key_values).__name__}"
-            )
-
-        input_mask = None
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < query_length:
-                raise ValueError(
-                    f"attention_mask must be [batch={batch}, >= {query_length}] (1 = token, 0 = padding), "
-                    f"got shape {tuple(attention_mask.shape)}"
-                )
-            input_mask = attention_mask[:, -query_length:].to(device=device, dtype=torch.bool)
+        cache = memory_for_input(
+            past_key_values,
+            lambda: self.init_memory(batch, inputs_embeds.dtype, device),
+            batch_size=batch,
+            hidden_size=config.hidden_size,
+            num_layers=len(self.layers),
+        )
+        input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
 
         memory_length = cache.memory_length
         # a query sees the keys at distances 0 .. attn_span - 1 (the original's window), causal over [memory; segment]
         allowed = causal_allowed(query_length, memory_length, device, window=config.attn_span)[None, None]
-        if input_mask is not None or (cache.memory_mask is not None and not bool(cache.memory_mask.all())):
-            if input_mask is None:
-                input_mask = torch.ones(batch, query_length, dtype=torch.bool, device=device)
-            key_valid = input_mask if cache.memory_mask is None else torch.cat([cache.memory_mask, input_mask], 1)
-            allowed = allowed & key_valid[:, None, None, :]
+        key_mask = cache.key_mask(input_mask, query_length)
+        if key_mask is not None:
+            allowed = allowed & key_mask[:, None, None, :]
 
         position_embeddings = self.drop(
             relative_position_embeddings(

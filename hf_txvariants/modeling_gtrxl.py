@@ -28,12 +28,12 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from .configuration_gtrxl import GTrXLConfig
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache
+from .txv_cache import MemoryCache, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_gates import GatingLayer, build_gate
+from .txv_inputs import embed_inputs, segment_padding_mask
 from .txv_modeling_utils import TxvModelMixin
-from .txv_positions import sinusoid_table
-from .txv_relative_attention import RelativePositionAttention
+from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
 
 
 class GTrXLLayer(GradientCheckpointingLayer):
@@ -119,27 +119,6 @@ class GTrXLModel(GTrXLPreTrainedModel):
         first call."""
         return MemoryCache(self.config.num_hidden_layers, self.config.mem_len)
 
-    def _embed(self, input_ids, inputs_embeds) -> torch.Tensor:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
-        if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-            if input_ids.numel() and not torch.compiler.is_compiling():
-                low, high = int(input_ids.min()), int(input_ids.max())
-                if low < 0 or high >= self.config.vocab_size:
-                    raise ValueError(
-                        f"input_ids must be in [0, {self.config.vocab_size}) (config.vocab_size), "
-                        f"found values from {low} to {high}"
-                    )
-            return self.embed_tokens(input_ids)
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must be [batch, length, {self.config.hidden_size}] (config.hidden_size), "
-                f"got shape {tuple(inputs_embeds.shape)}"
-            )
-        return inputs_embeds
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -168,40 +147,28 @@ class GTrXLModel(GTrXLPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
 
-        inputs_embeds = self._embed(input_ids, inputs_embeds)
+        inputs_embeds = embed_inputs(
+            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
+        )
         batch, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
 
-        if past_key_values is None:
-            cache = self.init_memory(batch)
-        elif isinstance(past_key_values, MemoryCache):
-            cache = past_key_values
-            cache.check_compatible(batch_size=batch, hidden_size=config.hidden_size, num_layers=len(self.layers))
-        else:
-            raise ValueError(
-                f"past_key_values must be the MemoryCache returned by this model, got {type(past_key_values).__name__}"
-            )
+        cache = memory_for_input(
+            past_key_values,
+            lambda: self.init_memory(batch),
+            batch_size=batch,
+            hidden_size=config.hidden_size,
+            num_layers=len(self.layers),
+        )
         memory_length = cache.memory_length
         key_length = memory_length + query_length
-
-        input_mask = None
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < query_length:
-                raise ValueError(
-                    f"attention_mask must be [batch={batch}, >= {query_length}] (1 = step, 0 = padding), "
-                    f"got shape {tuple(attention_mask.shape)}"
-                )
-            input_mask = attention_mask[:, -query_length:].to(device=device, dtype=torch.bool)
+        input_mask = segment_padding_mask(attention_mask, batch, query_length, device, unit="step")
 
         window = config.mem_len + 1 if config.same_length else None
         allowed = causal_allowed(query_length, memory_length, device, window)[None, None]  # [1, 1, Q, K]
-        if input_mask is not None or (cache.memory_mask is not None and not bool(cache.memory_mask.all())):
-            key_valid = torch.ones(batch, key_length, dtype=torch.bool, device=device)
-            if cache.memory_mask is not None:
-                key_valid[:, :memory_length] = cache.memory_mask
-            if input_mask is not None:
-                key_valid[:, memory_length:] = input_mask
-            allowed = allowed & key_valid[:, None, None, :]
+        key_mask = cache.key_mask(input_mask, query_length)
+        if key_mask is not None:
+            allowed = allowed & key_mask[:, None, None, :]
 
         last_start = None
         if episode_starts is not None:
@@ -217,10 +184,9 @@ class GTrXLModel(GTrXLPreTrainedModel):
             first_key = torch.where(last_start >= 0, last_start + memory_length, 0)  # in [memory; segment] coords
             allowed = allowed & (torch.arange(key_length, device=device) >= first_key[:, :, None])[:, None]
 
-        distances = torch.arange(key_length - 1, -1, -1.0, device=device)
-        if config.clamp_len > 0:
-            distances = distances.clamp(max=config.clamp_len)
-        position_embeddings = self.drop(sinusoid_table(distances, config.hidden_size).to(inputs_embeds.dtype))
+        position_embeddings = self.drop(
+            relative_position_embeddings(key_length, config.hidden_size, config.clamp_len, inputs_embeds.dtype, device)
+        )
 
         hidden_states = self.drop(inputs_embeds)
         layer_inputs, attentions = [], []

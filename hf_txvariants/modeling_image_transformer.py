@@ -229,7 +229,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
             if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-                raise ValueError(f"input_ids must be intensities in [0, 255] or the start token 256 (vocab_size 257)")
+                raise ValueError("input_ids must be intensities in [0, 255] or the start token 256 (vocab_size 257)")
             inputs_embeds = self.embed_tokens(input_ids)
         elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
             raise ValueError(

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, SequenceClassifierOutput
 
 from .configuration_r_transformer import RTransformerConfig
+from .txv_inputs import embed_inputs
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
@@ -168,19 +169,9 @@ class RTransformerModel(RTransformerPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a checkpointed block is run twice: it would write its cache twice
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
-        if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
-            inputs_embeds = self.embed_tokens(input_ids)
-        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must be [batch, length, {config.hidden_size}] (config.hidden_size), "
-                f"got shape {tuple(inputs_embeds.shape)}"
-            )
+        inputs_embeds = embed_inputs(
+            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
+        )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
         if past_key_values is not None and not isinstance(past_key_values, RTransformerCache):

@@ -24,9 +24,10 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_sparse_transformer import SparseTransformerConfig
+from .txv_inputs import embed_inputs
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_modeling_utils import TxvModelMixin
-from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided, Union, pattern_attention
+from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided, pattern_attention
 from .txv_sequence_classification import last_token_indices, sequence_classification_loss
 
 
@@ -199,18 +200,9 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
-        if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
-            inputs_embeds = self.embed_tokens(input_ids)
-        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must be [batch, length, {config.hidden_size}], got shape {tuple(inputs_embeds.shape)}"
-            )
+        inputs_embeds = embed_inputs(
+            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
+        )
         batch, length = inputs_embeds.shape[:2]
         if self.gradient_checkpointing and self.training:
             use_cache = False

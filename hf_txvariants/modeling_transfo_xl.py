@@ -19,8 +19,9 @@ from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutputW
 from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache
+from .txv_cache import MemoryCache, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
+from .txv_inputs import embed_inputs, segment_padding_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
 from .txv_sequence_classification import last_token_indices, sequence_classification_loss
@@ -198,31 +199,14 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             device or parameter.device,
         )
 
-    def _check_input_ids(self, input_ids: torch.Tensor):
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-        if input_ids.numel() and not torch.compiler.is_compiling():
-            low, high = int(input_ids.min()), int(input_ids.max())
-            if low < 0 or high >= self.config.vocab_size:
-                raise ValueError(
-                    f"input_ids must be in [0, {self.config.vocab_size}) (config.vocab_size), "
-                    f"found values from {low} to {high}"
-                )
-
     def _allowed_keys(self, cache: MemoryCache, query_length: int, input_mask, device) -> torch.Tensor:
         """`[batch or 1, 1, Q, M + Q]` bool: causal over `[memory; segment]`, the same-length window, and padding."""
         window = None
         if self.config.same_length:
             window = self.config.mem_len + int(self.config.same_length_extra_key)
         allowed = causal_allowed(query_length, cache.memory_length, device, window)[None, None]
-        memory_mask = cache.memory_mask
-        if input_mask is None and (memory_mask is None or bool(memory_mask.all())):
-            return allowed
-        batch = input_mask.shape[0] if input_mask is not None else memory_mask.shape[0]
-        if input_mask is None:
-            input_mask = torch.ones(batch, query_length, dtype=torch.bool, device=device)
-        key_valid = input_mask if memory_mask is None else torch.cat([memory_mask, input_mask], dim=1)
-        return allowed & key_valid[:, None, None, :]
+        key_mask = cache.key_mask(input_mask, query_length)
+        return allowed if key_mask is None else allowed & key_mask[:, None, None, :]
 
     def forward(
         self,
@@ -251,16 +235,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         return_dict = return_dict if return_dict is not None else config.return_dict
 
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
-        if input_ids is not None:
-            self._check_input_ids(input_ids)
-            inputs_embeds = self.word_emb(input_ids)
-        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must be [batch, length, {config.hidden_size}] (config.hidden_size), "
-                f"got shape {tuple(inputs_embeds.shape)}"
-            )
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.word_emb, config.vocab_size, config.hidden_size)
         batch, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
 
@@ -268,24 +243,14 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             if past_key_values is not None:
                 raise ValueError("Pass either past_key_values or the legacy mems, not both")
             past_key_values = MemoryCache.from_legacy_mems(mems, config.mem_len)
-        if past_key_values is None:
-            cache = self.init_memory(batch, inputs_embeds.dtype, device)
-        elif isinstance(past_key_values, MemoryCache):
-            cache = past_key_values
-            cache.check_compatible(batch_size=batch, hidden_size=config.hidden_size, num_layers=len(self.layers))
-        else:
-            raise ValueError(
-                f"past_key_values must be the MemoryCache returned by this model, got {type(past_key_values).__name__}"
-            )
-
-        input_mask = None
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < query_length:
-                raise ValueError(
-                    f"attention_mask must be [batch={batch}, >= {query_length}] (1 = token, 0 = padding), "
-                    f"got shape {tuple(attention_mask.shape)}"
-                )
-            input_mask = attention_mask[:, -query_length:].to(device=device, dtype=torch.bool)
+        cache = memory_for_input(
+            past_key_values,
+            lambda: self.init_memory(batch, inputs_embeds.dtype, device),
+            batch_size=batch,
+            hidden_size=config.hidden_size,
+            num_layers=len(self.layers),
+        )
+        input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
         allowed = self._allowed_keys(cache, query_length, input_mask, device)
 
         position_embeddings = self.drop(

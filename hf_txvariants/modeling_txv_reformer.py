@@ -13,7 +13,6 @@ h = h + FeedForward(a); the model's output is LayerNorm([a ; h]), of width 2 * h
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
@@ -24,6 +23,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, SequenceClassifierOutput
 
 from .configuration_txv_reformer import TxvReformerConfig
+from .txv_inputs import embed_inputs
 from .txv_lsh import default_num_buckets, local_attention, lsh_attention
 from .txv_modeling_utils import TxvModelMixin
 from .txv_reversible import chunked_feed_forward, reversible_sequence
@@ -290,18 +290,9 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         config = self.config
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         return_dict = return_dict if return_dict is not None else config.return_dict
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
-        if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-                raise ValueError(f"input_ids must be in [0, {config.vocab_size}) (config.vocab_size)")
-            inputs_embeds = self.embeddings.word_embeddings(input_ids)
-        elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must be [batch, length, {config.hidden_size}], got shape {tuple(inputs_embeds.shape)}"
-            )
+        inputs_embeds = embed_inputs(
+            input_ids, inputs_embeds, self.embeddings.word_embeddings, config.vocab_size, config.hidden_size
+        )
         batch, length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
         if attention_mask is not None and attention_mask.shape != (batch, length):

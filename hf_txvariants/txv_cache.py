@@ -111,6 +111,16 @@ class MemoryCache(Cache):
                 f"past_key_values holds memory of hidden size {mem_hidden}, but config.hidden_size is {hidden_size}"
             )
 
+    def key_mask(self, input_mask: torch.Tensor | None, query_length: int) -> torch.Tensor | None:
+        """`[batch, memory_length + query_length]` bool, True where a key may be attended to (real memory slots and
+        real tokens of the segment, `input_mask` True = real), or None when every key may."""
+        memory_all_real = self.memory_mask is None or bool(self.memory_mask.all())
+        if input_mask is None and memory_all_real:
+            return None
+        if input_mask is None:
+            input_mask = torch.ones(self.memory_mask.shape[0], query_length, dtype=torch.bool, device=self.memory_mask.device)
+        return input_mask if self.memory_mask is None else torch.cat([self.memory_mask, input_mask], dim=1)
+
     def update_memories(self, layer_inputs: list[torch.Tensor], input_mask: torch.Tensor | None):
         """Appends the inputs every layer just saw and keeps the last `mem_len` positions (detached).
 
@@ -217,3 +227,15 @@ class MemoryCache(Cache):
     @property
     def is_dummy(self) -> list[bool]:
         return [False] * self.num_layers
+
+
+def memory_for_input(past_key_values, new_memory, *, batch_size: int, hidden_size: int, num_layers: int) -> MemoryCache:
+    """The memory a forward pass reads: `past_key_values` checked against the input, or `new_memory()` when None."""
+    if past_key_values is None:
+        return new_memory()
+    if not isinstance(past_key_values, MemoryCache):
+        raise ValueError(
+            f"past_key_values must be the MemoryCache returned by this model, got {type(past_key_values).__name__}"
+        )
+    past_key_values.check_compatible(batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers)
+    return past_key_values

@@ -15,13 +15,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5

@@ -41,7 +41,6 @@ def _train(args):
 
 
 def _eval(args):
-    import torch
     from transformers import AutoTokenizer
 
     from ..training import encode, evaluate_sliding_window, evaluate_text, load_model, load_text
@@ -58,7 +57,6 @@ def _eval(args):
     tokens = encode(tokenizer, text)
     if args.mem_len is not None and hasattr(model, "reset_memory_length"):
         model.reset_memory_length(args.mem_len)
-    torch.set_grad_enabled(False)
     if args.window:
         result = evaluate_sliding_window(model, tokens, args.window, args.batch_size)
         how = f"sliding window {args.window}"

@@ -1,0 +1,54 @@
+"""Checks and preparation of the inputs every variant's forward takes, so that bad input is one clear error."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def check_token_ids(token_ids: torch.Tensor, vocab_size: int, name: str = "input_ids", field: str = "vocab_size"):
+    """`token_ids` must be `[batch, length]` with values in `[0, vocab_size)`; the error names both."""
+    if token_ids.dim() != 2:
+        raise ValueError(f"{name} must be [batch, length], got shape {tuple(token_ids.shape)}")
+    if token_ids.numel() and not torch.compiler.is_compiling():
+        low, high = int(token_ids.min()), int(token_ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{name} must be in [0, {vocab_size}) (config.{field}), found values from {low} to {high}"
+            )
+
+
+def embed_inputs(
+    input_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    vocab_size: int,
+    hidden_size: int,
+) -> torch.Tensor:
+    """Exactly one of `input_ids` (checked, then embedded with `embed`) or `inputs_embeds` (checked against
+    `hidden_size`); returns the `[batch, length, hidden_size]` embeddings."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+    if input_ids is not None:
+        check_token_ids(input_ids, vocab_size)
+        return embed(input_ids)
+    if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden_size:
+        raise ValueError(
+            f"inputs_embeds must be [batch, length, {hidden_size}] (config.hidden_size), "
+            f"got shape {tuple(inputs_embeds.shape)}"
+        )
+    return inputs_embeds
+
+
+def segment_padding_mask(attention_mask, batch: int, query_length: int, device, unit: str = "token"):
+    """The `[batch, query_length]` bool mask (True = real) of the current segment from a 2D `attention_mask` that may
+    also cover earlier positions (as `generate()` passes it); None when no mask is given."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < query_length:
+        raise ValueError(
+            f"attention_mask must be [batch={batch}, >= {query_length}] (1 = {unit}, 0 = padding), "
+            f"got shape {tuple(attention_mask.shape)}"
+        )
+    return attention_mask[:, -query_length:].to(device=device, dtype=torch.bool)
