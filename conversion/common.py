@@ -198,30 +198,11 @@ def write_model(out_dir, cfg, state, sources, dtype=torch.float32, generation=No
             raise ConversionError(f"{key} differs after loading: tied to a tensor with another value "
                                   f"(from {sources.get(key, key)})")
     model = model.to(dtype).eval()
-    try:
-        model.save_pretrained(out_dir, safe_serialization=True)
-    except RuntimeError as err:  # e.g. tied-weight bookkeeping of the model class: save the tensors directly
-        print(f"warning: save_pretrained failed ({str(err).splitlines()[0][:120]}...); writing "
-              "config.json + model.safetensors directly", file=sys.stderr)
-        for f in os.listdir(out_dir):
-            p = os.path.join(out_dir, f)
-            shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
-        save_tensors(model, out_dir)
+    model.save_pretrained(out_dir)
     if generation:
         gen = GenerationConfig(**generation)
         gen.save_pretrained(out_dir)
     return model
-
-
-def save_tensors(model, out_dir):
-    """config.json + model.safetensors with each tied tensor stored once (under its source key)."""
-    from safetensors.torch import save_file
-
-    tied = model.get_expanded_tied_weights_keys() if hasattr(model, "get_expanded_tied_weights_keys") else {}
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
-             if k not in tied and not _is_derived_buffer(k)}
-    model.config.save_pretrained(out_dir)
-    save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
 
 
 def write_json(path, obj):
