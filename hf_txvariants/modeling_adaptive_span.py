@@ -21,7 +21,7 @@ from transformers.modeling_outputs import ModelOutput
 from .configuration_adaptive_span import AdaptiveSpanConfig
 from .txv_adaptive_span import AdaptiveSpan
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache, memory_for_input
+from .txv_cache import MemoryCache, MemoryGenerationMixin, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs, segment_padding_mask
 from .txv_modeling_utils import TxvModelMixin
@@ -289,7 +289,7 @@ class AdaptiveSpanModel(AdaptiveSpanPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class AdaptiveSpanForCausalLM(AdaptiveSpanPreTrainedModel, GenerationMixin):
+class AdaptiveSpanForCausalLM(MemoryGenerationMixin, AdaptiveSpanPreTrainedModel, GenerationMixin):
     """The adaptive-span language model; the output layer is tied to the input embeddings. The memory is kept across
     `generate()` steps (a `MemoryCache`), trimmed to what the learned spans need."""
 
@@ -300,10 +300,6 @@ class AdaptiveSpanForCausalLM(AdaptiveSpanPreTrainedModel, GenerationMixin):
         self.transformer = AdaptiveSpanModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model creates its own MemoryCache; generate() must not swap it for a DynamicCache
 
     def get_output_embeddings(self):
         return self.lm_head

@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from .configuration_gtrxl import GTrXLConfig
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache, memory_for_input
+from .txv_cache import MemoryCache, MemoryGenerationMixin, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_gates import GatingLayer, build_gate
 from .txv_inputs import embed_inputs, segment_padding_mask
@@ -218,7 +218,7 @@ class GTrXLModel(GTrXLPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class GTrXLForCausalLM(GTrXLPreTrainedModel, GenerationMixin):
+class GTrXLForCausalLM(MemoryGenerationMixin, GTrXLPreTrainedModel, GenerationMixin):
     """GTrXL with a language-model head (tied to the input embeddings by default). The memory is kept across
     `generate()` steps, so each new token costs O(mem_len)."""
 
@@ -229,10 +229,6 @@ class GTrXLForCausalLM(GTrXLPreTrainedModel, GenerationMixin):
         self.model = GTrXLModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model creates its own MemoryCache; generate() must not swap it for a DynamicCache
 
     def get_input_embeddings(self):
         return self.model.embed_tokens

@@ -19,7 +19,7 @@ from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutputW
 from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache, memory_for_input
+from .txv_cache import MemoryCache, MemoryGenerationMixin, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs, segment_padding_mask
 from .txv_modeling_utils import TxvModelMixin
@@ -286,7 +286,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
+class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, GenerationMixin):
     """Transformer-XL with the (adaptive) softmax head. Memory is kept across `generate()` steps, so each new token
     costs O(mem_len), and a left-padded batch generates the same tokens as each row alone."""
 
@@ -297,10 +297,6 @@ class TransfoXLLMHeadModel(TransfoXLPreTrainedModel, GenerationMixin):
             config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
         )
         self.post_init()
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model creates its own MemoryCache; generate() must not swap it for a DynamicCache
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
         """The legacy tying rules: softmax weights tied to the input embeddings (`tie_word_embeddings`), and per

@@ -239,3 +239,20 @@ def memory_for_input(past_key_values, new_memory, *, batch_size: int, hidden_siz
         )
     past_key_values.check_compatible(batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers)
     return past_key_values
+
+
+class MemoryGenerationMixin:
+    """For the causal LMs of the XL family, placed before `GenerationMixin`: `generate()` keeps the model's own
+    `MemoryCache` (never a `DynamicCache`) and feeds one new token per step; a model without memory (`mem_len=0`)
+    gets the whole sequence at every step instead, since nothing else would carry the context."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, past_key_values=None, **kwargs):
+        if self.config.mem_len == 0:
+            next_sequence_length, past_key_values = None, None
+        return super().prepare_inputs_for_generation(
+            input_ids, next_sequence_length=next_sequence_length, past_key_values=past_key_values, **kwargs
+        )

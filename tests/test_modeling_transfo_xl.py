@@ -344,3 +344,15 @@ def test_failed_save_leaves_no_folder(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_without_memory_recomputes_the_whole_context():
+    """mem_len=0: nothing carries the context, so every step must see the whole sequence (not one token)."""
+    model = _generation_model(mem_len=0, same_length=False)
+    prompt = torch.randint(1, 40, (1, 4))
+    output = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0, eos_token_id=None)
+    expected = prompt
+    with torch.no_grad():
+        for _ in range(5):
+            expected = torch.cat([expected, model(expected).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(output, expected)
