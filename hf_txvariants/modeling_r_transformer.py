@@ -25,7 +25,7 @@ from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
 from .txv_mha import MultiHeadAttention, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
-from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 class RTransformerCache(DynamicCache):
@@ -328,9 +328,8 @@ class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
             return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
-        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
-        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
-        logits = self.score(self.dropout(hidden_states[rows, last]))
+        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(self.dropout(pooled))
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
         output = SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions

@@ -27,7 +27,7 @@ from .txv_inputs import embed_inputs
 from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
-from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 from .txv_transformer_layer import TransformerLayer
 
 
@@ -346,9 +346,8 @@ class ShawForSequenceClassification(ShawPreTrainedModel):
             return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
-        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
-        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
-        logits = self.score(self.dropout(hidden_states[rows, last]))
+        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(self.dropout(pooled))
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
         output = SequenceClassifierOutputWithPast(
             loss=loss,

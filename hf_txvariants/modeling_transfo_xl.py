@@ -24,7 +24,7 @@ from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs, segment_padding_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
-from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 @dataclass
@@ -427,9 +427,8 @@ class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
             mems=mems,
         )
         hidden_states = outputs.last_hidden_state
-        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
-        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
-        logits = self.score(hidden_states[rows, last])
+        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(pooled)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
         output = SequenceClassifierOutputWithPast(
             loss=loss,

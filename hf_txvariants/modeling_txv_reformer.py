@@ -27,7 +27,7 @@ from .txv_inputs import embed_inputs
 from .txv_lsh import default_num_buckets, local_attention, lsh_attention
 from .txv_modeling_utils import TxvModelMixin
 from .txv_reversible import chunked_feed_forward, reversible_sequence
-from .txv_sequence_classification import last_token_indices, sequence_classification_loss
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 class TxvReformerAxialPositionEmbeddings(nn.Module):
@@ -454,9 +454,8 @@ class TxvReformerForSequenceClassification(TxvReformerPreTrainedModel):
             return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
-        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
-        last = last_token_indices(input_ids, attention_mask, self.config.pad_token_id, hidden_states)
-        logits = self.score(hidden_states[rows, last])
+        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(pooled)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
         output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         return output if return_dict else output.to_tuple()

@@ -20,6 +20,12 @@ def last_token_indices(input_ids, attention_mask, pad_token_id, hidden_states) -
     return (positions * real).argmax(-1)
 
 
+def last_token_states(hidden_states, input_ids, attention_mask, pad_token_id) -> torch.Tensor:
+    """`[batch, hidden]`: the hidden state of the last real token of each row (see `last_token_indices`)."""
+    rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+    return hidden_states[rows, last_token_indices(input_ids, attention_mask, pad_token_id, hidden_states)]
+
+
 def sequence_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Regression (num_labels == 1), single-label or multi-label classification, as transformers decides it."""
     labels = labels.to(logits.device)
