@@ -24,6 +24,7 @@ from .txv_attention import causal_allowed
 from .txv_cache import MemoryCache, MemoryGenerationMixin, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs, segment_padding_mask
+from .txv_losses import causal_lm_loss, check_labels
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
 
@@ -337,16 +338,9 @@ class AdaptiveSpanForCausalLM(MemoryGenerationMixin, AdaptiveSpanPreTrainedModel
         hidden_states = outputs.last_hidden_state
         loss = lm_loss = None
         if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
+            check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
             logits = self.lm_head(hidden_states)
-            targets = labels[:, 1:].to(logits.device)
-            lm_loss = nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
-                reduction="sum",
-            )
-            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
-            lm_loss = lm_loss / denominator
+            lm_loss = causal_lm_loss(logits, labels, num_items_in_batch)
             loss = lm_loss
             if outputs.span_penalty is not None:
                 loss = loss + self.config.adapt_span_loss * outputs.span_penalty

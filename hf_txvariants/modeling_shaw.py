@@ -24,6 +24,7 @@ from transformers.modeling_outputs import (
 
 from .configuration_shaw import ShawConfig
 from .txv_inputs import embed_inputs
+from .txv_losses import causal_lm_loss, check_labels
 from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
@@ -232,16 +233,9 @@ class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
             if labels.shape != hidden_states.shape[:2]:
                 raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
             labels = labels.to(hidden_states.device)
-            invalid = (labels != -100) & ((labels < 0) | (labels >= config.vocab_size))
-            if bool(invalid.any()):
-                raise ValueError(f"labels must be -100 or in [0, {config.vocab_size}) (config.vocab_size)")
+            check_labels(labels, hidden_states.shape[:2], config.vocab_size)
             logits = self.lm_head(hidden_states)
-            targets = labels[:, 1:]
-            total = nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum"
-            )
-            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
-            loss = total / denominator
+            loss = causal_lm_loss(logits, labels, num_items_in_batch)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
         else:

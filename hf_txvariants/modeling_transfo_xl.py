@@ -22,6 +22,7 @@ from .txv_attention import causal_allowed
 from .txv_cache import MemoryCache, MemoryGenerationMixin, memory_for_input
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs, segment_padding_mask
+from .txv_losses import check_labels
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
@@ -365,12 +366,8 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
 
         loss = losses = logits = None
         if labels is not None:
-            if labels.shape != (batch, length):
-                raise ValueError(f"labels must have shape {(batch, length)}, got {tuple(labels.shape)}")
+            check_labels(labels, (batch, length), self.config.vocab_size)
             targets = labels[:, 1:].to(hidden_states.device)
-            invalid = (targets != -100) & ((targets < 0) | (targets >= self.config.vocab_size))
-            if bool(invalid.any()):
-                raise ValueError(f"labels must be -100 or in [0, {self.config.vocab_size}) (config.vocab_size)")
             flat_hidden = hidden_states[:, :-1].reshape(-1, hidden_states.shape[-1])
             losses = self.crit.nll(flat_hidden, targets.reshape(-1)).view(batch, length - 1)
             denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)

@@ -31,6 +31,7 @@ from .txv_inputs import embed_inputs
 from .txv_act import AdaptiveComputationTime
 from .txv_attention import additive_mask, causal_allowed, get_attention_function
 from .txv_feedforward import PositionwiseFeedForward
+from .txv_losses import causal_lm_loss, check_labels
 from .txv_modeling_utils import TxvModelMixin
 from .txv_positions import sinusoid_table
 from .txv_sequence_classification import sequence_classification_loss
@@ -568,16 +569,9 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
         hidden_states = outputs.last_hidden_state
         loss = lm_loss = None
         if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
+            check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
             logits = self.lm_head(hidden_states)
-            targets = labels[:, 1:].to(logits.device)
-            lm_loss = nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
-                reduction="sum",
-            )
-            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
-            lm_loss = lm_loss / denominator
+            lm_loss = causal_lm_loss(logits, labels, num_items_in_batch)
             loss = _add_ponder_cost(self.config, lm_loss, outputs.ponder_cost)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
