@@ -5,6 +5,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 
 @strict
 class AdaptiveSpanConfig(PreTrainedConfig):
@@ -86,11 +88,17 @@ class AdaptiveSpanConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Called at construction: a wrong config is a ValueError naming the field."""
-        for name in ("vocab_size", "hidden_size", "num_attention_heads", "head_dim", "intermediate_size",
-                     "num_hidden_layers", "attn_span", "adapt_span_ramp"):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_hidden_layers",
+            "attn_span",
+            "adapt_span_ramp",
+        )
         if self.hidden_size % 2:
             raise ValueError(f"hidden_size must be even (sinusoidal relative positions), got {self.hidden_size}")
         if self.mem_len < 0:
@@ -101,9 +109,7 @@ class AdaptiveSpanConfig(PreTrainedConfig):
             raise ValueError(f"adapt_span_loss must be >= 0, got {self.adapt_span_loss}")
         if self.memory_init not in ("zeros", "empty"):
             raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_probabilities(self, "dropout", "attention_dropout")
 
 
 __all__ = ["AdaptiveSpanConfig"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 # The residual forms of the paper: TrXL (plain residual, layer norm after it), TrXL-I (identity map reordering: layer
 # norm on the sub-module input only, ReLU on its output, plain residual) and GTrXL with one of the gates.
 GATE_TYPES = ("trxl", "trxl_i", "input", "output", "highway", "sigmoid_tanh", "gru")
@@ -83,26 +85,22 @@ class GTrXLConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Called at construction and before saving: a wrong config is a ValueError naming the field."""
-        positive = {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "num_attention_heads": self.num_attention_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-        }
-        for name, value in positive.items():
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_hidden_layers",
+        )
         if self.hidden_size % 2:
             raise ValueError(f"hidden_size must be even (sinusoidal relative positions), got {self.hidden_size}")
         if self.gate_type not in GATE_TYPES:
             raise ValueError(f"gate_type must be one of {list(GATE_TYPES)}, got {self.gate_type!r}")
         if self.mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_probabilities(self, "dropout", "attention_dropout")
 
 
 __all__ = ["GTrXLConfig", "GATE_TYPES"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 ATTENTION_TYPES = ("local_1d", "local_2d")
 PATTERN_IMPLEMENTATIONS = ("blocked", "flex", "dense")
 
@@ -92,11 +94,17 @@ class ImageTransformerConfig(PreTrainedConfig):
         return self.image_size[0] * self.grid_width
 
     def validate_architecture(self):
-        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "intermediate_size",
-                     "num_channels", "block_length", "block_size"):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_channels",
+            "block_length",
+            "block_size",
+        )
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"image_size must be [height, width] > 0, got {self.image_size}")
         if self.vocab_size != 257:
@@ -119,9 +127,7 @@ class ImageTransformerConfig(PreTrainedConfig):
                 )
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_probabilities(self, "dropout", "attention_dropout")
 
 
 __all__ = ["ImageTransformerConfig"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 
 @strict
 class RTransformerConfig(PreTrainedConfig):
@@ -82,24 +84,23 @@ class RTransformerConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Called at construction: a wrong config is a ValueError naming the field."""
-        for name in (
-            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-            "intermediate_size", "local_window",
-        ):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "local_window",
+        )
         if self.num_rnn_layers < 0:
             raise ValueError(f"num_rnn_layers must be >= 0, got {self.num_rnn_layers}")
         if self.rnn_type not in ("GRU", "LSTM", "RNN"):
             raise ValueError(f"rnn_type must be 'GRU', 'LSTM' or 'RNN', got {self.rnn_type!r}")
         if self.layer_norm_type not in ("standard", "annotated"):
             raise ValueError(f"layer_norm_type must be 'standard' or 'annotated', got {self.layer_norm_type!r}")
-        for name in ("dropout", "embedding_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}")
+        check_probabilities(self, "dropout", "embedding_dropout", "attention_dropout", "classifier_dropout")
 
 
 __all__ = ["RTransformerConfig"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 
 @strict
 class ShawConfig(PreTrainedConfig):
@@ -76,18 +78,17 @@ class ShawConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Called at construction: a wrong config is a ValueError naming the field."""
-        for name in (
-            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-            "intermediate_size", "max_relative_position",
-        ):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_relative_position",
+        )
+        check_probabilities(self, "dropout", "attention_dropout", "classifier_dropout")
         if self.add_cross_attention and not self.is_decoder:
             raise ValueError("add_cross_attention=True needs is_decoder=True (cross-attention is a decoder sub-layer)")
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 PATTERNS = ("strided", "fixed", "causal", "sliding_window", "local1d")
 PATTERN_MODES = ("interleaved", "merged", "per_head")
 PATTERN_IMPLEMENTATIONS = ("blocked", "flex", "dense")
@@ -90,11 +92,18 @@ class SparseTransformerConfig(PreTrainedConfig):
         self.validate_architecture()
 
     def validate_architecture(self):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-                     "intermediate_size", "max_position_embeddings", "stride", "block_size"):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+            "stride",
+            "block_size",
+        )
         if self.attention_pattern not in PATTERNS:
             raise ValueError(f"attention_pattern must be one of {PATTERNS}, got {self.attention_pattern!r}")
         if self.pattern_mode not in PATTERN_MODES:
@@ -116,9 +125,7 @@ class SparseTransformerConfig(PreTrainedConfig):
                 )
         if self.gradient_checkpointing_min_layers < 0:
             raise ValueError(f"gradient_checkpointing_min_layers must be >= 0, got {self.gradient_checkpointing_min_layers}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_probabilities(self, "dropout", "attention_dropout")
 
 
 __all__ = ["SparseTransformerConfig"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 
 @strict
 class TransfoXLConfig(PreTrainedConfig):
@@ -103,18 +105,16 @@ class TransfoXLConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Called at construction and before saving: a wrong config is a ValueError naming the field."""
-        positive = {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "d_embed": self.d_embed,
-            "num_attention_heads": self.num_attention_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-        }
-        for name, value in positive.items():
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "d_embed",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_hidden_layers",
+        )
         if self.div_val < 1:
             raise ValueError(f"div_val must be >= 1, got {self.div_val}")
         if self.mem_len < 0:
@@ -141,9 +141,7 @@ class TransfoXLConfig(PreTrainedConfig):
             raise ValueError("same_length=True needs mem_len > 0 (every query would see no key)")
         if self.init not in ("normal", "uniform"):
             raise ValueError(f"init must be 'normal' or 'uniform', got {self.init!r}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_probabilities(self, "dropout", "attention_dropout")
 
 
 __all__ = ["TransfoXLConfig"]

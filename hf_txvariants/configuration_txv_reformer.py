@@ -11,6 +11,8 @@ import math
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 
 @strict
 class TxvReformerConfig(PreTrainedConfig):
@@ -101,11 +103,18 @@ class TxvReformerConfig(PreTrainedConfig):
         return math.lcm(*{lengths[kind] for kind in self.attn_layers})
 
     def validate_architecture(self):
-        for name in ("vocab_size", "hidden_size", "num_attention_heads", "attention_head_size", "feed_forward_size",
-                     "num_hashes", "lsh_attn_chunk_length", "local_attn_chunk_length", "max_position_embeddings"):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "attention_head_size",
+            "feed_forward_size",
+            "num_hashes",
+            "lsh_attn_chunk_length",
+            "local_attn_chunk_length",
+            "max_position_embeddings",
+        )
         if not self.attn_layers or any(kind not in ("lsh", "local") for kind in self.attn_layers):
             raise ValueError(f"attn_layers must be a non-empty list of 'lsh' / 'local', got {self.attn_layers}")
         factors = [self.num_buckets] if isinstance(self.num_buckets, int) else (self.num_buckets or [])
@@ -134,9 +143,12 @@ class TxvReformerConfig(PreTrainedConfig):
                 f"max_position_embeddings ({self.max_position_embeddings}) must be a multiple of the chunk lengths' "
                 f"least common multiple ({self.chunk_multiple}) so that padded inputs have positions"
             )
-        for name in ("hidden_dropout_prob", "lsh_attention_probs_dropout_prob", "local_attention_probs_dropout_prob"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_probabilities(
+            self,
+            "hidden_dropout_prob",
+            "lsh_attention_probs_dropout_prob",
+            "local_attention_probs_dropout_prob",
+        )
 
 
 __all__ = ["TxvReformerConfig"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 
 @strict
 class UniversalTransformerConfig(PreTrainedConfig):
@@ -83,20 +85,22 @@ class UniversalTransformerConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Called at construction: a wrong config is a ValueError naming the field."""
-        for name in ("vocab_size", "hidden_size", "num_attention_heads", "head_dim", "intermediate_size",
-                     "num_hidden_layers"):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_hidden_layers",
+        )
         if self.hidden_size % 2:
             raise ValueError(f"hidden_size must be even (sinusoidal coordinate embedding), got {self.hidden_size}")
         if not 0.0 < self.act_threshold <= 1.0:
             raise ValueError(f"act_threshold (1 - act_epsilon) must be in (0, 1], got {self.act_threshold}")
         if self.act_loss_weight < 0:
             raise ValueError(f"act_loss_weight must be >= 0, got {self.act_loss_weight}")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        check_probabilities(self, "dropout", "attention_dropout")
 
 
 __all__ = ["UniversalTransformerConfig"]

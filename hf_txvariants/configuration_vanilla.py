@@ -6,6 +6,8 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_config_checks import check_positive, check_probabilities
+
 
 @strict
 class VanillaConfig(PreTrainedConfig):
@@ -91,13 +93,17 @@ class VanillaConfig(PreTrainedConfig):
 
     def validate_architecture(self):
         """Called at construction: a wrong config is a ValueError naming the field."""
-        for name in (
-            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-            "intermediate_size", "max_position_embeddings", "num_future_targets",
-        ):
-            value = getattr(self, name)
-            if value is None or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+        check_positive(
+            self,
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_position_embeddings",
+            "num_future_targets",
+        )
         if self.position_embedding_type not in ("sinusoidal", "learned"):
             raise ValueError(
                 f"position_embedding_type must be 'sinusoidal' or 'learned', got {self.position_embedding_type!r}"
@@ -106,11 +112,7 @@ class VanillaConfig(PreTrainedConfig):
             raise ValueError(f"hidden_size must be even for sinusoidal positions, got {self.hidden_size}")
         if self.per_layer_positions and self.position_embedding_type != "learned":
             raise ValueError("per_layer_positions=True needs position_embedding_type='learned'")
-        for name in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
-            raise ValueError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}")
+        check_probabilities(self, "dropout", "attention_dropout", "classifier_dropout")
         for name in ("intermediate_loss_weight", "future_target_loss_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
