@@ -5,7 +5,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import check_positive, check_probabilities
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
 
 ATTENTION_TYPES = ("local_1d", "local_2d")
 PATTERN_IMPLEMENTATIONS = ("blocked", "flex", "dense")
@@ -65,18 +65,11 @@ class ImageTransformerConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
-        for alias in [name for name in kwargs if name in self.attribute_map]:
-            setattr(self, alias, kwargs.pop(alias))
+        apply_paper_names(self, kwargs)
         self.image_size = [int(x) for x in self.image_size]
         self.query_shape = [int(x) for x in self.query_shape]
         self.memory_flange = [int(x) for x in self.memory_flange]
-        if self.head_dim is None and self.num_attention_heads > 0:
-            if self.hidden_size % self.num_attention_heads != 0:
-                raise ValueError(
-                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
-                )
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        default_head_dim(self)
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         if self.block_size is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import check_positive, check_probabilities
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
 
 
 @strict
@@ -64,15 +64,8 @@ class ShawConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
-        for alias in [name for name in kwargs if name in self.attribute_map]:
-            setattr(self, alias, kwargs.pop(alias))
-        if self.head_dim is None and self.num_attention_heads > 0:
-            if self.hidden_size % self.num_attention_heads != 0:
-                raise ValueError(
-                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
-                )
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        apply_paper_names(self, kwargs)
+        default_head_dim(self)
         super().__post_init__(**kwargs)
         self.validate_architecture()
 

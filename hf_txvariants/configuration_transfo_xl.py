@@ -6,7 +6,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import check_positive, check_probabilities
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
 
 
 @strict
@@ -84,19 +84,12 @@ class TransfoXLConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         # Names from attribute_map are applied first, the derived defaults below depend on them.
-        for alias in [name for name in kwargs if name in self.attribute_map]:
-            setattr(self, alias, kwargs.pop(alias))
+        apply_paper_names(self, kwargs)
         proj_share_all_but_first = kwargs.pop("proj_share_all_but_first", True)
         self.cutoffs = [int(c) for c in self.cutoffs]
         if self.d_embed is None:
             self.d_embed = self.hidden_size
-        if self.head_dim is None and self.num_attention_heads > 0:
-            if self.hidden_size % self.num_attention_heads != 0:
-                raise ValueError(
-                    f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
-                    f"({self.num_attention_heads}); set head_dim (d_head) explicitly"
-                )
-            self.head_dim = self.hidden_size // self.num_attention_heads
+        default_head_dim(self)
         if self.tie_projs is None:
             self.tie_projs = [False] + [bool(proj_share_all_but_first)] * len(self.cutoffs)
         super().__post_init__(**kwargs)

@@ -11,7 +11,7 @@ import math
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import check_positive, check_probabilities
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities
 
 
 @strict
@@ -81,8 +81,7 @@ class TxvReformerConfig(PreTrainedConfig):
     pad_token_id: int | None = 0
 
     def __post_init__(self, **kwargs):
-        for alias in [name for name in kwargs if name in self.attribute_map]:
-            setattr(self, alias, kwargs.pop(alias))
+        apply_paper_names(self, kwargs)
         kwargs.pop("num_hidden_layers", None)
         self.attn_layers = list(self.attn_layers)
         self.axial_pos_shape = [int(x) for x in self.axial_pos_shape]

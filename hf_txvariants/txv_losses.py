@@ -1,4 +1,8 @@
-"""The causal language-modelling loss the HF way: labels shifted inside, -100 ignored, one scalar."""
+"""The language-modelling losses the HF way, one of each for every head: labels shifted inside (or `shift_labels`
+given, as transformers' loss kwargs allow for context parallelism), `ignore_index` ignored, one float32 scalar.
+
+Both honour `num_items_in_batch` (gradient accumulation: the sum is divided by the tokens of the whole batch). When
+every target is ignored the loss is 0.0 (defined and finite, the same in every variant), never NaN."""
 
 from __future__ import annotations
 
@@ -6,21 +10,53 @@ import torch
 from torch import nn
 
 
-def check_labels(labels: torch.Tensor, shape: tuple[int, ...], vocab_size: int):
-    """`labels` must have the inputs' shape and hold -100 or token ids below `vocab_size`."""
+def check_labels(labels: torch.Tensor, shape: tuple[int, ...], vocab_size: int, ignore_index: int = -100):
+    """`labels` must have the inputs' shape and hold `ignore_index` or token ids below `vocab_size`."""
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
-    invalid = (labels != -100) & ((labels < 0) | (labels >= vocab_size))
+    invalid = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
     if bool(invalid.any()):
-        raise ValueError(f"labels must be -100 or in [0, {vocab_size}) (config.vocab_size)")
+        raise ValueError(f"labels must be {ignore_index} or in [0, {vocab_size}) (config.vocab_size)")
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None) -> torch.Tensor:
-    """Mean negative log-likelihood of `labels[:, t + 1]` given position t (`logits` `[batch, length, vocab]`),
-    in float32; divided by `num_items_in_batch` when given (gradient accumulation), else by the counted targets."""
-    targets = labels[:, 1:].to(logits.device)
+def token_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100
+) -> torch.Tensor:
+    """Sum of the per-token cross-entropies of `logits [..., vocab]` against `targets [...]` in float32, divided by
+    `num_items_in_batch` when given, else by the number of counted targets (at least 1)."""
+    targets = targets.to(logits.device).reshape(-1)
     total = nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        logits.reshape(-1, logits.shape[-1]).float(), targets, ignore_index=ignore_index, reduction="sum"
     )
-    denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
-    return total / denominator
+    if num_items_in_batch is None:
+        num_items_in_batch = (targets != ignore_index).sum().clamp(min=1)
+    elif torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """Mean negative log-likelihood of the next token: position t predicts `labels[:, t + 1]`, or `shift_labels[:, t]`
+    when given (already shifted, e.g. by a context-parallel data collator; `labels` is then ignored)."""
+    if shift_labels is None:
+        if labels is None:
+            raise ValueError("causal_lm_loss needs labels or shift_labels")
+        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[:, 1:]
+    elif tuple(shift_labels.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"shift_labels must have shape {tuple(logits.shape[:-1])}, got {tuple(shift_labels.shape)}")
+    return token_cross_entropy(logits, shift_labels, num_items_in_batch, ignore_index)
+
+
+def masked_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100, **kwargs
+) -> torch.Tensor:
+    """Mean negative log-likelihood of `labels[:, t]` at position t (no shift; `ignore_index` where nothing is
+    masked)."""
+    return token_cross_entropy(logits, labels, num_items_in_batch, ignore_index)
