@@ -22,7 +22,6 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MaskedLMOutput, ModelOutput, SequenceClassifierOutput
 
@@ -30,6 +29,7 @@ from .configuration_universal import UniversalTransformerConfig
 from .txv_inputs import embed_inputs
 from .txv_act import AdaptiveComputationTime
 from .txv_attention import additive_mask, causal_allowed, get_attention_function
+from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_losses import causal_lm_loss, check_labels
 from .txv_modeling_utils import TxvModelMixin
@@ -66,7 +66,7 @@ class UniversalTransformerCausalLMOutput(ModelOutput):
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class UniversalStepCache(Cache):
+class UniversalStepCache(RowStateCache):
     """The past of a causal Universal Transformer, carried as `past_key_values`.
 
     `step_inputs[t]` is `[batch, past, hidden]`: the input x^t of step t of every cached position. Every cached
@@ -75,7 +75,7 @@ class UniversalStepCache(Cache):
     `positions` (P). `key_mask` marks the cached positions that may be attended to (not padding)."""
 
     def __init__(self):
-        super().__init__(layers=[])
+        super().__init__()
         self.step_inputs: list[torch.Tensor] = []
         self.final: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
@@ -114,34 +114,16 @@ class UniversalStepCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.past_length
 
-    def get_max_length(self, layer_idx: int | None = None):
-        return None
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.past_length + query_length, 0
-
-    def update(self, *args, **kwargs):
-        raise NotImplementedError("UniversalStepCache holds step inputs, not keys/values")
-
     def crop(self, tokens_to_remove: int):
         raise NotImplementedError("UniversalStepCache cannot be cropped (assisted decoding is not supported)")
 
     def reset(self):
         self.step_inputs, self.final, self.positions, self.key_mask = [], None, None, None
 
-    def _map_rows(self, fn):
-        if self.final is not None:
-            self.step_inputs = [fn(x) for x in self.step_inputs]
-            self.final, self.positions, self.key_mask = fn(self.final), fn(self.positions), fn(self.key_mask)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int):
-        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor):
-        self._map_rows(lambda t: t[indices])
+    def _row_tensors(self) -> dict:
+        if self.final is None:
+            return {}
+        return {"step_inputs": self.step_inputs, "final": self.final, "positions": self.positions, "key_mask": self.key_mask}
 
     @property
     def is_compileable(self) -> bool:

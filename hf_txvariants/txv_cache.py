@@ -13,7 +13,50 @@ import torch
 from transformers.cache_utils import Cache
 
 
-class MemoryCache(Cache):
+class RowStateCache(Cache):
+    """Base of the caches here that carry a model's own state (not transformers' key/value layers) as
+    `past_key_values`: the batch-row operations `generate()` uses (beam reordering, expansion, selection) are applied
+    to every tensor that `_row_tensors()` names, and the model keeps its own cache instead of a `DynamicCache`.
+
+    Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty) and
+    `get_seq_length`."""
+
+    def __init__(self):
+        super().__init__(layers=[])
+
+    def _row_tensors(self) -> dict:
+        raise NotImplementedError
+
+    def _map_rows(self, fn):
+        for name, value in self._row_tensors().items():
+            if value is None:
+                continue
+            setattr(self, name, [fn(t) for t in value] if isinstance(value, list) else fn(value))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        self._map_rows(lambda t: t[indices])
+
+    def get_max_length(self, layer_idx: int | None = None):
+        return None
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def update(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} holds the model's own state, not keys/values")
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+
+class MemoryCache(RowStateCache):
     """Per-layer Transformer-XL memory.
 
     Args:
@@ -32,7 +75,7 @@ class MemoryCache(Cache):
         seen_tokens: int = 0,
     ):
         # `layers` stays empty: this cache does not hold key/value layers, it overrides what generation uses.
-        super().__init__(layers=[])
+        super().__init__()
         if mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {mem_len}")
         self.num_layers = num_layers
@@ -181,32 +224,14 @@ class MemoryCache(Cache):
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         return self.memory_length + query_length, 0
 
-    def update(self, *args, **kwargs):
-        raise NotImplementedError("MemoryCache holds layer inputs, not keys/values: use update_memories()")
-
     def reset(self):
         self.memories, self.memory_mask, self.seen_tokens = None, None, 0
 
     def crop(self, tokens_to_remove: int):
         raise NotImplementedError("A Transformer-XL memory cannot be cropped (assisted decoding is not supported)")
 
-    def _map_rows(self, fn):
-        if self.memories is not None:
-            self.memories = [fn(m) for m in self.memories]
-            self.memory_mask = fn(self.memory_mask)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int):
-        self._map_rows(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor):
-        self._map_rows(lambda t: t[indices])
-
-    @property
-    def is_compileable(self) -> bool:
-        return False
+    def _row_tensors(self) -> dict:
+        return {"memories": self.memories, "memory_mask": self.memory_mask}
 
     @property
     def is_initialized(self) -> bool:
