@@ -144,11 +144,44 @@ class TransfoXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedMode
             self._init_weight(module.r_r_bias)
         init_mechanism_weights(module, self.config.initializer_range)
 
-    def resize_token_embeddings(self, *args, **kwargs):
-        raise NotImplementedError(
-            "resize_token_embeddings is not supported for Transformer-XL's adaptive embeddings: "
-            "build a new config with the new vocab_size and cutoffs instead"
-        )
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resizes the vocabulary of a model with one softmax cluster (`cutoffs=[]`): the input embedding and the LM
+        head's softmax keep the rows of the tokens that stay, new rows get the model's initialisation (the
+        `init`/`init_std` fields; `mean_resizing` is not used), and the tying is re-applied. With cutoffs the
+        vocabulary is split into frequency clusters whose boundaries would have to move: a ValueError says so."""
+        if new_num_tokens is None:
+            return self.get_input_embeddings()
+        if pad_to_multiple_of is not None:
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        config = self.config
+        if config.cutoffs:
+            raise ValueError(
+                f"resize_token_embeddings needs cutoffs=[] (one softmax cluster), this model has cutoffs="
+                f"{list(config.cutoffs)}: its adaptive embedding and softmax split the vocabulary into frequency "
+                "clusters whose boundaries would move; build a new config with the new vocab_size and cutoffs instead"
+            )
+        if isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int) or new_num_tokens <= 0:
+            raise ValueError(f"new_num_tokens must be a positive integer, got {new_num_tokens!r}")
+        sizes = (new_num_tokens, config.d_embed, config.hidden_size, [], config.div_val)
+        base = self.base_model
+        base.word_emb = self._resized_copy(base.word_emb, AdaptiveEmbedding(*sizes))
+        if hasattr(self, "crit"):
+            self.crit = self._resized_copy(self.crit, ProjectedAdaptiveLogSoftmax(*sizes))
+        config.vocab_size = new_num_tokens
+        self.tie_weights()
+        return base.word_emb
+
+    def _resized_copy(self, old: nn.Module, new: nn.Module) -> nn.Module:
+        """`new` initialised like this model, then given the tensors of `old` (the rows both vocabularies share)."""
+        reference = next(old.parameters())
+        new.to(device=reference.device, dtype=reference.dtype)
+        new.apply(self._init_weights)
+        with torch.no_grad():
+            new_state = new.state_dict()
+            for name, tensor in old.state_dict().items():
+                rows = min(tensor.shape[0], new_state[name].shape[0])
+                new_state[name][:rows] = tensor[:rows]
+        return new
 
 
 class TransfoXLModel(XLBackboneMixin, TransfoXLPreTrainedModel):

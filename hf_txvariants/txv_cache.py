@@ -10,6 +10,7 @@ attended to (padding and reset rows are masked out).
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree
 from transformers.cache_utils import Cache
 
 
@@ -144,7 +145,8 @@ class MemoryCache(RowStateCache):
         """Builds a cache from the legacy `mems` list (one time-major `[length, batch, hidden]` tensor per layer)."""
         if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) and m.dim() == 3 for m in mems):
             raise ValueError("`mems` must be a list with one [memory_length, batch, hidden_size] tensor per layer")
-        return cls(len(mems), mem_len, [m.transpose(0, 1) for m in mems])
+        memories = [m.transpose(0, 1) for m in mems]
+        return cls(len(mems), mem_len, memories, seen_tokens=memories[0].shape[1] if memories else 0)
 
     def to_legacy_mems(self) -> list[torch.Tensor] | None:
         """The memory in the legacy layout: a list of time-major `[length, batch, hidden]` tensors."""
@@ -317,6 +319,30 @@ class MemoryCache(RowStateCache):
     @property
     def is_dummy(self) -> list[bool]:
         return [False] * self.num_layers
+
+
+def _flatten_memory(cache: MemoryCache):
+    context = (cache.num_layers, cache.mem_len, cache.seen_tokens, cache.memory_init, cache.model_type)
+    return [cache.memories, cache.memory_mask], context
+
+
+def _unflatten_memory(children, context) -> MemoryCache:
+    num_layers, mem_len, seen_tokens, memory_init, model_type = context
+    memories, memory_mask = children
+    return MemoryCache(num_layers, mem_len, memories, memory_mask, seen_tokens, memory_init, model_type)
+
+
+# A pytree node, so that `torch.export` and `torch.compile` can return (and take) the memory as `past_key_values`.
+torch.utils._pytree.register_pytree_node(
+    MemoryCache,
+    _flatten_memory,
+    _unflatten_memory,
+    serialized_type_name=f"{__name__}.MemoryCache",
+    flatten_with_keys_fn=lambda cache: (
+        [(torch.utils._pytree.GetAttrKey(k), v) for k, v in zip(("memories", "memory_mask"), _flatten_memory(cache)[0])],
+        _flatten_memory(cache)[1],
+    ),
+)
 
 
 def memory_for_input(

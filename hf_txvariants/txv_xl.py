@@ -245,6 +245,10 @@ class XLBackboneMixin:
         cache = self.memory_for_input(past_key_values, batch, inputs_embeds.dtype, device)
         memory_length = cache.memory_length
         input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
+        leading_padding = None
+        if input_mask is not None and cache.memory_init == "zeros" and cache.seen_tokens == 0 and memory_length > 0:
+            leading_padding, zero_slots, cache.memory_mask = leading_padding_as_zero_memory(input_mask, memory_length)
+            input_mask = input_mask | zero_slots
         allowed = self.allowed_keys(cache, query_length, input_mask, device)
         last_start = None
         if episode_starts is not None:
@@ -263,6 +267,8 @@ class XLBackboneMixin:
         hidden_states = self.drop(inputs_embeds)
         layer_inputs, attentions, penalties, attended_keys = [], [], [], []
         for layer_idx, layer in enumerate(self.layers):
+            if leading_padding is not None:
+                hidden_states = hidden_states.masked_fill(leading_padding[..., None], 0.0)
             layer_inputs.append(hidden_states)
             hidden_states, weights, penalty, keys = layer(
                 hidden_states,
@@ -300,6 +306,23 @@ class XLBackboneMixin:
         )
 
 
+def leading_padding_as_zero_memory(input_mask: torch.Tensor, memory_length: int):
+    """Left padding made exact under `memory_init="zeros"`: a row alone starts with `mem_len` zero vectors right
+    before its first token. A left-padded row gets exactly that: its leading padding positions are zero vectors (at
+    every layer's input), and of the zeros [initial memory; leading padding] it attends to the last `memory_length`
+    only, so every key it sees sits at the same relative distance as when the row is alone.
+
+    Returns `leading [B, Q]` (the leading padding), `zero_slots [B, Q]` (the padding positions attended as zeros) and
+    the `[B, M]` mask of the initial memory slots still attended."""
+    leading = input_mask.cumsum(dim=1) == 0
+    pads = leading.sum(dim=1, keepdim=True)
+    positions = torch.arange(input_mask.shape[1], device=input_mask.device)
+    # index in the zero sequence [memory (M); padding (P)]: memory slot k is k, padding j is M + j; keep those >= P
+    zero_slots = leading & (positions + memory_length >= pads)
+    memory_mask = torch.arange(memory_length, device=input_mask.device) >= pads
+    return leading, zero_slots, memory_mask
+
+
 def restrict_to_episodes(allowed: torch.Tensor, episode_starts: torch.Tensor, batch: int, memory_length: int):
     """Each step attends to nothing before the latest episode start at or before it (neither memory nor earlier
     steps). Returns the narrowed mask and `last_start [batch, Q]`, the latest start <= each step (-1: none)."""
@@ -326,6 +349,7 @@ __all__ = [
     "build_adaptive_span",
     "init_mechanism_weights",
     "keep_last_memory",
+    "leading_padding_as_zero_memory",
     "residual_form",
     "restrict_to_episodes",
 ]

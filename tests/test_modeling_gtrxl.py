@@ -272,3 +272,22 @@ def test_rl_example_gtrxl_remembers_the_cue_and_the_baseline_cannot():
     assert gtrxl["parameters"] == baseline["parameters"]
     assert gtrxl["success"] >= 0.9, gtrxl
     assert baseline["success"] <= 0.7, baseline
+
+
+def test_reset_rows_by_default_is_exactly_a_fresh_start():
+    """RL: `reset_rows(done)` with no other argument (the memory's own memory_init, "empty" for GTrXL) makes the
+    reset row bit-for-bit a fresh row, and so does an episode start."""
+    model = build(mem_len=5, gate_bias=0.0, initializer_range=0.5)
+    assert model.config.memory_init == "empty"
+    embeds = observations(3, 10)
+    with torch.no_grad():
+        memory = model(inputs_embeds=embeds[:, :6]).past_key_values
+        memory.reset_rows(torch.tensor([False, True, False]))
+        after_reset = model(inputs_embeds=embeds[:, 6:], past_key_values=memory).last_hidden_state
+        fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
+        starts = torch.zeros(3, 4, dtype=torch.bool)
+        starts[1, 0] = True
+        memory = model(inputs_embeds=embeds[:, :6]).past_key_values
+        episode_start = model(inputs_embeds=embeds[:, 6:], past_key_values=memory, episode_starts=starts)
+    torch.testing.assert_close(after_reset[1], fresh[0], atol=0, rtol=0)
+    torch.testing.assert_close(episode_start.last_hidden_state[1], fresh[0], atol=0, rtol=0)
