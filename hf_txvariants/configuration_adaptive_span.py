@@ -33,6 +33,7 @@ class AdaptiveSpanConfig(PreTrainedConfig):
         memory_init: "empty" (no memory before the first segment) or "zeros" (S - 1 zero vectors, attended to).
         gate_type, gate_bias: the residual form (default "trxl": the plain post-layer-norm block); "trxl_i" or a
             gate ("gru", ...) gives the Gated Transformer-XL layer of Parisotto et al., see `GTrXLConfig`.
+        final_layer_norm: a layer norm on the last hidden state (default False, as the original; set it with a gate).
         dropout, attention_dropout, layer_norm_eps, initializer_range.
     """
 
@@ -68,6 +69,7 @@ class AdaptiveSpanConfig(PreTrainedConfig):
     memory_init: str = "empty"
     gate_type: str = "trxl"
     gate_bias: float | int = 2.0
+    final_layer_norm: bool = False
     dropout: float | int = 0.0
     attention_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-5

@@ -36,6 +36,9 @@ class GTrXLConfig(PreTrainedConfig):
         attn_span, adapt_span_enabled, adapt_span_ramp, adapt_span_init, adapt_span_loss, adapt_span_cache,
             adapt_span_dynamic: adaptive attention span (Sukhbaatar et al. 2019), off by default; see
             `AdaptiveSpanConfig`. `attn_span` alone is a hard window of that many keys.
+        final_layer_norm: a layer norm on the last hidden state (default True; GPT-2's `ln_f`). The gated layers
+            never normalise their residual stream, so without it the LM head reads vectors of the embeddings' scale
+            and a language model learns very slowly (benchmarks/RESULTS.md). False gives the bare layer stack.
         dropout, attention_dropout (`dropatt`), initializer_range (`init_std`), layer_norm_eps.
     """
 
@@ -64,6 +67,7 @@ class GTrXLConfig(PreTrainedConfig):
     same_length_extra_key: bool = True
     clamp_len: int = 0
     memory_init: str = "empty"
+    final_layer_norm: bool = True
     attn_span: int | None = None
     adapt_span_enabled: bool = False
     adapt_span_ramp: int = 32

@@ -38,6 +38,8 @@ class TransfoXLConfig(PreTrainedConfig):
         gate_type, gate_bias: the residual form, default "trxl" (the Transformer-XL block, post- or pre-layer-norm
             by `pre_lnorm`); "trxl_i" or a gate ("gru", ...) gives the Gated Transformer-XL layer (Parisotto et
             al. 2020, identity map reordering, itself pre-norm: `pre_lnorm` must then stay False), see `GTrXLConfig`.
+        final_layer_norm: a layer norm on the last hidden state (default False, as the original; set it with a gate,
+            whose stack never normalises its residual stream, see `GTrXLConfig`).
         attn_span, adapt_span_enabled, adapt_span_ramp, adapt_span_init, adapt_span_loss, adapt_span_cache,
             adapt_span_dynamic: adaptive attention span (Sukhbaatar et al. 2019), off by default; see
             `AdaptiveSpanConfig`. `attn_span` alone is a hard window of that many keys.
@@ -86,6 +88,7 @@ class TransfoXLConfig(PreTrainedConfig):
     same_length_extra_key: bool = False
     gate_type: str = "trxl"
     gate_bias: float | int = 2.0
+    final_layer_norm: bool = False
     attn_span: int | None = None
     adapt_span_enabled: bool = False
     adapt_span_ramp: int = 32

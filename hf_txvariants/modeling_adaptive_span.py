@@ -24,7 +24,7 @@ from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
-from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
+from .txv_xl import XLBackboneMixin, build_final_norm, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
 
 
 @dataclass
@@ -118,6 +118,7 @@ class AdaptiveSpanModel(XLBackboneMixin, AdaptiveSpanPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(AdaptiveSpanLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = build_final_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 

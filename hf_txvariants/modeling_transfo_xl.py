@@ -23,7 +23,7 @@ from .txv_inputs import embed_inputs
 from .txv_losses import check_labels
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
-from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
+from .txv_xl import XLBackboneMixin, build_final_norm, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
@@ -195,6 +195,7 @@ class TransfoXLModel(XLBackboneMixin, TransfoXLPreTrainedModel):
             self.r_w_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
             self.r_r_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
         self.layers = nn.ModuleList(TransfoXLLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = build_final_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 

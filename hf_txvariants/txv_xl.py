@@ -195,8 +195,18 @@ class XLBackboneOutput:
     attended_keys: tuple
 
 
+def build_final_norm(config) -> nn.LayerNorm | None:
+    """The layer norm on the last hidden state (`config.final_layer_norm`), as GPT-2's `ln_f`. A stack with the
+    identity map reordering never normalises its residual stream: without it, a tied LM head reads vectors of the
+    embeddings' scale (std ~ initializer_range) through gates that start near the identity, and learns very slowly."""
+    if not config.final_layer_norm:
+        return None
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
 class XLBackboneMixin:
-    """For the base model of an XL-family variant, which has `config`, `layers` (`XLLayer`s) and `drop`."""
+    """For the base model of an XL-family variant, which has `config`, `layers` (`XLLayer`s), `drop` and `norm`
+    (`build_final_norm`)."""
 
     def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
         """The memory a first segment starts with (see `config.memory_init`)."""
@@ -281,6 +291,8 @@ class XLBackboneMixin:
             attentions.append(weights)
             penalties.append(penalty)
             attended_keys.append(keys)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
         hidden_states = self.drop(hidden_states)
         span_penalty = torch.stack(penalties).sum() if config.adapt_span_enabled else None
 
@@ -347,6 +359,7 @@ __all__ = [
     "XLSpanMethodsMixin",
     "attention_window",
     "build_adaptive_span",
+    "build_final_norm",
     "init_mechanism_weights",
     "keep_last_memory",
     "leading_padding_as_zero_memory",
