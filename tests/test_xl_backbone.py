@@ -130,6 +130,7 @@ def test_adaptive_span_with_a_gate_equals_gtrxl_with_adaptive_span():
         gate_bias=0.5,
         mem_len=span_config.mem_len,
         same_length=False,
+        final_layer_norm=span_config.final_layer_norm,
         **{**SPAN, "attn_span": 12, "adapt_span_init": 0.3},
     )
     adaptive_span = AdaptiveSpanForCausalLM(span_config).eval()
