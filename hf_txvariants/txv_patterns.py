@@ -47,6 +47,7 @@ from .txv_attention import additive_mask, attention_function, eager_attention_fo
 # ------------------------------------------------------------------------------------------------------ patterns
 class AttentionPattern:
     per_head = False
+    every_query_sees_a_key = True  # False: some queries may see no key (their output is zero)
     causal_in_tiles = False  # its one tiling's tiles are plainly causal (SDPA's is_causal kernel runs them)
 
     def query_order(self, q_len: int, device=None) -> torch.Tensor | None:
@@ -137,6 +138,10 @@ class FixedSummary(AttentionPattern):
     stride: int
     summary: int
     include_query: bool = True
+
+    @property
+    def every_query_sees_a_key(self):
+        return self.include_query
 
     def allowed(self, q_idx, kv_idx, head=None):
         summary = torch.remainder(kv_idx, self.stride) >= self.stride - self.summary
@@ -335,11 +340,11 @@ class Band(Blocks):
     """Contiguous blocks of `block` queries; each sees the keys of its own and of the previous block (2 * block keys,
     the first block's previous one being out of the sequence)."""
 
-
     def tile_keys(self, x):
-        own = self.tile_queries(x)
-        previous = self.tile_queries(nn.functional.pad(x, (0, 0, self.block, 0)))[:, :, : own.shape[2]]
-        return torch.cat([previous, own], dim=3)
+        # Overlapping windows of 2 * block over the sequence padded by one block in front: a strided view.
+        tiles = math.ceil(x.shape[2] / self.block)
+        padded = nn.functional.pad(x, (0, 0, self.block, tiles * self.block - x.shape[2]))
+        return padded.unfold(2, 2 * self.block, self.block).transpose(-1, -2)
 
     def key_positions(self, length, device):
         own = self.query_positions(length, device)
@@ -467,35 +472,53 @@ def tiled_attention(query, key, value, pattern, scaling, key_padding_mask=None, 
     dropout = dropout if training else 0.0
     tiles = tile_masks(pattern, query.shape[2], query.device)
     if len(tiles) == 1:
-        output = _single_tiling_attention(query, key, value, *tiles[0], scaling, key_padding_mask, dropout)
+        output = _single_tiling_attention(
+            query, key, value, *tiles[0], pattern.every_query_sees_a_key, scaling, key_padding_mask, dropout
+        )
     else:
         output = _merged_tilings_attention(query, key, value, tiles, scaling, key_padding_mask, dropout)
     return output.transpose(1, 2).contiguous()
 
 
-def _single_tiling_attention(query, key, value, tiling, mask, plain_causal, scaling, key_padding_mask, dropout):
+def _sdpa_layout(tiled: torch.Tensor) -> torch.Tensor:
+    """`[B, H, T, t, D]` -> `[B * T, H, t, D]`: tiles join the batch (a view when the heads are a view of
+    `[B, L, H, D]`, as projected states are)."""
+    batch, heads, tiles, length, dim = tiled.shape
+    return tiled.transpose(1, 2).reshape(batch * tiles, heads, length, dim)
+
+
+_TILE_BIASES = _LRU(32)
+
+
+def _single_tiling_attention(
+    query, key, value, tiling, mask, plain_causal, pattern_sees_keys, scaling, key_padding_mask, dropout
+):
     """Every tile through the fused SDPA kernel: `is_causal=True` when the tile is plainly causal and nothing is
-    padded, else with the tile mask; queries that see no key get zeros."""
+    padded, else with the tile mask (a 4-D additive mask: torch's fused CPU kernel takes no 3-D one and no bool one
+    without falling back to the math kernel); queries that see no key get zeros."""
     batch, heads, length, dim = query.shape
     tiled_query = tiling.tile_queries(query)
     tiles, tile_length = tiled_query.shape[2:4]
-    tiled_query = tiled_query.reshape(batch * heads, tiles, tile_length, dim)
-    tiled_key = tiling.tile_keys(key)
-    tiled_key = tiled_key.reshape(batch * heads, tiles, tiled_key.shape[3], dim)
-    tiled_value = tiling.tile_keys(value)
-    tiled_value = tiled_value.reshape(batch * heads, tiles, tiled_value.shape[3], value.shape[-1])
+    tiled_query, tiled_key, tiled_value = (
+        _sdpa_layout(tiled_query), _sdpa_layout(tiling.tile_keys(key)), _sdpa_layout(tiling.tile_keys(value))
+    )
     sdpa = nn.functional.scaled_dot_product_attention
     if plain_causal and key_padding_mask is None:
         output = sdpa(tiled_query, tiled_key, tiled_value, dropout_p=dropout, is_causal=True, scale=scaling)
     else:
         padding = _tile_padding(tiling, key_padding_mask)
-        if padding is not None:
-            mask = mask & padding
-            mask = mask.expand(batch, heads, *mask.shape[-3:]).reshape(batch * heads, *mask.shape[-3:])
-        bias = additive_mask(mask, query.dtype)
+        if padding is None:
+            bias = _TILE_BIASES.get_or_build(
+                (id(mask), query.dtype), lambda: (mask, additive_mask(mask[:, None], query.dtype))
+            )[1]
+            bias = bias if batch == 1 else bias.repeat(batch, 1, 1, 1)
+        else:
+            mask = (mask & padding).transpose(1, 2).reshape(batch * tiles, 1, *mask.shape[-2:])
+            bias = additive_mask(mask, query.dtype)
         output = sdpa(tiled_query, tiled_key, tiled_value, attn_mask=bias, dropout_p=dropout, scale=scaling)
-        output = output * mask.any(-1, keepdim=True).to(output.dtype)
-    output = output.view(batch, heads, tiles, tile_length, -1)
+        if padding is not None or not pattern_sees_keys:
+            output = output * mask.any(-1, keepdim=True).reshape(-1, 1, tile_length, 1).to(output.dtype)
+    output = output.view(batch, tiles, heads, tile_length, -1).transpose(1, 2)
     return tiling.untile_queries(output, length)
 
 
