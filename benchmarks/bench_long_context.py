@@ -132,7 +132,7 @@ def attention_core_rows(args, device, dtype):
     from hf_txvariants.txv_attention import CausalMask
 
     head_dim = args.hidden // args.heads
-    for length in args.lengths:
+    for length in [length for length in args.lengths if length <= args.core_max_length]:
         query, key, value = (
             torch.randn(1, args.heads, length, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
         )
@@ -165,6 +165,8 @@ def main():
     parser.add_argument("--heads", type=int)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", nargs="+", help="model names (gpt2 is always run: it is the peer)")
+    parser.add_argument("--core-max-length", type=int, default=8192, help="longest L of the attention-core rows "
+                        "(the explicit mask's backward holds heads x L^2 floats: 4 GiB at 16k, 4 heads)")
     args = parser.parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"

@@ -471,12 +471,13 @@ def tiled_attention(query, key, value, pattern, scaling, key_padding_mask=None, 
         return output
     dropout = dropout if training else 0.0
     tiles = tile_masks(pattern, query.shape[2], query.device)
+    bias_key = (pattern, query.shape[2], str(query.device), query.dtype)  # the additive masks, cached like the masks
     if len(tiles) == 1:
         output = _single_tiling_attention(
-            query, key, value, *tiles[0], pattern.every_query_sees_a_key, scaling, key_padding_mask, dropout
+            query, key, value, *tiles[0], pattern.every_query_sees_a_key, bias_key, scaling, key_padding_mask, dropout
         )
     else:
-        output = _merged_tilings_attention(query, key, value, tiles, scaling, key_padding_mask, dropout)
+        output = _merged_tilings_attention(query, key, value, tiles, bias_key, scaling, key_padding_mask, dropout)
     return output.transpose(1, 2).contiguous()
 
 
@@ -491,7 +492,7 @@ _TILE_BIASES = _LRU(32)
 
 
 def _single_tiling_attention(
-    query, key, value, tiling, mask, plain_causal, pattern_sees_keys, scaling, key_padding_mask, dropout
+    query, key, value, tiling, mask, plain_causal, pattern_sees_keys, bias_key, scaling, key_padding_mask, dropout
 ):
     """Every tile through the fused SDPA kernel: `is_causal=True` when the tile is plainly causal and nothing is
     padded, else with the tile mask (a 4-D additive mask: torch's fused CPU kernel takes no 3-D one and no bool one
@@ -508,9 +509,7 @@ def _single_tiling_attention(
     else:
         padding = _tile_padding(tiling, key_padding_mask)
         if padding is None:
-            bias = _TILE_BIASES.get_or_build(
-                (id(mask), query.dtype), lambda: (mask, additive_mask(mask[:, None], query.dtype))
-            )[1]
+            bias = _TILE_BIASES.get_or_build(bias_key, lambda: additive_mask(mask[:, None], query.dtype))
             bias = bias if batch == 1 else bias.repeat(batch, 1, 1, 1)
         else:
             mask = (mask & padding).transpose(1, 2).reshape(batch * tiles, 1, *mask.shape[-2:])
@@ -522,29 +521,41 @@ def _single_tiling_attention(
     return tiling.untile_queries(output, length)
 
 
-def _merged_tilings_attention(query, key, value, tiles, scaling, key_padding_mask, dropout):
-    """One softmax over the tiles of several tilings (a union pattern): each tiling's scores, then the row maximum
-    m over all of them, softmax = sum_t exp(s_t - m) v_t / sum_t sum exp(s_t - m) (the maximum is a constant shift,
-    so it is detached). Queries that see no key get zeros."""
+def _merged_tilings_attention(query, key, value, tiles, bias_key, scaling, key_padding_mask, dropout):
+    """One softmax over the tiles of several tilings (a union pattern): each tiling's scores `[.., T, tq, tk]` are
+    laid out in query order `[.., L, tk]` (untiled like queries), joined along the keys and normalised by one softmax,
+    then split and tiled back to weight each tiling's values. Each key is in one tiling only (see `tile_masks`), so
+    this is the pattern's softmax exactly; memory O(L * keys per query)."""
     length = query.shape[2]
-    parts, row_max = [], None
-    for tiling, mask, _ in tiles:
-        padding = _tile_padding(tiling, key_padding_mask)
-        mask = mask if padding is None else mask & padding
-        scores = torch.matmul(tiling.tile_queries(query), tiling.tile_keys(key).transpose(-1, -2)).float() * scaling
-        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
-        tile_max = tiling.untile_queries(scores.amax(-1, keepdim=True), length)
-        row_max = tile_max if row_max is None else torch.maximum(row_max, tile_max)
-        parts.append((tiling, scores, mask))
-    row_max = row_max.detach()
-    total, output = 0.0, 0.0
-    for tiling, scores, mask in parts:
-        weights = torch.exp(scores - tiling.tile_queries(row_max)) * mask
-        total = total + tiling.untile_queries(weights.sum(-1, keepdim=True), length)
-        weights = nn.functional.dropout(weights, p=dropout) if dropout else weights
+    scores = []
+    for tiling, _, _ in tiles:
+        tile_scores = torch.matmul(tiling.tile_queries(query), tiling.tile_keys(key).transpose(-1, -2))
+        scores.append(tiling.untile_queries(tile_scores, length))
+    widths = [part.shape[-1] for part in scores]
+    scores = torch.cat(scores, dim=-1).float() * scaling
+
+    def allowed(padding_mask=None):  # [1 or B, 1, L, sum of tk]
+        parts = []
+        for tiling, mask, _ in tiles:
+            padding = _tile_padding(tiling, padding_mask)
+            mask = mask[None, None] if padding is None else mask & padding
+            parts.append(tiling.untile_queries(mask, length))
+        return torch.cat(parts, dim=-1)
+
+    if key_padding_mask is None:
+        bias = _TILE_BIASES.get_or_build(bias_key, lambda: additive_mask(allowed(), torch.float32))
+        weights = torch.softmax(scores + bias, dim=-1)
+    else:
+        mask = allowed(key_padding_mask)
+        weights = torch.softmax(scores + additive_mask(mask, torch.float32), dim=-1)
+        weights = weights * mask.any(-1, keepdim=True)  # queries that see no key get zeros
+    weights = nn.functional.dropout(weights, p=dropout) if dropout else weights
+    output = 0.0
+    for (tiling, _, _), tile_weights in zip(tiles, weights.split(widths, dim=-1)):
         values = tiling.tile_keys(value)
-        output = output + tiling.untile_queries(torch.matmul(weights.to(values.dtype), values), length)
-    return (output / total.clamp_min(torch.finfo(torch.float32).tiny)).to(query.dtype)
+        tile_output = torch.matmul(tiling.tile_queries(tile_weights).to(values.dtype), values)
+        output = output + tiling.untile_queries(tile_output, length)
+    return output
 
 
 # ------------------------------------------------------------------------------------------------------ flex
