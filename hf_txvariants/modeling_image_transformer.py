@@ -109,21 +109,19 @@ class ImageTransformerAttention(MultiHeadAttention):
         batch, length = hidden_states.shape[:2]
         query = self._heads(self.q_proj(hidden_states))
         key, value = self.keys_values(hidden_states)
-        implementation = self.config.pattern_implementation
-        if implementation == "dense":
-            implementation = "sdpa" if self.config._attn_implementation == "sdpa" else "eager"
         output, weights = pattern_attention(
             self,
             query,
             key,
             value,
             self.pattern,
-            implementation,
+            self.config.pattern_implementation,
             scaling=self.scaling,
             key_padding_mask=key_padding_mask,
             dropout=self.attention_dropout if self.training else 0.0,
             block_size=self.config.block_size,
             output_attentions=output_attentions,
+            dense_implementation=self.config._attn_implementation,
         )
         return self.o_proj(output.reshape(batch, length, -1)), weights
 
