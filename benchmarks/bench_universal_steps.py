@@ -58,7 +58,7 @@ def evaluate(model, hard: bool, generator, task: str, batches: int = 8):
             real = labels != -100
             steps += float(output.n_updates[real].sum())
             correct += float((output.logits.argmax(-1) == labels)[real].sum())
-            ponder += float(output.ponder_cost) * int(real.sum())
+            ponder += float(output.ponder_cost[real].sum())
             total += int(real.sum())
     return {"mean_steps": steps / total, "ponder_cost": ponder / total, "accuracy": correct / total}
 

@@ -28,7 +28,7 @@ from torch import nn
 
 @dataclass
 class ACTOutput:
-    """output: `[batch, length, hidden]` the mean field y_t. ponder_cost: `[batch, length]` N(t) + R(t).
+    """output: `[batch, length, hidden]` the mean field y_t. ponder_cost: `[batch, length]` N(t) + R(t) (0 at padding).
     n_updates: `[batch, length]` N(t) (float). remainders: `[batch, length]` R(t). num_steps: steps the loop ran.
     step_states: with `return_step_states`, the state after every step (halted positions frozen)."""
 
@@ -99,8 +99,8 @@ class AdaptiveComputationTime(nn.Module):
         step_fn(state, step) -> (step_input, step_output): step_input is what the halting unit reads (e.g. the
             state plus the step's coordinate embedding), step_output the transformed state y^n. `step` counts from 0.
         position_mask: `[batch, length]` bool, True for real positions; padding positions halt at the first step
-            (and cost nothing in the ponder mean of the caller).
-        The loop stops as soon as every position has halted.
+            and their ponder cost is 0.
+        The loop stops as soon as every position has halted (not when compiling: see below).
         """
         batch, length = state.shape[:2]
         cumulative = torch.zeros(batch, length, device=state.device, dtype=torch.float32)
@@ -131,11 +131,16 @@ class AdaptiveComputationTime(nn.Module):
             num_steps = step + 1
             if return_step_states:
                 step_states.append(state)
-            if not bool(running.any()):
+            # stop once every position has halted; a compiled / exported graph cannot branch on that value, so it
+            # runs all `max_steps` (the extra steps change nothing: every p is 0 and every state is frozen)
+            if not torch.compiler.is_compiling() and not bool(running.any()):
                 break
+        ponder_cost = n_updates + remainders
+        if position_mask is not None:
+            ponder_cost = ponder_cost * position_mask.to(ponder_cost.dtype)
         return ACTOutput(
             output=output,
-            ponder_cost=n_updates + remainders,
+            ponder_cost=ponder_cost,
             n_updates=n_updates,
             remainders=remainders,
             num_steps=num_steps,
@@ -143,4 +148,13 @@ class AdaptiveComputationTime(nn.Module):
         )
 
 
-__all__ = ["ACTOutput", "AdaptiveComputationTime", "act_halting_step"]
+def mean_ponder_cost(ponder_cost: torch.Tensor, position_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The scalar ponder term of a loss: the mean of rho_t = N(t) + R(t) over the real positions (`position_mask`
+    True; every position when None) of `ponder_cost [batch, length]`."""
+    if position_mask is None:
+        return ponder_cost.mean()
+    weights = position_mask.to(device=ponder_cost.device, dtype=ponder_cost.dtype)
+    return (ponder_cost * weights).sum() / weights.sum().clamp(min=1)
+
+
+__all__ = ["ACTOutput", "AdaptiveComputationTime", "act_halting_step", "mean_ponder_cost"]
