@@ -32,7 +32,7 @@ from transformers.modeling_outputs import MaskedLMOutput, ModelOutput, SequenceC
 from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
-from .txv_act import AdaptiveComputationTime, mean_ponder_cost
+from .txv_act import AdaptiveComputationTime, HaltingUnit, mean_ponder_cost
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
@@ -334,7 +334,10 @@ class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Conv1d)):
+        if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
+            init.normal_(module.weight, 0.0, std)
+            init.constant_(module.bias, module.bias_init)
+        elif isinstance(module, (nn.Linear, nn.Conv1d)):
             init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -345,9 +348,6 @@ class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        if isinstance(module, AdaptiveComputationTime):
-            init.normal_(module.halting.weight, 0.0, std)
-            init.constant_(module.halting.bias, module.halting_bias_init)
 
 
 @dataclass

@@ -63,6 +63,15 @@ def act_halting_step(
     return p, new_cumulative, still_running, halts_now
 
 
+class HaltingUnit(nn.Linear):
+    """The halting unit's affine map, W_h x + b_h (one output). Its own class so that a model's `_init_weights` can
+    give the bias its configured start value `bias_init` before the generic Linear initialisation claims it."""
+
+    def __init__(self, hidden_size: int, bias_init: float):
+        super().__init__(hidden_size, 1)
+        self.bias_init = bias_init
+
+
 class AdaptiveComputationTime(nn.Module):
     """The halting unit and the ACT loop around a step function.
 
@@ -82,7 +91,7 @@ class AdaptiveComputationTime(nn.Module):
         self.max_steps = max_steps
         self.threshold = threshold
         self.halting_bias_init = halting_bias_init
-        self.halting = nn.Linear(hidden_size, 1)
+        self.halting = HaltingUnit(hidden_size, halting_bias_init)
 
     def halting_probability(self, step_input: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.halting(step_input).squeeze(-1).float())
@@ -157,4 +166,4 @@ def mean_ponder_cost(ponder_cost: torch.Tensor, position_mask: torch.Tensor | No
     return (ponder_cost * weights).sum() / weights.sum().clamp(min=1)
 
 
-__all__ = ["ACTOutput", "AdaptiveComputationTime", "act_halting_step", "mean_ponder_cost"]
+__all__ = ["ACTOutput", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]

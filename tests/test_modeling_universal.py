@@ -550,3 +550,10 @@ def test_torch_export_and_compile_fullgraph_trace_the_model(use_act):
     torch.testing.assert_close(compiled.logits, expected, atol=ATOL, rtol=0)
     # ACT runs every step when traced (no data-dependent stop); the halted positions are unchanged by them
     torch.testing.assert_close(compiled.n_updates, model(ids).n_updates)
+
+
+def test_halting_bias_init_is_the_initial_halting_bias():
+    """The generic Linear initialisation used to claim the halting unit's bias first, leaving it at 0."""
+    for bias in (-1.0, 2.0):
+        model = build(halting_bias_init=bias)
+        torch.testing.assert_close(model.model.act.halting.bias, torch.tensor([bias]))
