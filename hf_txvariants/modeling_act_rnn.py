@@ -24,7 +24,7 @@ from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_act_rnn import ACTRNNConfig
-from .txv_act import AdaptiveComputationTime, HaltingUnit, mean_ponder_cost
+from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
 from .txv_cache import RowStateCache
 from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels
@@ -277,14 +277,6 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
 # ------------------------------------------------------------------------------------------------------------ heads
 
 
-def _with_ponder_cost(config, loss, ponder_cost, attention_mask):
-    """loss + tau * (mean of rho_t over the real input steps of this pass)."""
-    if loss is None:
-        return loss
-    real = None if attention_mask is None else attention_mask[:, -ponder_cost.shape[1] :]
-    return loss + config.act_loss_weight * mean_ponder_cost(ponder_cost, real)
-
-
 class ACTRNNForCausalLM(ACTRNNPreTrainedModel, GenerationMixin):
     """The pondering RNN with the output layer y_t = W_y s_t + b_y over the vocabulary (next-token prediction)."""
 
@@ -337,7 +329,7 @@ class ACTRNNForCausalLM(ACTRNNPreTrainedModel, GenerationMixin):
                 check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
             logits = self.lm_head(hidden_states)
             lm_loss = causal_lm_loss(logits, labels, **kwargs)
-            loss = _with_ponder_cost(self.config, lm_loss, outputs.ponder_cost, attention_mask)
+            loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
         else:
@@ -386,7 +378,7 @@ class ACTRNNForSequenceClassification(ACTRNNPreTrainedModel):
         loss = None
         if labels is not None:
             loss = sequence_classification_loss(self.config, logits, labels)
-            loss = _with_ponder_cost(self.config, loss, outputs.ponder_cost, attention_mask)
+            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
         return ACTRNNSequenceClassifierOutput(
             loss=loss,
             logits=logits,

@@ -32,7 +32,7 @@ from transformers.modeling_outputs import MaskedLMOutput, ModelOutput, SequenceC
 from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
-from .txv_act import AdaptiveComputationTime, HaltingUnit, mean_ponder_cost
+from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
@@ -574,14 +574,6 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
 # ------------------------------------------------------------------------------------------------------------ heads
 
 
-def _with_ponder_cost(config, loss, ponder_cost, attention_mask, length: int):
-    """loss + act_loss_weight * (mean of rho = N + R over the real positions of this pass)."""
-    if loss is None or ponder_cost is None:
-        return loss
-    real = None if attention_mask is None else attention_mask[:, -length:]
-    return loss + config.act_loss_weight * mean_ponder_cost(ponder_cost, real)
-
-
 class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, GenerationMixin):
     """The causal (decoder) Universal Transformer with a language-model head tied to the input embeddings.
 
@@ -667,7 +659,7 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
                 check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
             logits = self.lm_head(hidden_states)
             lm_loss = causal_lm_loss(logits, labels, **kwargs)
-            loss = _with_ponder_cost(self.config, lm_loss, outputs.ponder_cost, attention_mask, logits.shape[1])
+            loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
         else:
@@ -727,7 +719,7 @@ class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
         if labels is not None:
             check_labels(labels, logits.shape[:2], self.config.vocab_size)
             mlm_loss = masked_lm_loss(logits, labels, **kwargs)
-            loss = _with_ponder_cost(self.config, mlm_loss, outputs.ponder_cost, attention_mask, logits.shape[1])
+            loss = add_ponder_cost(mlm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
         return UniversalTransformerMaskedLMOutput(
             loss=loss,
             logits=logits,
@@ -777,7 +769,7 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         loss = None
         if labels is not None:
             loss = sequence_classification_loss(self.config, logits, labels)
-            loss = _with_ponder_cost(self.config, loss, outputs.ponder_cost, attention_mask, hidden_states.shape[1])
+            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
         return UniversalTransformerSequenceClassifierOutput(
             loss=loss,
             logits=logits,

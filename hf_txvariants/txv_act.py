@@ -166,4 +166,13 @@ def mean_ponder_cost(ponder_cost: torch.Tensor, position_mask: torch.Tensor | No
     return (ponder_cost * weights).sum() / weights.sum().clamp(min=1)
 
 
-__all__ = ["ACTOutput", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
+def add_ponder_cost(loss, ponder_cost, weight: float, attention_mask=None):
+    """`loss + weight * mean_ponder_cost` over the real positions of this pass (`attention_mask` `[batch, >= length]`,
+    1 = real, may also cover earlier positions); `loss` unchanged when it or `ponder_cost` is None."""
+    if loss is None or ponder_cost is None:
+        return loss
+    real = None if attention_mask is None else attention_mask[:, -ponder_cost.shape[1] :]
+    return loss + weight * mean_ponder_cost(ponder_cost, real)
+
+
+__all__ = ["ACTOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
