@@ -79,6 +79,13 @@ from .modeling_txv_reformer import (
     TxvReformerModel,
     TxvReformerPreTrainedModel,
 )
+from .configuration_act_rnn import ACTRNNConfig
+from .modeling_act_rnn import (
+    ACTRNNForCausalLM,
+    ACTRNNForSequenceClassification,
+    ACTRNNModel,
+    ACTRNNPreTrainedModel,
+)
 from .txv_cache import MemoryCache
 
 __version__ = "0.1.0"
@@ -102,6 +109,7 @@ VARIANTS = {
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_image_transformer": (ImageTransformerConfig, ImageTransformerPreTrainedModel),
     "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
+    "txv_act_rnn": (ACTRNNConfig, ACTRNNPreTrainedModel),
 }
 
 # The standard ForCausalLM name for Transformer-XL's LM head.
@@ -119,6 +127,11 @@ for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
 
 __all__ = [
+    "ACTRNNConfig",
+    "ACTRNNForCausalLM",
+    "ACTRNNForSequenceClassification",
+    "ACTRNNModel",
+    "ACTRNNPreTrainedModel",
     "AdaptiveSpanConfig",
     "AdaptiveSpanForCausalLM",
     "AdaptiveSpanModel",
