@@ -105,18 +105,19 @@ GRADIENT_TOLERANCE = {torch.bfloat16: 0.05, torch.float16: 0.01}
 REFORMER_FP16_OVERFLOWS = getattr(txv_lsh, "MASK_VALUE", None) == -1e9
 
 
-def build(name: str):
+def build(name: str, device: str = "cpu", attn_implementation: str = "eager", **overrides):
     model_type, kwargs, length = VARIANTS[name]
-    config = AutoConfig.for_model(model_type, **kwargs)
+    config = AutoConfig.for_model(model_type, **{**kwargs, **overrides})
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).train().to(device)
     ids = torch.randint(0, config.vocab_size, (2, length), generator=torch.Generator().manual_seed(1))
-    return model, ids
+    return model, ids.to(device)
 
 
-def loss_and_gradients(model, ids) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def loss_and_gradients(model, ids, forward=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`forward`: what computes the loss (e.g. `torch.compile(model)`), `model` by default."""
     model.zero_grad()
-    loss = model(input_ids=ids, labels=ids).loss
+    loss = (model if forward is None else forward)(input_ids=ids, labels=ids).loss
     loss.backward()
     gradients = {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
     return loss.detach().float(), gradients
@@ -125,7 +126,7 @@ def loss_and_gradients(model, ids) -> tuple[torch.Tensor, dict[str, torch.Tensor
 def run_in_precision(model, ids, how: str, dtype: torch.dtype):
     if how == "cast":
         return loss_and_gradients(model.to(dtype), ids)
-    with torch.autocast("cpu", dtype=dtype):
+    with torch.autocast(ids.device.type, dtype=dtype):
         return loss_and_gradients(model, ids)
 
 
@@ -134,13 +135,12 @@ def relative_gradient_error(gradients, reference) -> float:
     return float(difference.sqrt() / sum((g**2).sum() for g in reference.values()).sqrt())
 
 
-@pytest.mark.parametrize("precision", list(PRECISIONS))
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_trains_in_mixed_precision_close_to_float32(variant, precision, request):
+def check_mixed_precision_training(variant: str, precision: str, device: str, request, **build_kwargs):
+    """The float32 run, then the same weights in `precision`: finite, and close to float32."""
     how, dtype = PRECISIONS[precision]
     if variant == "reformer" and dtype == torch.float16 and REFORMER_FP16_OVERFLOWS:
         request.applymarker(pytest.mark.xfail(reason="txv_lsh MASK_VALUE=-1e9 overflows float16", strict=True))
-    model, ids = build(variant)
+    model, ids = build(variant, device, **build_kwargs)
     reference_loss, reference_gradients = loss_and_gradients(model, ids)
     loss, gradients = run_in_precision(copy.deepcopy(model), ids, how, dtype)
 
@@ -150,3 +150,9 @@ def test_trains_in_mixed_precision_close_to_float32(variant, precision, request)
     assert set(gradients) == set(reference_gradients), "the same parameters get gradients"
     assert abs(loss - reference_loss) <= LOSS_TOLERANCE[dtype] * max(1.0, abs(reference_loss))
     assert relative_gradient_error(gradients, reference_gradients) <= GRADIENT_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_trains_in_mixed_precision_close_to_float32(variant, precision, request):
+    check_mixed_precision_training(variant, precision, "cpu", request)
