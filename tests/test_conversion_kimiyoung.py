@@ -1,6 +1,7 @@
 """Conversion of the original kimiyoung/transformer-xl checkpoints (issue 3), on fixtures in the exact original
 formats made by the original code (tests/fixtures/kimiyoung/make_*_fixtures.py). Offline, CPU, no TensorFlow."""
 import io
+import json
 import os
 import pickle
 import shutil
@@ -318,10 +319,13 @@ def test_evaluate_helper_reproduces_reference_loss(tmp_path, capsys):
     rows = [np.concatenate([ref["inputs"][:, :, b].reshape(-1), ref["targets"][-1, -1:, b]]) for b in range(2)]
     ids = tmp_path / "ids.txt"
     ids.write_text(" ".join(str(int(t)) for t in np.concatenate(rows)))
-    res = conv_eval.main(["--model", str(out), "--ids", str(ids), "--batch-size", "2",
-                          "--tgt-len", str(int(ref["tgt_len"])), "--no-progress"])
+    capsys.readouterr()
+    assert conv_eval.main(["--model", str(out), "--ids", str(ids), "--batch-size", "2",
+                           "--tgt-len", str(int(ref["tgt_len"])), "--no-progress"]) == 0
+    out_lines = capsys.readouterr().out.splitlines()
+    res = json.loads(out_lines[0])
     assert abs(res["loss"] - float(ref["nll"].mean())) < TOL
-    assert "ppl" in capsys.readouterr().out
+    assert "ppl" in out_lines[1]
 
 
 def test_tf_convert_with_vocab_end_to_end(tmp_path):

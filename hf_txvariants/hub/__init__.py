@@ -87,10 +87,13 @@ def save_for_hub(model, folder: str | Path, repo_id: str, tokenizer=None, metric
 
 
 def push_to_hub(model, repo_id: str, tokenizer=None, metrics: dict | None = None, private: bool = False,
-                token: str | None = None, commit_message: str = "Upload hf-txvariants model", api=None, **card_kwargs):
-    """Creates `repo_id` (if needed) and uploads the folder of `save_for_hub` in one commit. Returns the commit info.
+                token: str | None = None, commit_message: str = "Upload hf-txvariants model", api=None,
+                revision: str | None = None, create_pr: bool = False, **card_kwargs):
+    """Creates `repo_id` (if needed) and uploads the folder of `save_for_hub` in one commit (or one pull request with
+    `create_pr`) with `huggingface_hub.HfApi.upload_folder`. Returns the commit info.
 
-    `model.push_to_hub` from transformers would skip the remote-code payload and the card; use this instead."""
+    `model.push_to_hub` from transformers uploads the weights, the config and the remote-code payload too, but not
+    this model card with its Hub metadata (and measured metrics) nor the tokenizer; this does all in one commit."""
     from huggingface_hub import HfApi
 
     api = api or HfApi(token=token)
@@ -99,7 +102,7 @@ def push_to_hub(model, repo_id: str, tokenizer=None, metrics: dict | None = None
         save_for_hub(model, folder, repo_id, tokenizer, metrics, **card_kwargs)
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                 commit_message=commit_message)
+                                 commit_message=commit_message, revision=revision, create_pr=create_pr)
 
 
 def snapshot_into_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str = "main",
