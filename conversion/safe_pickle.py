@@ -365,6 +365,8 @@ def _unpickle(unpickler, path):
     """Runs a restricted unpickler; a pickle that asks for more memory or recursion than exists is refused."""
     try:
         return unpickler.load()
+    except UnsafePickleError as error:
+        raise UnsafePickleError(f"{path}: {error}") from None
     except (MemoryError, RecursionError, OverflowError) as error:
         raise UnsafePickleError(f"{path}: the pickle asks for too much ({type(error).__name__}); "
                                 "nothing was executed") from None

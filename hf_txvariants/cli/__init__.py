@@ -83,6 +83,10 @@ def _eval(args):
     from ..training import encode, evaluate_sliding_window, evaluate_text, load_model, load_text
     from ..training.models import uses_memory
 
+    if args.no_progress:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # the "Loading weights" bar too
     model = load_model(args.model)
     tokenizer = _load_tokenizer(args.model)
     text = load_text(args.data, args.text_column)
@@ -137,9 +141,7 @@ def _demo(args):
 def _convert(args):
     from .convert import run
 
-    code = run(args.converter, args.converter_args)
-    if code:
-        raise SystemExit(code)
+    return run(args.converter, args.converter_args)  # the converter printed its own `error:` line
 
 
 class TxvParser(argparse.ArgumentParser):
@@ -233,7 +235,7 @@ def main(argv=None) -> int:
 
     def command():
         args = build_parser().parse_args(argv)
-        args.func(args)
+        return args.func(args)
 
     return run_guarded(command, "txv: error: ", debug)
 

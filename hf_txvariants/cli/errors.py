@@ -28,10 +28,10 @@ def one_line(error: BaseException) -> str:
 
 
 def run_guarded(command, prefix: str, debug: bool = False) -> int:
-    """Runs `command()`; returns 0, or prints `<prefix><message>` and returns 2 on an expected failure (re-raised
+    """Runs `command()`; returns its exit status (0 unless it returns an int), or prints `<prefix><message>` and returns 2 on an expected failure (re-raised
     with its traceback when `debug`). SystemExit (--help, --version) passes through; Ctrl-C exits with 130."""
     try:
-        command()
+        result = command()
     except _expected_errors() as error:
         if debug:
             raise
@@ -42,4 +42,4 @@ def run_guarded(command, prefix: str, debug: bool = False) -> int:
             raise
         print(f"{prefix}interrupted", file=sys.stderr)
         return 130
-    return 0
+    return result if isinstance(result, int) else 0

@@ -8,6 +8,7 @@ the step) resume to the same subsequent losses as a run that was never interrupt
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -21,11 +22,16 @@ import torch
 
 from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
 from .evaluation import evaluate_stream, summarize
-from .models import (ModelError, build_config, build_model, check_text_variant, init_memory, lm_forward, load_model, memory_state,
+from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory, lm_forward, load_model, memory_state,
                      uses_memory)
 
 # Fields of the run that must not change on resume (the data order and memory layout depend on them).
 RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction")
+
+
+class JsonError(argparse.ArgumentTypeError, ValueError):
+    """Bad JSON for `--extra-config` (argparse prints an ArgumentTypeError's own message; callers of the Python API
+    catch it as a ValueError)."""
 
 
 class JsonDict(dict):
@@ -36,9 +42,9 @@ class JsonDict(dict):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as error:
-                raise ValueError(f"not valid JSON ({error})") from None
+                raise JsonError(f"not valid JSON ({error}): {value!r}") from None
             if not isinstance(value, dict):
-                raise ValueError(f"expected a JSON object such as '{{\"clamp_len\": 400}}', got {type(value).__name__}")
+                raise JsonError(f"expected a JSON object such as '{{\"clamp_len\": 400}}', got {value!r}")
         super().__init__(value or {})
 
 
@@ -118,6 +124,11 @@ class TrainArgs:
             raise DataError(f"--mixed-precision must be one of no, bf16, fp16, got {self.mixed_precision!r}")
         if self.resume is not None and not self.resume:
             raise DataError("--resume must be 'latest' or a checkpoint folder, got an empty string")
+
+
+def _size_fields(args: TrainArgs) -> dict:
+    return dict(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head, d_inner=args.d_inner,
+                mem_len=args.mem_len, seg_len=args.seg_len, dropout=args.dropout)
 
 
 def _flag(name: str) -> str:
@@ -277,6 +288,11 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
         if not candidates or not (candidates[0] / "run_state.json").exists():
             raise DataError(f"no checkpoint to resume from at {args.resume if args.resume != 'latest' else output_dir}")
     checkpoint = candidates[0] if candidates else None
+    if args.model:
+        check_model_source(args.model)
+    else:
+        check_text_variant(args.variant)
+        build_config(args.variant, 1 << 30, **{**_size_fields(args), **args.extra_config})  # bad fields fail before any work
 
     # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer)
     text = load_text(args.data, args.text_column)
@@ -306,11 +322,7 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
         if config.vocab_size < len(tokenizer):
             raise ModelError(f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {config.vocab_size}")
     else:
-        check_text_variant(args.variant)
-        config = build_config(
-            args.variant, len(tokenizer), d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
-            d_inner=args.d_inner, mem_len=args.mem_len, seg_len=args.seg_len, dropout=args.dropout, **args.extra_config,
-        )
+        config = build_config(args.variant, len(tokenizer), **{**_size_fields(args), **args.extra_config})
         config.eos_token_id = tokenizer.eos_token_id
         model = build_model(config)
     if checkpoint:

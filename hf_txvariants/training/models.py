@@ -105,6 +105,32 @@ def _looks_like_a_path(name: str) -> bool:
     return Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
 
 
+def check_model_source(name: str | Path):
+    """A saved-model folder must exist and hold a readable config.json of a registered model type (a name that is
+    not a folder is taken as a Hub repo id)."""
+    import json
+
+    from transformers import CONFIG_MAPPING
+
+    name = str(name)
+    folder = Path(name)
+    if not folder.exists():
+        if _looks_like_a_path(name):
+            raise ModelError(f"model folder not found: {name}")
+        return
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelError(f"{name} is not a saved model (no config.json)")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelError(f"{config_file} is not valid JSON ({error})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type is None or model_type not in CONFIG_MAPPING:
+        raise ModelError(f"{config_file}: unknown model_type {model_type!r} (hf-txvariants registers "
+                         f"{', '.join(variant_names())})")
+
+
 def load_model(path: str | Path, **kwargs):
     """A causal LM and its config from a saved folder (or Hub repo id), with a clear message when it cannot: a missing
     folder, a folder without config.json, an unsafe pickle (refused by the weights-only loader, never run), a torn
@@ -116,10 +142,7 @@ def load_model(path: str | Path, **kwargs):
     from transformers import AutoModelForCausalLM
 
     name = str(path)
-    if Path(name).exists() and not (Path(name) / "config.json").exists():
-        raise ModelError(f"{name} is not a saved model (no config.json)")
-    if not Path(name).exists() and _looks_like_a_path(name):
-        raise ModelError(f"model folder not found: {name}")
+    check_model_source(name)
     try:
         return AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
