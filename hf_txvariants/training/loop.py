@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import warnings
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,7 +173,9 @@ def _check_rng_state(checkpoint: Path, rank: int):
 
     path = checkpoint / f"{RNG_STATE_NAME}_{rank}.pkl"
     try:
-        states = load(path, map_location="cpu")
+        with warnings.catch_warnings():  # torch warns about a foreign pickle protocol before refusing it: one line
+            warnings.simplefilter("ignore")
+            states = load(path, map_location="cpu")
     except Exception as error:  # torch raises several types for a missing, torn or unsafe file
         raise ModelError(f"cannot resume from {checkpoint}: the RNG state {path.name} cannot be read safely "
                          f"({type(error).__name__}: {_first_line(error)}); nothing in it was run") from None
