@@ -197,3 +197,24 @@ def test_txv_push_offline_is_one_clear_line(tiny, tmp_path, capsys, monkeypatch)
     assert main(["push", "--model", str(tmp_path / "model"), "--repo-id", "me/m"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "txv: error: cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)"
+
+
+def test_transformers_push_to_hub_uploads_the_remote_code_too(tiny):
+    """What the README says: `model.push_to_hub` (transformers) uploads the remote-code payload as well (it calls our
+    `save_pretrained`); `hf_txvariants.hub.push_to_hub` adds the tokenizer and the card with the Hub metadata."""
+    model, _ = tiny
+    uploaded = {}
+
+    def upload(folder, *args, **kwargs):
+        uploaded["files"] = {p.name for p in Path(folder).iterdir()}
+        return mock.Mock()
+
+    with mock.patch("transformers.utils.hub.hf_api") as hf_api, \
+            mock.patch("transformers.utils.hub.create_and_tag_model_card", return_value=ModelCard("")), \
+            mock.patch.object(type(model), "_upload_modified_files", side_effect=upload):
+        hf_api.return_value.create_repo.return_value.repo_id = "me/m"
+        model.push_to_hub("me/m")
+    files = uploaded["files"]
+    assert f"{type(model).__module__.rsplit('.', 1)[-1]}.py" in files  # the variant's modeling file
+    assert f"{type(model.config).__module__.rsplit('.', 1)[-1]}.py" in files
+    assert any(f.startswith("txv_") for f in files)
