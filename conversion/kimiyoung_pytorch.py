@@ -24,9 +24,8 @@ import torch
 
 from hf_txvariants.cli.errors import run_guarded
 
-from .common import (PRESETS, ConversionError, atomic_output_dir, check_shapes, expected_shapes, progress,
-                     push_to_hub, summary)
-from .kimiyoung_tf import apply_eval_settings, finish_output, parse_dtype
+from .common import (PRESETS, ConversionError, apply_eval_settings, atomic_output_dir, check_shapes, expected_shapes,
+                     finish_output, parse_dtype, progress, push_to_hub, summary)
 from .safe_pickle import MODULE_CLASSES, ArrayStub, PickledObject, load_torch_file
 
 ATTN_TYPES = {0: "relative positional encoding (paper)", 1: "learnable relative embeddings (Shaw et al.)",

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import sys
 from collections import OrderedDict
 
@@ -28,8 +26,8 @@ import torch
 
 from hf_txvariants.cli.errors import run_guarded
 
-from .common import (PRESETS, ConversionError, atomic_output_dir, check_shapes, expected_shapes, model_card_path,
-                     progress, push_to_hub, summary, write_model)
+from .common import (PRESETS, ConversionError, apply_eval_settings, atomic_output_dir, check_shapes,
+                     expected_shapes, finish_output, parse_dtype, progress, push_to_hub, summary)
 from .tf_bundle import TFCheckpointReader
 
 SKIP = re.compile(r"(/Adam(_\d+)?$|(^|/)beta[12]_power$|(^|/)global_step$|/ExponentialMovingAverage$)")
@@ -236,45 +234,6 @@ def read_corpus_info(path):
     if not isinstance(info, dict) or "vocab_size" not in info or "cutoffs" not in info:
         raise ConversionError(f"{path}: a corpus-info.json needs 'vocab_size' and 'cutoffs'")
     return info
-
-
-def apply_eval_settings(cfg, preset=None, mem_len=None, clamp_len=None, same_length=None):
-    settings = dict(PRESETS[preset]) if preset else dict(mem_len=0, clamp_len=-1, same_length=False, tgt_len=None)
-    if mem_len is not None:
-        settings["mem_len"] = mem_len
-    if clamp_len is not None:
-        settings["clamp_len"] = clamp_len
-    if same_length is not None:
-        settings["same_length"] = same_length
-    cfg.update(mem_len=settings["mem_len"], clamp_len=settings["clamp_len"], same_length=settings["same_length"])
-    return settings
-
-
-def finish_output(tmp, cfg, state, sources, settings, vocab_path, preset, dtype, vocab_kind=None):
-    from .vocab import convert_vocab
-
-    eos = None
-    tokenizer = None
-    if vocab_path:
-        tokenizer, vocab_info = convert_vocab(vocab_path, dataset=vocab_kind)
-        if len(vocab_info["idx2sym"]) != cfg["vocab_size"]:
-            raise ConversionError(f"vocabulary has {len(vocab_info['idx2sym'])} symbols, the model "
-                                  f"{cfg['vocab_size']}")
-        eos = vocab_info.get("eos_token_id")
-    cfg["eos_token_id"] = eos
-    gen = dict(eos_token_id=eos, mem_len=settings["mem_len"], clamp_len=settings["clamp_len"],
-               same_length=settings["same_length"])
-    if settings.get("tgt_len"):
-        gen["eval_tgt_len"] = settings["tgt_len"]
-    write_model(tmp, cfg, state, sources, dtype=dtype, generation=gen)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if preset and os.path.isfile(model_card_path(preset)):
-        shutil.copyfile(model_card_path(preset), os.path.join(tmp, "README.md"))
-
-
-def parse_dtype(name):
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def main(argv=None, prog="python -m conversion.kimiyoung_tf"):
