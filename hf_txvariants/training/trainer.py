@@ -170,7 +170,7 @@ def train_with_trainer(args) -> dict:
         eval_steps=args.eval_every or None, logging_steps=10, save_strategy="steps" if args.save_every else "no",
         save_steps=args.save_every or 500, report_to=["tensorboard"] if args.tensorboard else [], seed=args.seed,
         bf16=args.mixed_precision == "bf16", fp16=args.mixed_precision == "fp16", use_cpu=args.cpu,
-        disable_tqdm=not args.progress,
+        disable_tqdm=not args.progress, dataloader_pin_memory=torch.cuda.is_available(),
     )
     trainer = MemoryTrainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=valid_set)
     trainer.train()
