@@ -28,7 +28,13 @@ from hf_txvariants.cli.errors import run_guarded
 
 def read_ids(path):
     with open(path, encoding="utf-8") as f:
-        return torch.tensor([int(t) for t in f.read().split()], dtype=torch.long)
+        tokens = f.read().split()
+    bad = next((t for t in tokens if not t.isdigit()), None)
+    if bad is not None:
+        raise ValueError(f"{path}: token ids must be non-negative integers, found {bad!r}")
+    if not tokens:
+        raise ValueError(f"{path}: no token ids")
+    return torch.tensor([int(t) for t in tokens], dtype=torch.long)
 
 
 def tokenize_file(tokenizer, path, kind):
