@@ -74,6 +74,7 @@ from .modeling_image_transformer import (
 )
 from .configuration_txv_reformer import TxvReformerConfig
 from .modeling_txv_reformer import (
+    TxvReformerCache,
     TxvReformerForCausalLM,
     TxvReformerForSequenceClassification,
     TxvReformerModel,
@@ -154,6 +155,7 @@ __all__ = [
     "TransfoXLLMHeadModel",
     "TransfoXLModel",
     "TransfoXLPreTrainedModel",
+    "TxvReformerCache",
     "TxvReformerConfig",
     "TxvReformerForCausalLM",
     "TxvReformerForSequenceClassification",
