@@ -21,9 +21,14 @@ class ImageTransformerConfig(PreTrainedConfig):
 
     Args:
         image_size: `[height, width]`. num_channels: 1 (grey) or 3 (RGB).
-        attention_type: "local_1d" (query blocks of `block_length` attend to themselves and the previous block) or
-            "local_2d" (query blocks of `query_shape` rows x columns of the grid attend to the memory block that
-            extends them by `memory_flange` rows above and columns left and right, causally).
+        attention_type: "local_1d" (query blocks of `block_length` attend to themselves and the `memory_length`
+            positions before them) or "local_2d" (query blocks of `query_shape` rows x columns of the grid attend to
+            the memory block that extends them by `memory_flange` rows above and columns left and right, causally).
+        memory_length: local 1D only, the positions before a query block that it also attends to (default
+            `block_length`: the previous block). Parmar et al. 2018, section 3.2: "We then partition the length into
+            non-overlapping query blocks Q of length l_q, padding with zeroes if necessary. For each query block, we
+            build the memory block M from the same positions as Q and an additional l_m positions corresponding to
+            pixels that have been generated before, which can result in overlapping memory blocks."
         num_classes: > 0 for class-conditional generation (a class embedding is added at every position).
         pattern_implementation: "blocked" (trains on CPU), "flex" (FlexAttention), "dense" (reference mask).
         block_size: query block of the blocked path (default: the attention block).
@@ -49,6 +54,7 @@ class ImageTransformerConfig(PreTrainedConfig):
     intermediate_size: int | None = None
     attention_type: str = "local_1d"
     block_length: int = 256
+    memory_length: int | None = None
     query_shape: list[int] = (8, 16)
     memory_flange: list[int] = (8, 16)
     num_classes: int = 0
@@ -58,7 +64,7 @@ class ImageTransformerConfig(PreTrainedConfig):
     attention_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-6
     initializer_range: float = 0.02
-    use_cache: bool = False
+    use_cache: bool = True
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 256
     pad_token_id: int | None = None
@@ -70,6 +76,8 @@ class ImageTransformerConfig(PreTrainedConfig):
         self.query_shape = [int(x) for x in self.query_shape]
         self.memory_flange = [int(x) for x in self.memory_flange]
         default_head_dim(self)
+        if self.memory_length is None:
+            self.memory_length = self.block_length
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         if self.block_size is None:
@@ -98,6 +106,8 @@ class ImageTransformerConfig(PreTrainedConfig):
             "block_length",
             "block_size",
         )
+        if self.memory_length < 0:
+            raise ValueError(f"memory_length must be >= 0, got {self.memory_length}")
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"image_size must be [height, width] > 0, got {self.image_size}")
         if self.vocab_size != 257:
