@@ -8,6 +8,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForImageToImage,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
 )
@@ -69,6 +70,7 @@ from .modeling_sparse_transformer import (
 from .configuration_image_transformer import ImageTransformerConfig
 from .modeling_image_transformer import (
     ImageTransformerForCausalLM,
+    ImageTransformerForSuperResolution,
     ImageTransformerModel,
     ImageTransformerPreTrainedModel,
 )
@@ -87,6 +89,7 @@ __version__ = "0.1.0"
 AUTO_CLASSES = {
     "AutoModel": AutoModel,
     "AutoModelForCausalLM": AutoModelForCausalLM,
+    "AutoModelForImageToImage": AutoModelForImageToImage,
     "AutoModelForMaskedLM": AutoModelForMaskedLM,
     "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
 }
@@ -130,6 +133,7 @@ __all__ = [
     "GTrXLPreTrainedModel",
     "ImageTransformerConfig",
     "ImageTransformerForCausalLM",
+    "ImageTransformerForSuperResolution",
     "ImageTransformerModel",
     "ImageTransformerPreTrainedModel",
     "MemoryCache",

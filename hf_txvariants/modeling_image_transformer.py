@@ -110,6 +110,15 @@ class ImageTransformerCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
+def grid_position_embeddings(raster: torch.Tensor, grid_width: int, config, embed_channels: nn.Embedding):
+    """`[n, hidden]` for raster indices of a `? x grid_width` grid of intensities: row and column sinusoids (half the
+    width each) and the channel embedding."""
+    row, column = torch.div(raster, grid_width, rounding_mode="floor"), raster % grid_width
+    half = config.hidden_size // 2
+    table = torch.cat([sinusoid_table(row, half), sinusoid_table(column, config.hidden_size - half)], dim=-1)
+    return table + embed_channels(column % config.num_channels)
+
+
 class ImageTransformerAttention(MultiHeadAttention):
     def __init__(self, config: ImageTransformerConfig, layer_idx: int, pattern):
         super().__init__(config, layer_idx)
@@ -143,21 +152,39 @@ class ImageTransformerAttention(MultiHeadAttention):
 
 
 class ImageTransformerLayer(GradientCheckpointingLayer):
-    """Pre-norm decoder layer: x + dropout(attn(LN(x))), then x + ff(LN(x))."""
+    """Pre-norm decoder layer: x + dropout(attn(LN(x))), [x + dropout(cross_attn(LN(x), encoder)) when conditioned on
+    an image], then x + ff(LN(x))."""
 
     def __init__(self, config: ImageTransformerConfig, layer_idx: int, pattern):
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attn = ImageTransformerAttention(config, layer_idx, pattern)
+        if config.conditioning_image_size is not None:
+            self.ln_cross = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            self.cross_attn = MultiHeadAttention(config, layer_idx, is_cross_attention=True)
         self.ln_ff = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ff = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states, key_padding_mask=None, output_attentions=False, past_key_values=None):
+    def forward(
+        self,
+        hidden_states,
+        key_padding_mask=None,
+        output_attentions=False,
+        past_key_values=None,
+        encoder_hidden_states=None,
+    ):
         attention_output, weights = self.attn(
             self.ln_attn(hidden_states), key_padding_mask, output_attentions, past_key_values
         )
         hidden_states = hidden_states + self.dropout(attention_output)
+        if hasattr(self, "cross_attn"):
+            if encoder_hidden_states is None:
+                raise ValueError("encoder_hidden_states (the encoded low-resolution image) is required when "
+                                 "config.conditioning_image_size is set")
+            # The encoder's keys/values are recomputed at each step (the low-resolution image is small).
+            cross_output, _ = self.cross_attn(self.ln_cross(hidden_states), None, key_value_states=encoder_hidden_states)
+            hidden_states = hidden_states + self.dropout(cross_output)
         return hidden_states + self.ff(self.ln_ff(hidden_states)), weights
 
 
@@ -169,8 +196,12 @@ class ImageTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = False
     _supports_flex_attn = False
-    auto_classes = {"AutoModel": "ImageTransformerModel", "AutoModelForCausalLM": "ImageTransformerForCausalLM"}
-    head_key_patterns = (r"^lm_head\.",)
+    auto_classes = {
+        "AutoModel": "ImageTransformerModel",
+        "AutoModelForCausalLM": "ImageTransformerForCausalLM",
+        "AutoModelForImageToImage": "ImageTransformerForSuperResolution",
+    }
+    head_key_patterns = (r"^lm_head\.", r"^encoder\.")
 
     def _init_weights(self, module):
         std = self.config.initializer_range
@@ -211,11 +242,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         config = self.config
         order = generation_order(config, device)
         steps = torch.arange(offset, offset + length, device=device).clamp(max=config.num_positions - 1)
-        raster = order[steps]
-        row, column = torch.div(raster, config.grid_width, rounding_mode="floor"), raster % config.grid_width
-        half = config.hidden_size // 2
-        table = torch.cat([sinusoid_table(row, half), sinusoid_table(column, config.hidden_size - half)], dim=-1)
-        return table.to(dtype) + self.embed_channels(column % config.num_channels)
+        return grid_position_embeddings(order[steps], config.grid_width, config, self.embed_channels).to(dtype)
 
     def embed(self, input_ids, inputs_embeds, class_labels, past_length: int = 0) -> torch.Tensor:
         """Token + position (+ class) embeddings of the positions from `past_length` on, checked."""
@@ -256,12 +283,14 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         class_labels: torch.LongTensor | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """input_ids: `[batch, <= 1 + positions]` in generation order, start token first (with `past_key_values`,
         the positions after the cached ones). class_labels: `[batch]` (required when `num_classes > 0`).
         attention_mask: `[batch, length]` or, with a cache, `[batch, past + length]`. `use_cache` returns the keys and
-        values of every layer in a `DynamicCache` (`past_key_values`)."""
+        values of every layer in a `DynamicCache` (`past_key_values`). encoder_hidden_states: the encoded
+        low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
@@ -290,7 +319,11 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         for layer in self.layers:
             all_hidden.append(hidden_states)
             hidden_states, weights = layer(
-                hidden_states, key_padding_mask, output_attentions, past_key_values=past_key_values
+                hidden_states,
+                key_padding_mask,
+                output_attentions,
+                past_key_values=past_key_values,
+                encoder_hidden_states=encoder_hidden_states,
             )
             all_attentions.append(weights)
         hidden_states = self.norm(hidden_states)
@@ -403,10 +436,162 @@ class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMix
         return input_ids_to_images(tokens, config)
 
 
+def images_to_conditioning_ids(images: torch.Tensor, config: ImageTransformerConfig) -> torch.LongTensor:
+    """Low-resolution `[batch, height, width, channels]` intensities 0..255 -> `[batch, height * width * channels]`
+    in raster order (the super-resolution encoder's input)."""
+    if config.conditioning_image_size is None:
+        raise ValueError("config.conditioning_image_size is not set: this model is not conditioned on an image")
+    height, width = config.conditioning_image_size
+    if images.dim() != 4 or tuple(images.shape[1:]) != (height, width, config.num_channels):
+        raise ValueError(
+            f"low-resolution images must be [batch, {height}, {width}, {config.num_channels}] "
+            f"(conditioning_image_size, num_channels), got shape {tuple(images.shape)}"
+        )
+    flat = images.long().reshape(images.shape[0], -1)
+    check_token_ids(flat, NUM_INTENSITIES, "low-resolution images", "num_channels intensities 0..255")
+    return flat
+
+
+class ImageTransformerEncoderLayer(GradientCheckpointingLayer):
+    """Pre-norm encoder layer over the low-resolution intensities: full (non-causal) self-attention, feed-forward."""
+
+    def __init__(self, config: ImageTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attn = MultiHeadAttention(config, layer_idx)
+        self.ln_ff = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ff = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states):
+        attention_output, _ = self.attn(self.ln_attn(hidden_states), None)
+        hidden_states = hidden_states + self.dropout(attention_output)
+        return hidden_states + self.ff(self.ln_ff(hidden_states))
+
+
+class ImageTransformerEncoder(nn.Module):
+    """Encodes the low-resolution image: intensity embeddings + its grid's row/column sinusoids and channel
+    embedding, `num_encoder_layers` layers of full self-attention, a final LayerNorm."""
+
+    def __init__(self, config: ImageTransformerConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(NUM_INTENSITIES, config.hidden_size)
+        self.embed_channels = nn.Embedding(config.num_channels, config.hidden_size)
+        self.layers = nn.ModuleList(ImageTransformerEncoderLayer(config, i) for i in range(config.num_encoder_layers))
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, conditioning_ids: torch.LongTensor) -> torch.Tensor:
+        config = self.config
+        expected = config.num_conditioning_positions
+        if conditioning_ids.dim() != 2 or conditioning_ids.shape[1] != expected:
+            raise ValueError(
+                f"conditioning_ids must be [batch, {expected}] (the low-resolution image's intensities, "
+                f"images_to_conditioning_ids), got shape {tuple(conditioning_ids.shape)}"
+            )
+        check_token_ids(conditioning_ids, NUM_INTENSITIES, "conditioning_ids", "num_channels intensities 0..255")
+        raster = torch.arange(expected, device=conditioning_ids.device)
+        width = config.conditioning_image_size[1] * config.num_channels
+        positions = grid_position_embeddings(raster, width, config, self.embed_channels)
+        hidden_states = self.dropout(self.embed_tokens(conditioning_ids) + positions.to(self.embed_tokens.weight.dtype))
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return self.norm(hidden_states)
+
+
+class ImageTransformerForSuperResolution(ImageTransformerPreTrainedModel, GenerationMixin):
+    """Image-conditioned generation (Parmar et al. 2018, section 3.4, super-resolution): the low-resolution image
+    (`conditioning_ids`, `images_to_conditioning_ids`) is encoded with full self-attention; the high-resolution image
+    is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D attention, `input_ids` in generation order, start
+    token first), every decoder layer also attending to the encoder's output. `loss` in bits per dimension.
+    Generation caches the decoder's keys/values; the small encoder is rerun at each step."""
+
+    def __init__(self, config: ImageTransformerConfig):
+        super().__init__(config)
+        if config.conditioning_image_size is None:
+            raise ValueError("ImageTransformerForSuperResolution needs config.conditioning_image_size ([height, width])")
+        self.encoder = ImageTransformerEncoder(config)
+        self.model = ImageTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def prepare_inputs_for_generation(self, input_ids, conditioning_ids=None, class_labels=None, **kwargs):
+        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
+        inputs.update(conditioning_ids=conditioning_ids, class_labels=class_labels)
+        return inputs
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        conditioning_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        class_labels: torch.LongTensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> ImageTransformerCausalLMOutput:
+        """conditioning_ids: `[batch, low-resolution intensities]` (required). The rest as
+        `ImageTransformerForCausalLM.forward`."""
+        if conditioning_ids is None:
+            raise ValueError("conditioning_ids (the low-resolution image, images_to_conditioning_ids) is required")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            class_labels=class_labels,
+            encoder_hidden_states=self.encoder(conditioning_ids),
+        )
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        loss = None
+        if labels is not None or kwargs.get("shift_labels") is not None:
+            loss = intensity_bits_per_dim(logits, labels, hidden_states.shape[:2], **kwargs)
+        return ImageTransformerCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    @torch.no_grad()
+    def upscale(
+        self, low_resolution: torch.Tensor, do_sample: bool = False, temperature: float = 1.0, use_cache: bool = True
+    ) -> torch.Tensor:
+        """Low-resolution uint8 `[batch, h, w, channels]` -> generated high-resolution `[batch, H, W, channels]`."""
+        conditioning_ids = images_to_conditioning_ids(low_resolution, self.config)
+        start = torch.full((conditioning_ids.shape[0], 1), START_TOKEN, dtype=torch.long, device=self.lm_head.weight.device)
+        kwargs = dict(do_sample=do_sample, max_new_tokens=self.config.num_positions, eos_token_id=None, pad_token_id=0)
+        if do_sample:
+            kwargs.update(temperature=temperature, top_k=0)
+        tokens = self.generate(start, conditioning_ids=conditioning_ids.to(start.device), use_cache=use_cache, **kwargs)
+        return input_ids_to_images(tokens, self.config)
+
+
 __all__ = [
     "ImageTransformerPreTrainedModel",
     "ImageTransformerModel",
     "ImageTransformerForCausalLM",
+    "ImageTransformerForSuperResolution",
+    "images_to_conditioning_ids",
     "images_to_input_ids",
     "input_ids_to_images",
 ]

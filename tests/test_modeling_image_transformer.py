@@ -159,7 +159,7 @@ def test_bad_input_names_tensor():
 
 
 # ------------------------------------------------------------------------------------------------ local 1D memory
-@pytest.mark.parametrize("memory_length", [0, 3, 8, 13])
+@pytest.mark.parametrize("memory_length", [0, 3, 13])
 def test_local_1d_memory_length_is_the_papers(memory_length):
     """Parmar et al. 3.2: a query block of l_q positions attends to itself and the l_m positions generated before it.
     One layer: changing step s moves the logits of step t exactly when the paper's set, written here from the text,
@@ -169,7 +169,7 @@ def test_local_1d_memory_length_is_the_papers(memory_length):
     ids = images_to_input_ids(_images(1, 4), model.config)
     with torch.no_grad():
         base = model(ids).logits[0]
-    query = 29
+    query = 21
     block_start = (query // 8) * 8
     paper_set = set(range(max(0, block_start - memory_length), query + 1))
     for key in range(query + 1):
@@ -203,22 +203,21 @@ def _sharp(model):
     [
         dict(attention_type="local_1d"),
         dict(attention_type="local_1d", memory_length=5),
-        dict(attention_type="local_2d"),
-        dict(attention_type="local_2d", pattern_implementation="dense"),
         dict(attention_type="local_2d", num_classes=3),
+        dict(attention_type="local_2d", pattern_implementation="dense"),
     ],
 )
 def test_cached_generation_equals_recomputing_the_prefix(overrides):
-    """A whole image generated with the key/value cache: the greedy intensities and every step's logits equal those
-    of recomputing the prefix at every step."""
+    """Generated with the key/value cache (5 local 1D blocks, or 2.5 block rows of local 2D), the greedy intensities
+    and every step's logits equal those of recomputing the prefix at every step."""
     model = _sharp(_model(**overrides))
     start = torch.full((2, 1), 256)
-    kwargs = dict(max_new_tokens=model.config.num_positions, **GREEDY)
+    kwargs = dict(max_new_tokens=40, **GREEDY)
     if model.config.num_classes:
         kwargs["class_labels"] = torch.tensor([0, 2])
     cached = model.generate(start, use_cache=True, **kwargs)
     full = model.generate(start, use_cache=False, **kwargs)
-    assert cached.past_key_values.get_seq_length() == model.config.num_positions
+    assert cached.past_key_values.get_seq_length() == 40
     assert torch.equal(cached.sequences, full.sequences)
     for step, (a, b) in enumerate(zip(cached.logits, full.logits)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")

@@ -42,3 +42,34 @@ def save_png(images: torch.Tensor, path, scale: int = 4) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def synthetic_shapes(count: int, size: int = 16, channels: int = 1, seed: int = 0) -> torch.Tensor:
+    """uint8 `[count, size, size, channels]` images made from nothing (no download): a soft linear gradient with one
+    filled rectangle and one filled disc of random intensities and places. Smooth areas and sharp edges, so that a
+    low-resolution copy says much, but not everything, about the image."""
+    generator = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.rand(*shape, generator=generator)  # noqa: E731
+    coords = torch.arange(size, dtype=torch.float32)
+    rows, cols = coords[:, None].expand(size, size), coords[None, :].expand(size, size)
+    images = []
+    for _ in range(count):
+        direction = rand(2) - 0.5
+        image = 96 + 64 * (direction[0] * rows + direction[1] * cols) / size
+        image = image[..., None].repeat(1, 1, channels)
+        top, left = (rand(2) * size * 0.6).long()
+        height, width = 3 + (rand(2) * size * 0.4).long()
+        image[top : top + height, left : left + width] = 255 * rand(channels)
+        centre, radius = rand(2) * size, 2 + rand(1) * size / 4
+        disc = (rows - centre[0]) ** 2 + (cols - centre[1]) ** 2 <= radius**2
+        image[disc] = 255 * rand(channels)
+        images.append(image)
+    return torch.stack(images).clamp(0, 255).round().to(torch.uint8)
+
+
+def downsample(images: torch.Tensor, factor: int) -> torch.Tensor:
+    """Average `factor` x `factor` pixel blocks: uint8 `[batch, H, W, C]` -> `[batch, H / factor, W / factor, C]`."""
+    if images.shape[1] % factor or images.shape[2] % factor:
+        raise ValueError(f"image size {tuple(images.shape[1:3])} must be a multiple of factor {factor}")
+    pooled = torch.nn.functional.avg_pool2d(images.permute(0, 3, 1, 2).float(), factor)
+    return pooled.permute(0, 2, 3, 1).round().to(torch.uint8)
