@@ -110,13 +110,19 @@ class ImageTransformerCausalLMOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-def grid_position_embeddings(raster: torch.Tensor, grid_width: int, config, embed_channels: nn.Embedding):
+def grid_position_embeddings(raster: torch.Tensor, grid_width: int, config, embed_channels: nn.Embedding, scale=(1, 1)):
     """`[n, hidden]` for raster indices of a `? x grid_width` grid of intensities: row and column sinusoids (half the
-    width each) and the channel embedding."""
+    width each) and the channel embedding. With `scale` (rows, columns), the grid is a low-resolution image whose
+    pixels are placed at their centres in the coordinates of a grid `scale` times larger (the image being decoded)."""
     row, column = torch.div(raster, grid_width, rounding_mode="floor"), raster % grid_width
+    channel = column % config.num_channels
+    if scale != (1, 1):
+        pixel = torch.div(column, config.num_channels, rounding_mode="floor")
+        row = (row + 0.5) * scale[0] - 0.5
+        column = ((pixel + 0.5) * scale[1] - 0.5) * config.num_channels + channel
     half = config.hidden_size // 2
     table = torch.cat([sinusoid_table(row, half), sinusoid_table(column, config.hidden_size - half)], dim=-1)
-    return table + embed_channels(column % config.num_channels)
+    return table + embed_channels(channel)
 
 
 class ImageTransformerAttention(MultiHeadAttention):
@@ -470,8 +476,9 @@ class ImageTransformerEncoderLayer(GradientCheckpointingLayer):
 
 
 class ImageTransformerEncoder(nn.Module):
-    """Encodes the low-resolution image: intensity embeddings + its grid's row/column sinusoids and channel
-    embedding, `num_encoder_layers` layers of full self-attention, a final LayerNorm."""
+    """Encodes the low-resolution image: intensity embeddings + row/column sinusoids of its pixels' centres in the
+    high-resolution grid's coordinates (so that a decoder position and the low-resolution pixel covering it get
+    near positions) and the channel embedding, `num_encoder_layers` layers of full self-attention, a LayerNorm."""
 
     def __init__(self, config: ImageTransformerConfig):
         super().__init__()
@@ -492,8 +499,9 @@ class ImageTransformerEncoder(nn.Module):
             )
         check_token_ids(conditioning_ids, NUM_INTENSITIES, "conditioning_ids", "num_channels intensities 0..255")
         raster = torch.arange(expected, device=conditioning_ids.device)
-        width = config.conditioning_image_size[1] * config.num_channels
-        positions = grid_position_embeddings(raster, width, config, self.embed_channels)
+        low_height, low_width = config.conditioning_image_size
+        scale = (config.image_size[0] / low_height, config.image_size[1] / low_width)
+        positions = grid_position_embeddings(raster, low_width * config.num_channels, config, self.embed_channels, scale)
         hidden_states = self.dropout(self.embed_tokens(conditioning_ids) + positions.to(self.embed_tokens.weight.dtype))
         for layer in self.layers:
             hidden_states = layer(hidden_states)
