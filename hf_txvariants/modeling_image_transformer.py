@@ -354,7 +354,25 @@ def intensity_bits_per_dim(logits, labels, shape, **loss_kwargs) -> torch.Tensor
     return causal_lm_loss(logits, labels, **loss_kwargs) / math.log(2)
 
 
-class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMixin):
+class ImageTransformerIntensityHeadMixin:
+    """The output of the image heads: logits over the 256 intensities from `lm_head`, loss in bits per dimension."""
+
+    def intensity_head(self, outputs, labels, logits_to_keep: int = 0, **loss_kwargs) -> ImageTransformerCausalLMOutput:
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        loss = None
+        if labels is not None or loss_kwargs.get("shift_labels") is not None:
+            loss = intensity_bits_per_dim(logits, labels, hidden_states.shape[:2], **loss_kwargs)
+        return ImageTransformerCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class ImageTransformerForCausalLM(ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin):
     """Image generation: logits over the 256 intensities; `loss` in bits per dimension."""
 
     def __init__(self, config: ImageTransformerConfig):
@@ -403,18 +421,7 @@ class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMix
             output_hidden_states=output_hidden_states,
             class_labels=class_labels,
         )
-        hidden_states = outputs.last_hidden_state
-        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-        loss = None
-        if labels is not None or kwargs.get("shift_labels") is not None:
-            loss = intensity_bits_per_dim(logits, labels, hidden_states.shape[:2], **kwargs)
-        return ImageTransformerCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return self.intensity_head(outputs, labels, logits_to_keep, **kwargs)
 
     @torch.no_grad()
     def generate_images(
@@ -508,7 +515,9 @@ class ImageTransformerEncoder(nn.Module):
         return self.norm(hidden_states)
 
 
-class ImageTransformerForSuperResolution(ImageTransformerPreTrainedModel, GenerationMixin):
+class ImageTransformerForSuperResolution(
+    ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin
+):
     """Image-conditioned generation (Parmar et al. 2018, section 3.4, super-resolution): the low-resolution image
     (`conditioning_ids`, `images_to_conditioning_ids`) is encoded with full self-attention; the high-resolution image
     is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D attention, `input_ids` in generation order, start
@@ -567,18 +576,7 @@ class ImageTransformerForSuperResolution(ImageTransformerPreTrainedModel, Genera
             class_labels=class_labels,
             encoder_hidden_states=self.encoder(conditioning_ids),
         )
-        hidden_states = outputs.last_hidden_state
-        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-        loss = None
-        if labels is not None or kwargs.get("shift_labels") is not None:
-            loss = intensity_bits_per_dim(logits, labels, hidden_states.shape[:2], **kwargs)
-        return ImageTransformerCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return self.intensity_head(outputs, labels, logits_to_keep, **kwargs)
 
     @torch.no_grad()
     def upscale(
