@@ -8,6 +8,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForImageToImage,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
 )
@@ -69,11 +70,13 @@ from .modeling_sparse_transformer import (
 from .configuration_image_transformer import ImageTransformerConfig
 from .modeling_image_transformer import (
     ImageTransformerForCausalLM,
+    ImageTransformerForSuperResolution,
     ImageTransformerModel,
     ImageTransformerPreTrainedModel,
 )
 from .configuration_txv_reformer import TxvReformerConfig
 from .modeling_txv_reformer import (
+    TxvReformerCache,
     TxvReformerForCausalLM,
     TxvReformerForSequenceClassification,
     TxvReformerModel,
@@ -93,6 +96,7 @@ __version__ = "0.1.0"
 AUTO_CLASSES = {
     "AutoModel": AutoModel,
     "AutoModelForCausalLM": AutoModelForCausalLM,
+    "AutoModelForImageToImage": AutoModelForImageToImage,
     "AutoModelForMaskedLM": AutoModelForMaskedLM,
     "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
 }
@@ -142,6 +146,7 @@ __all__ = [
     "GTrXLPreTrainedModel",
     "ImageTransformerConfig",
     "ImageTransformerForCausalLM",
+    "ImageTransformerForSuperResolution",
     "ImageTransformerModel",
     "ImageTransformerPreTrainedModel",
     "MemoryCache",
@@ -167,6 +172,7 @@ __all__ = [
     "TransfoXLLMHeadModel",
     "TransfoXLModel",
     "TransfoXLPreTrainedModel",
+    "TxvReformerCache",
     "TxvReformerConfig",
     "TxvReformerForCausalLM",
     "TxvReformerForSequenceClassification",
