@@ -414,11 +414,12 @@ class _LRU(OrderedDict):
         self.capacity = capacity
 
     def get_or_build(self, key, build):
+        if key in self:  # also while tracing: the cached tensors enter the graph as constants
+            if not is_tracing():
+                self.move_to_end(key)
+            return self[key]
         if is_tracing():
             return build()  # torch.compile / torch.export: the traced graph holds it, the cache is left alone
-        if key in self:
-            self.move_to_end(key)
-            return self[key]
         value = self[key] = build()
         if len(self) > self.capacity:
             self.popitem(last=False)
