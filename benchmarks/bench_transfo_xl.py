@@ -113,7 +113,7 @@ def memory_vs_sliding_window(attention_lengths, tokens_measured: int) -> list[di
     import torch
 
     import hf_txvariants
-    from hf_txvariants.modeling_vanilla import sliding_window_log_probs
+    from hf_txvariants.training.sliding_window import sliding_window_log_probs
 
     size = dict(d_model=CONFIG["d_model"], n_head=CONFIG["n_head"], d_head=CONFIG["d_head"])
     size.update(d_inner=CONFIG["d_inner"], n_layer=CONFIG["n_layer"], dropout=0.0)

@@ -28,7 +28,6 @@ from .modeling_vanilla import (
     VanillaForSequenceClassification,
     VanillaModel,
     VanillaPreTrainedModel,
-    sliding_window_log_probs,
 )
 from .configuration_shaw import ShawConfig
 from .modeling_shaw import (
@@ -80,6 +79,7 @@ from .modeling_txv_reformer import (
     TxvReformerPreTrainedModel,
 )
 from .txv_cache import MemoryCache
+from .peft_targets import register_peft_target_modules
 
 __version__ = "0.1.0"
 
@@ -117,6 +117,7 @@ def _register(config_class, pretrained_class):
 
 for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
+register_peft_target_modules()
 
 __all__ = [
     "AdaptiveSpanConfig",
@@ -172,5 +173,4 @@ __all__ = [
     "VanillaForSequenceClassification",
     "VanillaModel",
     "VanillaPreTrainedModel",
-    "sliding_window_log_probs",
 ]
