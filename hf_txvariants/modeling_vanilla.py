@@ -26,7 +26,7 @@ from transformers.utils import can_return_tuple
 
 from .configuration_vanilla import VanillaConfig
 from .txv_inputs import embed_inputs
-from .txv_losses import check_labels, masked_lm_loss, next_token_targets, token_cross_entropy
+from .txv_losses import check_causal_lm_targets, masked_lm_loss, next_token_targets, token_cross_entropy
 from .txv_mha import MultiHeadAttention, cache_past_length, cross_attention_mask, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_positions import sinusoid_table
@@ -303,9 +303,7 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         loss = lm_loss = intermediate_loss = future_loss = None
         if has_targets:
-            for targets in (labels, shift_labels):
-                if targets is not None:
-                    check_labels(targets, hidden_states.shape[:2], config.vocab_size)
+            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
             position_weights = None
             if config.loss_on_all_positions:
                 items = num_items_in_batch

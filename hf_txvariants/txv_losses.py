@@ -21,6 +21,13 @@ def check_labels(labels: torch.Tensor, shape: tuple[int, ...], vocab_size: int, 
         raise ValueError(f"labels must be {ignore_index} or in [0, {vocab_size}) (config.vocab_size)")
 
 
+def check_causal_lm_targets(labels, shift_labels, shape: tuple[int, ...], vocab_size: int, ignore_index: int = -100):
+    """`check_labels` on whichever of `labels` / `shift_labels` a causal-LM head was given."""
+    for targets in (labels, shift_labels):
+        if targets is not None:
+            check_labels(targets, shape, vocab_size, ignore_index)
+
+
 def token_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100
 ) -> torch.Tensor:

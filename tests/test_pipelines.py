@@ -22,6 +22,13 @@ def _config(tokenizer, **overrides):
                          eos_token_id=None, **overrides)
 
 
+def _alone_and_batched(generator, prompts, **kwargs):
+    """The texts generated for each prompt alone, and for all prompts in batches of 2."""
+    alone = [generator(prompt, **kwargs)[0]["generated_text"] for prompt in prompts]
+    batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
+    return alone, batched
+
+
 def test_char_tokenizer_has_pad_token_after_the_characters():
     tokenizer = build_char_tokenizer(TEXT)
     assert tokenizer.pad_token == "<pad>" and tokenizer.pad_token_id == len(tokenizer) - 1
@@ -35,9 +42,7 @@ def test_char_tokenizer_batched_text_generation_equals_one_by_one():
     model = VanillaForCausalLM(_config(tokenizer)).eval()
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer, device="cpu")
     prompts = ["the quick", "a dog"]
-    kwargs = dict(max_new_tokens=5, do_sample=False)
-    alone = [generator(prompt, **kwargs)[0]["generated_text"] for prompt in prompts]
-    batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
+    alone, batched = _alone_and_batched(generator, prompts, max_new_tokens=5, do_sample=False)
     assert batched == alone
     assert all(text.startswith(prompt) and len(text) == len(prompt) + 5 for text, prompt in zip(alone, prompts))
 
@@ -64,9 +69,7 @@ def test_word_level_converted_tokenizer_pads_and_keeps_spaces_in_generation():
     model = VanillaForCausalLM(_config(tokenizer)).eval()
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer, device="cpu")
     prompts = ["the cat sat", "a dog"]
-    kwargs = dict(max_new_tokens=3, do_sample=False)
-    alone = [generator(prompt, **kwargs)[0]["generated_text"] for prompt in prompts]
-    batched = [out[0]["generated_text"] for out in generator(prompts, batch_size=2, **kwargs)]
+    alone, batched = _alone_and_batched(generator, prompts, max_new_tokens=3, do_sample=False)
     assert batched == alone
     for text, prompt in zip(alone, prompts):
         continuation = text[len(prompt):]
