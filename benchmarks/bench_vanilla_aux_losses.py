@@ -57,8 +57,9 @@ def main():
     parser.add_argument("--eval-windows", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     train_data, eval_data = load_bytes()
     common = dict(
         vocab_size=256, hidden_size=args.hidden_size, num_hidden_layers=args.layers, num_attention_heads=4,

@@ -10,7 +10,7 @@ import hf_txvariants as txv
 TINY_CONFIGS = {
     "transfo-xl": dict(vocab_size=40, cutoffs=[10, 20], div_val=2, hidden_size=16, d_embed=16, num_attention_heads=2,
                        head_dim=8, intermediate_size=32, num_hidden_layers=2, mem_len=5, clamp_len=6, pad_token_id=0),
-    "txv_gtrxl": dict(vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2,
+    "txv_gtrxl": dict(vocab_size=29, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2,
                       mem_len=8, pad_token_id=0),
     "txv_vanilla": dict(vocab_size=23, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
                         max_position_embeddings=32, num_future_targets=2, intermediate_loss_weight=1.0,
@@ -36,6 +36,7 @@ TINY_CONFIGS = {
                          local_attn_chunk_length=4, num_buckets=4, pad_token_id=0),
 }
 
+# Vocabularies of at least 16: transformers' resize test shrinks the vocabulary by 15.
 # Standard config names (hidden_size, ...), not the papers' aliases: transformers' ConfigTester finds every given
 # keyword in the saved JSON. (The Universal Transformer's num_hidden_layers is its maximum number of steps.)
 
