@@ -242,7 +242,7 @@ def memory_vs_sliding_window(attention_lengths, tokens_measured: int) -> list[di
     import torch
 
     import hf_txvariants
-    from hf_txvariants.modeling_vanilla import sliding_window_log_probs
+    from hf_txvariants.training.sliding_window import sliding_window_log_probs
 
     config = CONFIGS["small"][0]
     size = dict(d_model=config["d_model"], n_head=config["n_head"], d_head=config["d_head"])

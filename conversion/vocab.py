@@ -141,7 +141,18 @@ def build_tokenizer(info, dataset=None):
             tok.pre_tokenizer = pre_tokenizers.Split(info["delimiter"], behavior="removed")
         else:
             tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False, **special)
+        # Every word decodes with the space before it, so a continuation decoded alone (as the text-generation
+        # pipeline does) does not stick to the prompt: "w1 w2" + " w3 w4".
+        tok.decoder = decoders.Sequence([decoders.Replace(Regex("^"), " "), decoders.Fuse()])
+    # A pad token for batching (pipelines refuse to batch without one). The vocabulary is the checkpoint's, so an
+    # existing special token pads (masked out by the attention mask): <eos>, else <unk>. A vocabulary with neither
+    # (raw bytes) gets none: a real character as pad would be dropped from decoded text.
+    pad = special.get("eos_token") or next((u for u in ("<unk>", "<UNK>") if u in vocab), None)
+    if pad is not None:
+        special["pad_token"] = pad
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, clean_up_tokenization_spaces=False, padding_side="left", **special
+    )
     fast.model_input_names = ["input_ids"]
     fast.init_kwargs["txv_vocab_kind"] = kind
     # special tokens must keep their original ids

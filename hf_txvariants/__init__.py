@@ -29,7 +29,6 @@ from .modeling_vanilla import (
     VanillaForSequenceClassification,
     VanillaModel,
     VanillaPreTrainedModel,
-    sliding_window_log_probs,
 )
 from .configuration_shaw import ShawConfig
 from .modeling_shaw import (
@@ -90,6 +89,7 @@ from .modeling_act_rnn import (
     ACTRNNPreTrainedModel,
 )
 from .txv_cache import MemoryCache
+from .peft_targets import register_peft_target_modules
 
 __version__ = "0.1.0"
 
@@ -129,6 +129,7 @@ def _register(config_class, pretrained_class):
 
 for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
+register_peft_target_modules()
 
 __all__ = [
     "ACTRNNConfig",
@@ -191,5 +192,4 @@ __all__ = [
     "VanillaForSequenceClassification",
     "VanillaModel",
     "VanillaPreTrainedModel",
-    "sliding_window_log_probs",
 ]

@@ -16,6 +16,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.cache_utils import DynamicCache
+from transformers.utils import can_return_tuple
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, SequenceClassifierOutput
 
 from .configuration_r_transformer import RTransformerConfig
@@ -23,7 +24,7 @@ from .txv_inputs import embed_inputs
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
-from .txv_losses import causal_lm_loss, check_labels
+from .txv_losses import causal_lm_loss, check_causal_lm_targets
 from .txv_mha import MultiHeadAttention, fused_self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
@@ -97,6 +98,9 @@ class RTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["RTransformerBlock"]
+    # The LocalRNN state (the last k - 1 inputs of each RNN sub-layer) cannot be rolled back to an earlier length,
+    # so transformers refuses assisted decoding with its own clear error.
+    _is_stateful = True
     _supports_sdpa = True
     _supports_flash_attn = False
     _supports_flex_attn = False
@@ -147,6 +151,7 @@ class RTransformerModel(RTransformerPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.embed_tokens = new_embeddings
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -156,9 +161,8 @@ class RTransformerModel(RTransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPast | tuple:
+    ) -> BaseModelOutputWithPast:
         """attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding (left or right).
         past_key_values: the `RTransformerCache` of the previous call (created when `use_cache`)."""
         config = self.config
@@ -166,7 +170,6 @@ class RTransformerModel(RTransformerPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
-        return_dict = return_dict if return_dict is not None else config.return_dict
         use_cache = use_cache if use_cache is not None else config.use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a checkpointed block is run twice: it would write its cache twice
@@ -196,13 +199,12 @@ class RTransformerModel(RTransformerPreTrainedModel):
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
         all_hidden.append(hidden_states)
-        output = BaseModelOutputWithPast(
+        return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
@@ -226,18 +228,7 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
-    def prepare_inputs_for_generation(
-        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, use_cache=None, **kwargs
-    ):
-        """Only the tokens the cache has not seen yet (all of them without a cache)."""
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        inputs = {"attention_mask": attention_mask, "past_key_values": past_key_values, "use_cache": use_cache}
-        if inputs_embeds is not None and past_length == 0 and inputs_embeds.shape[1] == input_ids.shape[1]:
-            inputs["inputs_embeds"] = inputs_embeds
-        else:
-            inputs["input_ids"] = input_ids[:, past_length:]
-        return inputs
-
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -248,14 +239,14 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        shift_labels: torch.LongTensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast | tuple:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
+    ) -> CausalLMOutputWithPast:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels: the targets already shifted (position t predicts shift_labels[t]); used instead of labels."""
         config = self.config
-        return_dict = return_dict if return_dict is not None else config.return_dict
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -268,25 +259,21 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
         )
         hidden_states = outputs.last_hidden_state
         loss = None
-        if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
-            labels = labels.to(hidden_states.device)
-            check_labels(labels, hidden_states.shape[:2], config.vocab_size)
+        if labels is not None or shift_labels is not None:
+            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
             logits = self.lm_head(hidden_states)
-            loss = causal_lm_loss(logits, labels, num_items_in_batch)
+            loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels=shift_labels)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
         else:
             logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-        output = CausalLMOutputWithPast(
+        return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
@@ -300,6 +287,7 @@ class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -308,10 +296,8 @@ class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> SequenceClassifierOutput:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -325,10 +311,9 @@ class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
         pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
         logits = self.score(self.dropout(pooled))
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutput(
+        return SequenceClassifierOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return output if return_dict else output.to_tuple()
 
 
 __all__ = [

@@ -21,10 +21,11 @@ from transformers.modeling_outputs import (
     ModelOutput,
     SequenceClassifierOutputWithPast,
 )
+from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_loss, check_labels
+from .txv_losses import causal_lm_loss, check_causal_lm_targets, masked_lm_loss
 from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
@@ -95,6 +96,7 @@ class ShawModel(ShawPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.embed_tokens = new_embeddings
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -104,11 +106,10 @@ class ShawModel(ShawPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         encoder_hidden_states: torch.FloatTensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
         """
         attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding.
         Relative distances are counted in positions of the (cached + new) sequence; padding does not change them.
@@ -119,7 +120,6 @@ class ShawModel(ShawPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
-        return_dict = return_dict if return_dict is not None else config.return_dict
         use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a checkpointed layer is run twice: it would write its keys/values twice
@@ -167,14 +167,13 @@ class ShawModel(ShawPreTrainedModel):
             hidden_states = self.norm(hidden_states)
         all_hidden.append(hidden_states)
 
-        output = BaseModelOutputWithPastAndCrossAttentions(
+        return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
@@ -195,6 +194,7 @@ class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -205,16 +205,16 @@ class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         encoder_hidden_states: torch.FloatTensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        shift_labels: torch.LongTensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> ShawCausalLMOutput | tuple:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
+    ) -> ShawCausalLMOutput:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels: the targets already shifted (position t predicts shift_labels[t]); used instead of labels."""
         config = self.config
-        return_dict = return_dict if return_dict is not None else config.return_dict
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -229,19 +229,16 @@ class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
         )
         hidden_states = outputs.last_hidden_state
         loss = None
-        if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
-            labels = labels.to(hidden_states.device)
-            check_labels(labels, hidden_states.shape[:2], config.vocab_size)
+        if labels is not None or shift_labels is not None:
+            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
             logits = self.lm_head(hidden_states)
-            loss = causal_lm_loss(logits, labels, num_items_in_batch)
+            loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels=shift_labels)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
         else:
             logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
 
-        output = ShawCausalLMOutput(
+        return ShawCausalLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
@@ -249,7 +246,6 @@ class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class ShawForMaskedLM(ShawPreTrainedModel):
@@ -271,6 +267,7 @@ class ShawForMaskedLM(ShawPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -279,10 +276,9 @@ class ShawForMaskedLM(ShawPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> MaskedLMOutput:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -293,15 +289,10 @@ class ShawForMaskedLM(ShawPreTrainedModel):
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), labels.to(logits.device).reshape(-1), ignore_index=-100
-            )
-        output = MaskedLMOutput(
+        loss = masked_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
+        return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return output if return_dict else output.to_tuple()
 
 
 class ShawForSequenceClassification(ShawPreTrainedModel):
@@ -315,6 +306,7 @@ class ShawForSequenceClassification(ShawPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -325,10 +317,8 @@ class ShawForSequenceClassification(ShawPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> SequenceClassifierOutputWithPast:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -343,14 +333,13 @@ class ShawForSequenceClassification(ShawPreTrainedModel):
         pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
         logits = self.score(self.dropout(pooled))
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutputWithPast(
+        return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return output if return_dict else output.to_tuple()
 
 
 __all__ = [

@@ -2,8 +2,8 @@
 character-level language model of Al-Rfou et al. (2019, "Character-Level Language Modeling with Deeper
 Self-Attention") with its three auxiliary losses, and as encoder / decoder of an `EncoderDecoderModel`.
 
-`sliding_window_log_probs` is Al-Rfou's evaluation: the window moves by one token and is recomputed from scratch,
-so each prediction sees `window - 1` tokens of context (the slow baseline Transformer-XL is compared with).
+Al-Rfou's evaluation (`hf_txvariants.training.sliding_window`) and the Trainer callback driving the intermediate-loss
+schedule (`hf_txvariants.training.callbacks`) live outside this file: it holds model code only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel, TrainerCallback
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
@@ -22,9 +22,11 @@ from transformers.modeling_outputs import (
     ModelOutput,
     SequenceClassifierOutputWithPast,
 )
+from transformers.utils import can_return_tuple
 
 from .configuration_vanilla import VanillaConfig
 from .txv_inputs import embed_inputs
+from .txv_losses import check_causal_lm_targets, masked_lm_loss, next_token_targets, token_cross_entropy
 from .txv_mha import MultiHeadAttention, cache_past_length, cross_attention_mask, fused_self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_positions import sinusoid_table
@@ -113,7 +115,8 @@ class VanillaModel(VanillaPreTrainedModel):
 
     def position_embeddings(self, position_ids: torch.Tensor, dtype) -> torch.Tensor:
         if self.embed_positions is not None:
-            if int(position_ids.max()) >= self.config.max_position_embeddings:
+            # A check on tensor values: skipped while tracing (torch.compile(fullgraph=True) / torch.export).
+            if not torch.compiler.is_compiling() and int(position_ids.max()) >= self.config.max_position_embeddings:
                 raise ValueError(
                     f"position {int(position_ids.max())} is beyond config.max_position_embeddings "
                     f"({self.config.max_position_embeddings}) of the learned position embeddings"
@@ -122,6 +125,7 @@ class VanillaModel(VanillaPreTrainedModel):
         table = sinusoid_table(position_ids.reshape(-1), self.config.hidden_size)
         return table.view(*position_ids.shape, -1).to(dtype)
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -131,12 +135,11 @@ class VanillaModel(VanillaPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         position_ids: torch.LongTensor | None = None,
         encoder_hidden_states: torch.FloatTensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
         """
         attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding.
         position_ids: `[batch, length]` absolute positions; by default counted over the real tokens of
@@ -148,7 +151,6 @@ class VanillaModel(VanillaPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else config.output_hidden_states
         )
-        return_dict = return_dict if return_dict is not None else config.return_dict
         use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a checkpointed layer is run twice: it would write its keys/values twice
@@ -203,27 +205,13 @@ class VanillaModel(VanillaPreTrainedModel):
             hidden_states = self.norm(hidden_states)
         all_hidden.append(hidden_states)
 
-        output = BaseModelOutputWithPastAndCrossAttentions(
+        return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
         )
-        return output if return_dict else output.to_tuple()
-
-
-def _next_token_loss(logits, labels, offset: int, position_weights: torch.Tensor | None):
-    """Mean cross-entropy of position t predicting labels[t + offset] (-100 ignored), restricted to the positions
-    whose `position_weights` is 1 when given."""
-    targets = labels[:, offset:]
-    scores = logits[:, : logits.shape[1] - offset]
-    if position_weights is not None:
-        targets = targets.masked_fill(~position_weights[:, : targets.shape[1]], -100)
-    losses = nn.functional.cross_entropy(
-        scores.reshape(-1, scores.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
-    )
-    return losses / (targets != -100).sum().clamp(min=1)
 
 
 class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
@@ -261,6 +249,15 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
             1.0 if self.training_progress < layer / (2 * layers) else 0.0 for layer in range(1, layers)
         ]
 
+    def _prediction_loss(self, logits, labels, shift_labels, offset, position_weights, num_items_in_batch):
+        """Cross-entropy of position t predicting the token `offset` ahead (see `next_token_targets`), restricted to
+        the positions whose `position_weights` is True when given."""
+        targets = next_token_targets(labels, shift_labels, offset)
+        if position_weights is not None:
+            targets = targets.masked_fill(~position_weights, -100)
+        return token_cross_entropy(logits, targets, num_items_in_batch)
+
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -271,21 +268,23 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         position_ids: torch.LongTensor | None = None,
         encoder_hidden_states: torch.FloatTensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        shift_labels: torch.LongTensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> VanillaCausalLMOutput | tuple:
+    ) -> VanillaCausalLMOutput:
         """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels: the targets already shifted (position t predicts shift_labels[t]); used instead of labels.
         The auxiliary losses (intermediate layers, future targets) are added only in training mode."""
         config = self.config
-        return_dict = return_dict if return_dict is not None else config.return_dict
         if output_hidden_states is None:
             output_hidden_states = config.output_hidden_states
+        has_targets = labels is not None or shift_labels is not None
         aux_intermediate = (
-            labels is not None and self.training and config.intermediate_loss_weight > 0
+            has_targets and self.training and config.intermediate_loss_weight > 0
             and config.num_hidden_layers > 1 and any(self.intermediate_layer_weights())
         )
         outputs = self.model(
@@ -303,23 +302,25 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         )
         hidden_states = outputs.last_hidden_state
         loss = lm_loss = intermediate_loss = future_loss = None
-        if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
-            labels = labels.to(hidden_states.device)
-            invalid = (labels != -100) & ((labels < 0) | (labels >= config.vocab_size))
-            if bool(invalid.any()):
-                raise ValueError(f"labels must be -100 or in [0, {config.vocab_size}) (config.vocab_size)")
+        if has_targets:
+            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
             position_weights = None
-            if not config.loss_on_all_positions:
-                # Only the prediction of the last real target of each row: position t with labels[t + 1] last.
-                targets_valid = labels[:, 1:] != -100
-                last = (torch.arange(targets_valid.shape[1], device=labels.device) * targets_valid).argmax(-1)
-                position_weights = torch.zeros_like(labels, dtype=torch.bool)
-                position_weights[torch.arange(labels.shape[0]), last] = True
+            if config.loss_on_all_positions:
+                items = num_items_in_batch
+            else:
+                # Only the prediction of the last real target of each row (num_items_in_batch, which counts every
+                # target, does not apply).
+                items = None
+                targets_valid = next_token_targets(labels, shift_labels, 1) != -100
+                last = (torch.arange(targets_valid.shape[1], device=targets_valid.device) * targets_valid).argmax(-1)
+                position_weights = torch.zeros_like(targets_valid)
+                position_weights[torch.arange(targets_valid.shape[0]), last] = True
+
+            def loss_of(logits, offset=1):
+                return self._prediction_loss(logits, labels, shift_labels, offset, position_weights, items)
+
             logits = self.lm_head(hidden_states)
-            lm_loss = _next_token_loss(logits, labels, 1, position_weights)
-            loss = lm_loss
+            lm_loss = loss = loss_of(logits)
             if aux_intermediate:
                 intermediate_loss = hidden_states.new_zeros(())
                 layer_outputs = outputs.hidden_states[1:-1]  # the outputs of layers 1 .. L-1
@@ -327,14 +328,11 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
                     if weight > 0:
                         if self.model.norm is not None:
                             layer_output = self.model.norm(layer_output)
-                        intermediate_loss = intermediate_loss + weight * _next_token_loss(
-                            self.lm_head(layer_output), labels, 1, position_weights
-                        )
+                        intermediate_loss = intermediate_loss + weight * loss_of(self.lm_head(layer_output))
                 loss = loss + config.intermediate_loss_weight * intermediate_loss
             if self.training and len(self.future_heads):
                 future_loss = sum(
-                    _next_token_loss(head(hidden_states), labels, offset, position_weights)
-                    for offset, head in enumerate(self.future_heads, start=2)
+                    loss_of(head(hidden_states), offset) for offset, head in enumerate(self.future_heads, start=2)
                 )
                 loss = loss + config.future_target_loss_weight * future_loss
             if logits_to_keep:
@@ -342,7 +340,7 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
         else:
             logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
 
-        output = VanillaCausalLMOutput(
+        return VanillaCausalLMOutput(
             loss=loss,
             logits=logits,
             lm_loss=lm_loss,
@@ -353,7 +351,6 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
             attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class VanillaForMaskedLM(VanillaPreTrainedModel):
@@ -375,6 +372,7 @@ class VanillaForMaskedLM(VanillaPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -383,11 +381,10 @@ class VanillaForMaskedLM(VanillaPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         position_ids: torch.LongTensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> MaskedLMOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> MaskedLMOutput:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -399,15 +396,10 @@ class VanillaForMaskedLM(VanillaPreTrainedModel):
             position_ids=position_ids,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), labels.to(logits.device).reshape(-1), ignore_index=-100
-            )
-        output = MaskedLMOutput(
+        loss = masked_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
+        return MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
-        return output if return_dict else output.to_tuple()
 
 
 class VanillaForSequenceClassification(VanillaPreTrainedModel):
@@ -421,6 +413,7 @@ class VanillaForSequenceClassification(VanillaPreTrainedModel):
         self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -431,11 +424,9 @@ class VanillaForSequenceClassification(VanillaPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         position_ids: torch.LongTensor | None = None,
         **kwargs,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> SequenceClassifierOutputWithPast:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -451,55 +442,13 @@ class VanillaForSequenceClassification(VanillaPreTrainedModel):
         pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
         logits = self.score(self.dropout(pooled))
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutputWithPast(
+        return SequenceClassifierOutputWithPast(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
-        return output if return_dict else output.to_tuple()
-
-
-class TrainingProgressCallback(TrainerCallback):
-    """For transformers' Trainer: sets `model.set_training_progress(global_step / max_steps)` before every step, which
-    drives Al-Rfou's intermediate-loss schedule (`Trainer(..., callbacks=[TrainingProgressCallback()])`)."""
-
-    def on_step_begin(self, args, state, control, model=None, **kwargs):
-        if model is not None and hasattr(model, "set_training_progress") and state.max_steps:
-            model.set_training_progress(min(1.0, state.global_step / state.max_steps))
-
-
-@torch.no_grad()
-def sliding_window_log_probs(model, input_ids: torch.LongTensor, window: int, windows_per_batch: int = 1):
-    """Al-Rfou et al.'s evaluation: `[batch, length - 1]` log-probabilities of input_ids[:, t] for t >= 1.
-
-    `window` is the model's input length. The first `window` tokens are scored in one pass (token t sees the t
-    tokens before it); after that the window moves by one token and is recomputed from scratch, so every token
-    t >= window sees exactly the `window` tokens before it, at the cost of a full forward pass per token. `windows_per_batch` stacks that many shifted windows into
-    one forward pass (same arithmetic, fewer Python calls). `model` is any causal LM returning `logits`."""
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-    if window < 2:
-        raise ValueError(f"window must be >= 2, got {window}")
-    if windows_per_batch < 1:
-        raise ValueError(f"windows_per_batch must be >= 1, got {windows_per_batch}")
-    batch, length = input_ids.shape
-
-    def log_probs_of(chunk):
-        logits = model(input_ids=chunk, use_cache=False).logits
-        return torch.log_softmax(logits.float(), dim=-1)
-
-    first = input_ids[:, : min(window, length)]
-    scores = [log_probs_of(first)[:, :-1].gather(-1, first[:, 1:, None])[..., 0]]
-    targets = list(range(window, length))
-    for start in range(0, len(targets), windows_per_batch):
-        group = targets[start : start + windows_per_batch]
-        chunk = torch.cat([input_ids[:, t - window : t] for t in group], dim=0)  # the `window` tokens before t
-        last = log_probs_of(chunk)[:, -1].view(len(group), batch, -1)
-        wanted = torch.stack([input_ids[:, t] for t in group])  # [group, batch]
-        scores.append(last.gather(-1, wanted[..., None])[..., 0].t())
-    return torch.cat(scores, dim=1)
 
 
 __all__ = [
@@ -509,6 +458,4 @@ __all__ = [
     "VanillaForMaskedLM",
     "VanillaForSequenceClassification",
     "VanillaCausalLMOutput",
-    "sliding_window_log_probs",
-    "TrainingProgressCallback",
 ]

@@ -14,9 +14,18 @@ def check_labels(labels: torch.Tensor, shape: tuple[int, ...], vocab_size: int, 
     """`labels` must have the inputs' shape and hold `ignore_index` or token ids below `vocab_size`."""
     if tuple(labels.shape) != tuple(shape):
         raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
+    if torch.compiler.is_compiling():
+        return  # a check on tensor values would break the graph (torch.compile(fullgraph=True), torch.export)
     invalid = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size))
     if bool(invalid.any()):
         raise ValueError(f"labels must be {ignore_index} or in [0, {vocab_size}) (config.vocab_size)")
+
+
+def check_causal_lm_targets(labels, shift_labels, shape: tuple[int, ...], vocab_size: int, ignore_index: int = -100):
+    """`check_labels` on whichever of `labels` / `shift_labels` a causal-LM head was given."""
+    for targets in (labels, shift_labels):
+        if targets is not None:
+            check_labels(targets, shape, vocab_size, ignore_index)
 
 
 def token_cross_entropy(
@@ -35,6 +44,22 @@ def token_cross_entropy(
     return total / num_items_in_batch
 
 
+def next_token_targets(
+    labels: torch.Tensor | None,
+    shift_labels: torch.Tensor | None = None,
+    offset: int = 1,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """`[batch, length]` targets of position t: `labels[:, t + offset]`, or `shift_labels[:, t + offset - 1]` when
+    `shift_labels` is given (already shifted by one, e.g. by a context-parallel data collator; `labels` is then
+    ignored). Positions past the end get `ignore_index`. `offset` > 1 is a future token (auxiliary targets)."""
+    if shift_labels is not None:
+        labels, offset = shift_labels, offset - 1
+    elif labels is None:
+        raise ValueError("a causal LM loss needs labels or shift_labels")
+    return nn.functional.pad(labels[:, offset:], (0, min(offset, labels.shape[1])), value=ignore_index)
+
+
 def causal_lm_loss(
     logits: torch.Tensor,
     labels: torch.Tensor | None,
@@ -45,13 +70,10 @@ def causal_lm_loss(
 ) -> torch.Tensor:
     """Mean negative log-likelihood of the next token: position t predicts `labels[:, t + 1]`, or `shift_labels[:, t]`
     when given (already shifted, e.g. by a context-parallel data collator; `labels` is then ignored)."""
-    if shift_labels is None:
-        if labels is None:
-            raise ValueError("causal_lm_loss needs labels or shift_labels")
-        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[:, 1:]
-    elif tuple(shift_labels.shape) != tuple(logits.shape[:-1]):
+    if shift_labels is not None and tuple(shift_labels.shape) != tuple(logits.shape[:-1]):
         raise ValueError(f"shift_labels must have shape {tuple(logits.shape[:-1])}, got {tuple(shift_labels.shape)}")
-    return token_cross_entropy(logits, shift_labels, num_items_in_batch, ignore_index)
+    targets = next_token_targets(labels, shift_labels, 1, ignore_index)
+    return token_cross_entropy(logits, targets, num_items_in_batch, ignore_index)
 
 
 def masked_lm_loss(

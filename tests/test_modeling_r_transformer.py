@@ -145,6 +145,37 @@ def test_generate_with_cache_equals_without(num_beams):
     assert torch.equal(model.generate(prompt, use_cache=True, **kwargs), model.generate(prompt, use_cache=False, **kwargs))
 
 
+def test_generate_returns_every_step_attentions_and_hidden_states():
+    """The output flags reach the model at every step (prepare_inputs_for_generation used to drop them)."""
+    model = build()
+    out = model.generate(
+        ids(2, 4), max_new_tokens=3, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+        output_attentions=True, output_hidden_states=True,
+    )
+    assert len(out.attentions) == len(out.hidden_states) == 3
+    for step, (attentions, hidden_states) in enumerate(zip(out.attentions, out.hidden_states)):
+        query_length, key_length = (4, 4) if step == 0 else (1, 4 + step)
+        assert len(attentions) == 2 and all(a.shape == (2, 2, query_length, key_length) for a in attentions)
+        assert len(hidden_states) == 3 and all(h.shape == (2, query_length, 16) for h in hidden_states)
+
+
+def test_generate_from_inputs_embeds_equals_input_ids():
+    model = build()
+    prompt = ids(2, 5)
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    from_ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+    embeds = model.get_input_embeddings()(prompt)
+    from_embeds = model.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(prompt), **kwargs)
+    assert torch.equal(from_embeds, from_ids[:, prompt.shape[1]:])  # generate returns only the new tokens
+
+
+def test_assisted_decoding_is_refused_with_transformers_error():
+    """The LocalRNN state cannot be cropped back: the model is declared stateful, so transformers names the cause."""
+    model, assistant = build(), build(seed=1)
+    with pytest.raises(ValueError, match="stateful"):
+        model.generate(ids(1, 4), max_new_tokens=3, do_sample=False, pad_token_id=0, assistant_model=assistant)
+
+
 def test_errors_name_the_field():
     with pytest.raises(ValueError, match="rnn_type"):
         RTransformerConfig(**{**TINY, "rnn_type": "QRNN"})

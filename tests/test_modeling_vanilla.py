@@ -18,10 +18,10 @@ from hf_txvariants.modeling_vanilla import (
     VanillaForCausalLM,
     VanillaForMaskedLM,
     VanillaForSequenceClassification,
-    TrainingProgressCallback,
     VanillaModel,
-    sliding_window_log_probs,
 )
+from hf_txvariants.training.callbacks import TrainingProgressCallback
+from hf_txvariants.training.sliding_window import sliding_window_log_probs
 
 TINY = dict(
     vocab_size=23, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24,

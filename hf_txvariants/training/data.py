@@ -80,7 +80,9 @@ def split_text(text: str, valid_fraction: float) -> tuple[str, str]:
 # tokenizer
 def build_char_tokenizer(text: str, max_vocab: int | None = None):
     """A character-level `PreTrainedTokenizerFast` (a `tokenizers` WordLevel model over single characters): every
-    character of `text` (the most frequent `max_vocab` if given) plus `<unk>` and `<eos>`; saved with the model."""
+    character of `text` (the most frequent `max_vocab` if given) plus `<unk>` and `<eos>`, and `<pad>` as the last id
+    (so that pipelines can batch; the characters keep the ids they had before `<pad>` existed); saved with the
+    model. Padding is on the left, where a causal LM's next token is the last position of every row."""
     from collections import Counter
 
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -93,11 +95,13 @@ def build_char_tokenizer(text: str, max_vocab: int | None = None):
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     for char in chars:
         vocab.setdefault(char, len(vocab))
+    vocab.setdefault("<pad>", len(vocab))
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>", clean_up_tokenization_spaces=False
+        tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>", padding_side="left",
+        clean_up_tokenization_spaces=False,
     )
 
 

@@ -1,0 +1,18 @@
+"""Trainer callbacks for hf_txvariants models (kept out of the modeling files, which ship in every Hub repo)."""
+
+from __future__ import annotations
+
+from transformers import TrainerCallback
+
+
+class TrainingProgressCallback(TrainerCallback):
+    """For transformers' Trainer: sets `model.set_training_progress(global_step / max_steps)` before every step, which
+    drives Al-Rfou's intermediate-loss schedule of `VanillaForCausalLM`
+    (`Trainer(..., callbacks=[TrainingProgressCallback()])`). Models without that method are left alone."""
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and hasattr(model, "set_training_progress") and state.max_steps:
+            model.set_training_progress(min(1.0, state.global_step / state.max_steps))
+
+
+__all__ = ["TrainingProgressCallback"]

@@ -1,0 +1,56 @@
+"""One tiny config per variant (keyword arguments of its config class), shared by the tests that run every variant:
+transformers' common tests, export/compile and PEFT. A new variant adds its line here (txv_act_rnn: see its tests)."""
+
+from __future__ import annotations
+
+import sys
+
+import hf_txvariants as txv
+
+TINY_CONFIGS = {
+    "transfo-xl": dict(vocab_size=40, cutoffs=[10, 20], div_val=2, hidden_size=16, d_embed=16, num_attention_heads=2,
+                       head_dim=8, intermediate_size=32, num_hidden_layers=2, mem_len=5, clamp_len=6, pad_token_id=0),
+    "txv_gtrxl": dict(vocab_size=29, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2,
+                      mem_len=8, pad_token_id=0),
+    "txv_vanilla": dict(vocab_size=23, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+                        max_position_embeddings=32, num_future_targets=2, intermediate_loss_weight=1.0,
+                        pad_token_id=0),
+    "txv_shaw": dict(vocab_size=21, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+                     max_relative_position=3, pad_token_id=0),
+    "txv_r_transformer": dict(vocab_size=19, hidden_size=16, num_hidden_layers=2, num_rnn_layers=1,
+                              num_attention_heads=2, local_window=3, pad_token_id=0),
+    "txv_universal": dict(vocab_size=37, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                          num_hidden_layers=2, halting_bias_init=-1.0, pad_token_id=0, is_decoder=True),
+    "txv_adaptive_span": dict(vocab_size=31, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                              num_hidden_layers=2, attn_span=12, adapt_span_ramp=3, adapt_span_init=0.25,
+                              pad_token_id=0),
+    "txv_sparse_transformer": dict(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=48, max_position_embeddings=64, attention_pattern="strided",
+                                   pattern_mode="interleaved", stride=3, block_size=4, pad_token_id=0),
+    "txv_image_transformer": dict(image_size=[4, 4], num_channels=3, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=48, attention_type="local_2d",
+                                  block_length=8, query_shape=[2, 4], memory_flange=[1, 4]),
+    "txv_reformer": dict(vocab_size=31, hidden_size=16, num_attention_heads=2, attention_head_size=8,
+                         feed_forward_size=24, attn_layers=["local", "lsh"], axial_pos_shape=[8, 8],
+                         axial_pos_embds_dim=[8, 8], max_position_embeddings=64, lsh_attn_chunk_length=4,
+                         local_attn_chunk_length=4, num_buckets=4, pad_token_id=0),
+}
+
+# Vocabularies of at least 16: transformers' resize test shrinks the vocabulary by 15.
+# Standard config names (hidden_size, ...), not the papers' aliases: transformers' ConfigTester finds every given
+# keyword in the saved JSON. (The Universal Transformer's num_hidden_layers is its maximum number of steps.)
+
+# Input length per variant where the default (8) does not fit: the Image Transformer reads one whole image.
+SEQ_LENGTHS = {"txv_image_transformer": 4 * 4 * 3}
+
+
+def tiny_config(model_type: str, **overrides):
+    config_class, _ = txv.VARIANTS[model_type]
+    return config_class(**{**TINY_CONFIGS[model_type], **overrides})
+
+
+def model_class(model_type: str, auto_name: str):
+    """The class a variant registers for `auto_name` ("AutoModelForCausalLM", ...), or None."""
+    _, pretrained_class = txv.VARIANTS[model_type]
+    class_name = pretrained_class.auto_classes.get(auto_name)
+    return getattr(sys.modules[pretrained_class.__module__], class_name) if class_name else None
