@@ -163,6 +163,24 @@ def test_out_of_range_labels_are_a_clear_error(variant, request):
     _assert_clear(error.value, "labels")
 
 
+@pytest.mark.parametrize("case", ["memory of another variant", "memory of another depth", "memory of another batch"])
+def test_a_foreign_memory_is_a_clear_error(case):
+    """A memory is only valid for the model that wrote it: another variant's, a memory with another number of layers
+    or rows is refused, not silently used."""
+    from hf_txvariants.training import build_config, build_model
+
+    torch.manual_seed(0)
+    writer = build_model(build_config("txv_gtrxl" if case == "memory of another variant" else "transfo-xl", 20,
+                                      d_model=16, n_layer=2, n_head=2, mem_len=4))
+    reader = build_model(build_config("transfo-xl", 20, d_model=16, n_layer=3 if "depth" in case else 2, n_head=2,
+                                      mem_len=4))
+    memory = writer(input_ids=torch.ones(2, 5, dtype=torch.long), use_cache=True).past_key_values
+    rows = 3 if "batch" in case else 2
+    with pytest.raises(ValueError) as error, torch.no_grad():
+        reader(input_ids=torch.ones(rows, 5, dtype=torch.long), past_key_values=memory)
+    _assert_clear(error.value, "past_key_values")
+
+
 # ------------------------------------------------------------------------------------------------ generate
 @pytest.mark.parametrize("variant", ["transfo-xl", "txv_vanilla", "txv_adaptive_span"])
 @pytest.mark.parametrize("case", ["empty prompt", "prompt token out of range", "negative max_new_tokens"])
@@ -458,5 +476,5 @@ def test_txv_convert_runs_the_converters(tmp_path, capsys):
 def test_the_run_has_at_least_100_bad_inputs():
     """The issue's bar: at least 100 different bad inputs in this module."""
     cases = (len(list(_config_cases())) + len(FORWARD_CASES) * len(TEXT_VARIANTS) + 2 * len(TEXT_VARIANTS)
-             + 3 * 3 + 2 * len(MODEL_BREAKS) + len(TRAIN_CASES) + len(EVAL_CASES) + 5 + 2 + len(CONVERSION_CASES))
+             + 3 * 3 + 3 + 2 * len(MODEL_BREAKS) + len(TRAIN_CASES) + len(EVAL_CASES) + 5 + 2 + len(CONVERSION_CASES))
     assert cases >= 100, cases
