@@ -13,11 +13,13 @@ import json
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from . import distributed
 from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
 from .evaluation import evaluate_stream, summarize
 from .models import ModelError, build_config, build_model, init_memory, lm_forward, load_model, uses_memory
@@ -56,8 +58,8 @@ class TrainArgs:
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     resume: str | None = None  # "latest" or a checkpoint folder
     seed: int = 0
-    mixed_precision: str = "no"  # "no" or "bf16"
-    cpu: bool = False  # train on CPU even with a GPU (without a GPU, CPU processes use gloo under torchrun/accelerate)
+    mixed_precision: str | None = None  # "no", "bf16" (or "fp16" without FSDP); None: the Accelerate config's, else "no"
+    cpu: bool = False  # train on CPU even with GPUs (CPU processes use gloo; so do more processes than GPUs)
     tensorboard: bool = True
     progress: bool = True
     save_model: bool = True
@@ -122,7 +124,10 @@ def train(args: TrainArgs, accelerator=None) -> dict:
     output_dir = Path(args.output_dir)
     if args.batch_size < 1 or args.seg_len < 1 or args.max_steps < 1 or args.grad_accum < 1:
         raise DataError("batch_size, seg_len, max_steps and grad_accum must be positive")
+    fsdp = distributed.fsdp_settings_from_environment()  # set by `accelerate launch` with an FSDP config
+    mixed_precision = distributed.resolve_mixed_precision(args.mixed_precision, fsdp is not None)
     if accelerator is None:
+        device_choice = distributed.device_choice_from_environment(args.cpu)
         log_with = None
         if args.tensorboard:
             try:
@@ -131,14 +136,17 @@ def train(args: TrainArgs, accelerator=None) -> dict:
                 log_with = "tensorboard"
             except ImportError:
                 pass
-        accelerator = Accelerator(
-            cpu=args.cpu or not (torch.cuda.is_available() or torch.backends.mps.is_available()),
-            mixed_precision=args.mixed_precision,
-            # one scheduler step per optimizer step, however many processes (the batch is global, not per process)
-            step_scheduler_with_optimizer=False,
-            log_with=log_with,
-            project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
-        )
+        with distributed.hidden_from_accelerate():  # the loop shards the model itself (FSDP2), see distributed.py
+            accelerator = Accelerator(
+                cpu=device_choice.cpu,
+                mixed_precision=mixed_precision,
+                # one scheduler step per optimizer step, however many processes (the batch is global, not per process)
+                step_scheduler_with_optimizer=False,
+                log_with=log_with,
+                project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
+            )
+        if device_choice.note and accelerator.is_main_process:
+            print(f"txv: {device_choice.note}", file=sys.stderr)
     world, rank = accelerator.num_processes, accelerator.process_index
     local_rows = args.batch_size // world if args.batch_size % world == 0 else None
     if local_rows is None or local_rows % args.grad_accum:
@@ -187,6 +195,11 @@ def train(args: TrainArgs, accelerator=None) -> dict:
         config.eos_token_id = tokenizer.eos_token_id
         model = build_model(config)
     state = _check_resume(checkpoint, args, config, world) if checkpoint else None
+    sharded = None
+    if fsdp is not None:  # shard before the optimizer is built: it must hold the sharded parameters
+        sharded = distributed.ShardedModel(model, fsdp, accelerator.device, world, mixed_precision)
+        model = sharded.module
+        print(f"txv: {sharded.describe(rank, world, accelerator.device)}", file=sys.stderr, flush=True)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -194,7 +207,11 @@ def train(args: TrainArgs, accelerator=None) -> dict:
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr
     )
     scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if sharded is None:
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    else:  # no DDP wrapper; the model and optimizer shards are checkpointed by the hooks below
+        scheduler = accelerator.prepare(scheduler)
+    distributed.register_checkpoint_hooks(accelerator, sharded, optimizer)
 
     chunk_rows = local_rows // args.grad_accum
     memories = [init_memory(model, chunk_rows) for _ in range(args.grad_accum)]
@@ -246,7 +263,10 @@ def train(args: TrainArgs, accelerator=None) -> dict:
                 loss, memories[chunk] = lm_forward(model, inputs[rows], targets[rows], memories[chunk])
                 accelerator.backward(loss / args.grad_accum)
             total += loss.detach() / args.grad_accum
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.clip_norm) if args.clip_norm > 0 else None
+        grad_norm = None
+        if args.clip_norm > 0:
+            grad_norm = (sharded.clip_grad_norm_(args.clip_norm) if sharded
+                         else accelerator.clip_grad_norm_(model.parameters(), args.clip_norm))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -274,10 +294,9 @@ def train(args: TrainArgs, accelerator=None) -> dict:
 
     model_dir = output_dir / "model"
     if args.save_model:
-        state_dict = accelerator.get_state_dict(model)
+        state_dict = sharded.full_state_dict() if sharded else accelerator.get_state_dict(model)
         if accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            unwrapped.save_pretrained(model_dir, state_dict=state_dict)
+            (sharded or accelerator.unwrap_model(model)).save_pretrained(model_dir, state_dict=state_dict)
             tokenizer.save_pretrained(model_dir)
             (model_dir / "eval_results.json").write_text(json.dumps(
                 {"valid_bpc": evals[-1]["bpc"], "valid_perplexity": evals[-1]["perplexity"],
