@@ -114,6 +114,9 @@ class ShardedModel:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        if not torch.distributed.is_initialized():
+            raise ModelError("FSDP is asked for (ACCELERATE_USE_FSDP) but this process was not started by "
+                             "`accelerate launch` or torchrun: start it with `accelerate launch --config_file ...`")
         names = settings.wrap_classes if settings.wrap_classes is not None else tuple(model._no_split_modules or ())
         units = [m for m in model.modules() if type(m).__name__ in names]
         missing = sorted(set(names) - {type(m).__name__ for m in units})
