@@ -64,6 +64,8 @@ def test_device_choice_reads_the_launcher_environment(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert not device_choice_from_environment().cpu
     assert device_choice_from_environment(force_cpu=True).cpu
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # accelerate launch --cpu
+    assert device_choice_from_environment().cpu
 
 
 # --- what the Accelerate config asks for -----------------------------------------------------------------------------
@@ -121,6 +123,16 @@ def test_fsdp_that_cannot_run_is_refused_with_one_line(tmp_path, monkeypatch, ca
     err = _one_error_line(capsys, flags + ["--output-dir", str(tmp_path / "b")])
     assert "accelerate launch" in err
     assert not (tmp_path / "b" / "metrics.jsonl").exists()
+
+
+def test_trainer_path_refuses_an_fsdp_config(tmp_path, monkeypatch, capsys):
+    from test_trainer import _example
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert _example("train_lm").main(["--trainer", "--output-dir", str(tmp_path / "t")] + TINY_FLAGS) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--trainer runs one process without FSDP" in err and "\n" not in err
+    assert not (tmp_path / "t").exists()
 
 
 # --- the bf16 policy, in one process (a 1-rank gloo group) -----------------------------------------------------------

@@ -44,9 +44,11 @@ def choose_device(local_world_size: int, gpu_count: int, force_cpu: bool = False
     return DeviceChoice(cpu=not (mps and local_world_size == 1))
 
 
-def device_choice_from_environment(force_cpu: bool = False) -> DeviceChoice:
-    return choose_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count(), force_cpu,
-                         mps=torch.backends.mps.is_available())
+def device_choice_from_environment(force_cpu: bool = False, environ=os.environ) -> DeviceChoice:
+    """`choose_device` for this process: LOCAL_WORLD_SIZE from torchrun / accelerate launch, the visible GPUs, and
+    `--cpu` or `accelerate launch --cpu` (ACCELERATE_USE_CPU)."""
+    return choose_device(int(environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count(),
+                         force_cpu or _flag(environ, "ACCELERATE_USE_CPU"), mps=torch.backends.mps.is_available())
 
 
 def resolve_mixed_precision(flag: str | None, fsdp: bool, environ=os.environ) -> str:
@@ -71,10 +73,15 @@ def _flag(environ, name: str, default: str = "false") -> bool:
     return environ.get(name, default).strip().lower() in ("1", "true", "yes")
 
 
+def fsdp_requested(environ=os.environ) -> bool:
+    """Whether the process was started by `accelerate launch` with an FSDP config."""
+    return _flag(environ, "ACCELERATE_USE_FSDP")
+
+
 def fsdp_settings_from_environment(environ=os.environ) -> FsdpSettings | None:
     """The FSDP part of the Accelerate config (None when it does not ask for FSDP). Raises ModelError, one line, for
     a setting this loop cannot honour."""
-    if not _flag(environ, "ACCELERATE_USE_FSDP"):
+    if not fsdp_requested(environ):
         return None
     version = environ.get("FSDP_VERSION", "1")
     if version != "2":
