@@ -5,7 +5,6 @@ gets its own GPU or the CPU."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_txvariants.cli import main
 from hf_txvariants.training import build_config, build_model, read_metrics, segment_stream
 from hf_txvariants.training.distributed import (
     FsdpSettings,
@@ -26,7 +24,7 @@ from hf_txvariants.training.distributed import (
 )
 from hf_txvariants.training.models import ModelError, init_memory, lm_forward
 
-from test_training import TINY_FLAGS, _env, _free_port, _losses
+from test_training import TINY_FLAGS, _env, _error_line, _free_port, _losses, _train_in_one_process
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_YAML = ROOT / "examples" / "accelerate_configs" / "fsdp.yaml"
@@ -105,22 +103,15 @@ def test_the_mixed_precision_flag_wins_over_the_config():
         resolve_mixed_precision("fp8", False, {})
 
 
-def _one_error_line(capsys, argv) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("txv: error: ") and "\n" not in err and "Traceback" not in err
-    return err
-
-
 def test_fsdp_that_cannot_run_is_refused_with_one_line(tmp_path, monkeypatch, capsys):
     for name, value in FSDP_ENV.items():
         monkeypatch.setenv(name, value)
     flags = ["train", "--max-steps", "1"] + TINY_FLAGS
     monkeypatch.setenv("FSDP_VERSION", "1")
-    err = _one_error_line(capsys, flags + ["--output-dir", str(tmp_path / "a")])
+    err = _error_line(capsys, flags + ["--output-dir", str(tmp_path / "a")])
     assert "fsdp_version 1" in err and "FSDP2" in err
     monkeypatch.setenv("FSDP_VERSION", "2")  # FSDP asked for in a process that no launcher started: no silent DDP
-    err = _one_error_line(capsys, flags + ["--output-dir", str(tmp_path / "b")])
+    err = _error_line(capsys, flags + ["--output-dir", str(tmp_path / "b")])
     assert "accelerate launch" in err
     assert not (tmp_path / "b" / "metrics.jsonl").exists()
 
@@ -177,11 +168,11 @@ SHARD_LINE = re.compile(r"rank (\d)/2 on cpu\S* holds ([\d,]+) of ([\d,]+) param
                         r"gradients reduced in (\w+)")
 
 
-def _launch_fsdp(output_dir, flags, env=None):
+def _launch_fsdp(output_dir, flags):
     run = subprocess.run(
         [str(ACCELERATE), "launch", "--config_file", str(FSDP_YAML), "--main_process_port", str(_free_port()),
          "-m", "hf_txvariants.cli", "train", "--output-dir", str(output_dir)] + flags,
-        env=env or _env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+        env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     shards = {int(m[1]): (int(m[2].replace(",", "")), int(m[3].replace(",", "")), m[4], m[5])
               for m in SHARD_LINE.finditer(run.stderr)}
@@ -192,9 +183,7 @@ def _launch_fsdp(output_dir, flags, env=None):
 @pytest.mark.slow
 def test_fsdp_config_shards_over_two_cpu_processes_and_gives_the_loss_curve_of_one(tmp_path):
     flags = TINY_FLAGS + ["--max-steps", "6", "--dropout", "0", "--save-every", "3"]
-    one = subprocess.run([sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(tmp_path / "one")]
-                         + flags, env=_env(), capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
+    _train_in_one_process(tmp_path / "one", flags)
     # the config's bf16 is overridden by the explicit flag, so that the curve can be compared with fp32
     shards = _launch_fsdp(tmp_path / "two", flags + ["--mixed-precision", "no"])
     (local0, total, compute, reduce), (local1, total1, _, _) = shards[0], shards[1]
