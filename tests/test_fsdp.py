@@ -32,7 +32,7 @@ ACCELERATE = Path(sys.executable).with_name("accelerate")
 # what `accelerate launch --config_file fsdp.yaml` exports (the slow tests below run the launcher itself)
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
             "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true",
-            "FSDP_OFFLOAD_PARAMS": "false", "ACCELERATE_MIXED_PRECISION": "bf16"}
+            "FSDP_OFFLOAD_PARAMS": "false", "ACCELERATE_MIXED_PRECISION": "bf16", "LOCAL_RANK": "0"}
 
 
 # --- device per rank -------------------------------------------------------------------------------------------------
@@ -76,6 +76,8 @@ def test_fsdp_settings_come_from_the_launcher_environment():
                                                    FSDP_TRANSFORMER_CLS_TO_WRAP="TransfoXLLayer, Other"))
     assert settings == FsdpSettings(reshard_after_forward=False, wrap_classes=("TransfoXLLayer", "Other"))
     assert fsdp_settings_from_environment(dict(FSDP_ENV, FSDP_AUTO_WRAP_POLICY="NO_WRAP")).wrap_classes == ()
+    with pytest.raises(ModelError, match="not started by `accelerate launch` or torchrun"):
+        fsdp_settings_from_environment({k: v for k, v in FSDP_ENV.items() if k != "LOCAL_RANK"})
 
 
 @pytest.mark.parametrize("setting, value, message", [
@@ -110,7 +112,8 @@ def test_fsdp_that_cannot_run_is_refused_with_one_line(tmp_path, monkeypatch, ca
     monkeypatch.setenv("FSDP_VERSION", "1")
     err = _error_line(capsys, flags + ["--output-dir", str(tmp_path / "a")])
     assert "fsdp_version 1" in err and "FSDP2" in err
-    monkeypatch.setenv("FSDP_VERSION", "2")  # FSDP asked for in a process that no launcher started: no silent DDP
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.delenv("LOCAL_RANK")  # FSDP asked for in a process that no launcher started: no silent DDP
     err = _error_line(capsys, flags + ["--output-dir", str(tmp_path / "b")])
     assert "accelerate launch" in err
     assert not (tmp_path / "b" / "metrics.jsonl").exists()

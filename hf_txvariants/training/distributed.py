@@ -83,6 +83,9 @@ def fsdp_settings_from_environment(environ=os.environ) -> FsdpSettings | None:
     a setting this loop cannot honour."""
     if not fsdp_requested(environ):
         return None
+    if "LOCAL_RANK" not in environ:  # set by torchrun, which accelerate launch runs
+        raise ModelError("FSDP is asked for (ACCELERATE_USE_FSDP) but this process was not started by "
+                         "`accelerate launch` or torchrun: start it with `accelerate launch --config_file ...`")
     version = environ.get("FSDP_VERSION", "1")
     if version != "2":
         raise ModelError(f"the Accelerate config asks for fsdp_version {version}; this training loop shards with "
@@ -122,8 +125,7 @@ class ShardedModel:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         if not torch.distributed.is_initialized():
-            raise ModelError("FSDP is asked for (ACCELERATE_USE_FSDP) but this process was not started by "
-                             "`accelerate launch` or torchrun: start it with `accelerate launch --config_file ...`")
+            raise ModelError("FSDP needs a process group: build the Accelerator under `accelerate launch` or torchrun")
         names = settings.wrap_classes if settings.wrap_classes is not None else tuple(model._no_split_modules or ())
         units = [m for m in model.modules() if type(m).__name__ in names]
         missing = sorted(set(names) - {type(m).__name__ for m in units})
