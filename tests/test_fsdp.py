@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_txvariants.training import build_config, build_model, read_metrics, segment_stream
+from hf_txvariants.training import build_config, build_model, read_metrics, segment_stream, variant_names
 from hf_txvariants.training.distributed import (
     FsdpSettings,
     ShardedModel,
@@ -163,6 +163,48 @@ def test_bf16_policy_computes_in_bf16_and_keeps_fp32_weights_and_gradients(one_r
     assert loss.item() == pytest.approx(fp32_loss.item(), abs=0.05) and loss.item() != fp32_loss.item()
     for name, p in sharded.module.named_parameters():
         assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32, name
+
+
+REFORMER = {"axial_pos_embds_dim": [16, 16], "axial_pos_shape": [4, 4], "attn_layers": ["local", "lsh"]}
+
+
+def _tiny_config(variant, **extra):
+    vocab = 257 if variant == "txv_image_transformer" else 40  # 256 intensities + the start token
+    return build_config(variant, vocab, d_model=32, n_layer=2, n_head=2, mem_len=8, seg_len=16, dropout=0.0, **extra)
+
+
+@pytest.mark.parametrize("variant", sorted(variant_names()))
+def test_every_causal_variant_sharded_gives_the_loss_and_gradients_of_the_plain_model(one_rank_group, variant):
+    """Each layer unit must gather its parameters wherever they are used, and gradients must reach the shards."""
+    torch.manual_seed(0)
+    config = _tiny_config(variant, **(dict(REFORMER, reversible=False) if variant == "txv_reformer" else {}))
+    reference = build_model(config)
+    model = build_model(config)
+    model.load_state_dict(reference.state_dict())
+    sharded = ShardedModel(model, FsdpSettings(), torch.device("cpu"), 1, "no")
+    inputs, targets = segment_stream(torch.randint(0, config.vocab_size, (400,)), 2, 16).segment(0)
+    losses = []
+    for m in (reference, sharded.module):
+        torch.manual_seed(1)  # the same LSH rotations
+        loss, _ = lm_forward(m, inputs, targets, init_memory(m, 2))
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    expected = dict(reference.named_parameters())
+    for name, p in sharded.module.named_parameters():
+        if expected[name].grad is None:
+            assert p.grad is None, name
+        else:
+            assert torch.allclose(p.grad.full_tensor(), expected[name].grad, atol=1e-6), name
+
+
+def test_reversible_layers_are_refused_under_fsdp(one_rank_group):
+    """The reversible backward (txv_reversible) differentiates against the parameters it was given, not FSDP's
+    gathered copies: its layer gradients would silently be zero."""
+    model = build_model(_tiny_config("txv_reformer", **REFORMER))
+    with pytest.raises(ModelError, match="reversible.*--extra-config") as error:
+        ShardedModel(model, FsdpSettings(), torch.device("cpu"), 1, "no")
+    assert "\n" not in str(error.value)
 
 
 # --- two CPU processes under the real launcher ---------------------------------------------------------------------

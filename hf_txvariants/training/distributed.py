@@ -127,6 +127,10 @@ class ShardedModel:
         if not torch.distributed.is_initialized():
             raise ModelError("FSDP needs a process group: build the Accelerator under `accelerate launch` or torchrun")
         names = settings.wrap_classes if settings.wrap_classes is not None else tuple(model._no_split_modules or ())
+        if getattr(model.config, "reversible", False):
+            raise ModelError(f"FSDP cannot train the reversible layers of {model.config.model_type}: their backward "
+                             "takes gradients against the parameters themselves, which FSDP swaps for gathered copies; "
+                             "pass --extra-config '{\"reversible\": false}' or train without FSDP")
         units = [m for m in model.modules() if type(m).__name__ in names]
         missing = sorted(set(names) - {type(m).__name__ for m in units})
         if missing:
