@@ -35,7 +35,7 @@ def choose_device(local_world_size: int, gpu_count: int, force_cpu: bool = False
     """GPU only when each of the `local_world_size` processes on this machine gets its own; else CPU (gloo)."""
     if force_cpu:
         return DeviceChoice(cpu=True)
-    if gpu_count >= local_world_size >= 1 and gpu_count > 0:
+    if 0 < local_world_size <= gpu_count:
         return DeviceChoice(cpu=False)
     if gpu_count > 0:
         return DeviceChoice(cpu=True, note=(
