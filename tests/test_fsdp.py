@@ -209,8 +209,8 @@ def test_reversible_layers_are_refused_under_fsdp(one_rank_group):
 
 # --- two CPU processes under the real launcher ---------------------------------------------------------------------
 
-SHARD_LINE = re.compile(r"rank (\d)/2 on cpu\S* holds ([\d,]+) of ([\d,]+) parameter elements .*compute (\w+), "
-                        r"gradients reduced in (\w+)")
+SHARD_LINE = re.compile(r"rank (\d)/2 on cpu\S* holds ([\d,]+) of ([\d,]+) parameter elements \S+; "
+                        r"compute (b?float\d+), gradients reduced in (b?float\d+)")
 
 
 def _launch_fsdp(output_dir, flags):

@@ -14,6 +14,7 @@ loop cannot honour is refused with one line (a `ModelError`), never ignored."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,12 @@ from .models import ModelError
 
 MIXED_PRECISION_CHOICES = ("no", "bf16")
 SHARD_FILE = "fsdp_shards_rank{rank}.pt"
+
+
+def announce(message: str):
+    """One line `txv: message` on stderr in a single write, so that the lines of several ranks do not interleave."""
+    sys.stderr.write(f"txv: {message}\n")
+    sys.stderr.flush()
 
 
 @dataclass(frozen=True)

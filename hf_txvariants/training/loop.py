@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,7 +145,7 @@ def train(args: TrainArgs, accelerator=None) -> dict:
                 project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
             )
         if device_choice.note and accelerator.is_main_process:
-            print(f"txv: {device_choice.note}", file=sys.stderr)
+            distributed.announce(device_choice.note)
     world, rank = accelerator.num_processes, accelerator.process_index
     local_rows = args.batch_size // world if args.batch_size % world == 0 else None
     if local_rows is None or local_rows % args.grad_accum:
@@ -199,7 +198,7 @@ def train(args: TrainArgs, accelerator=None) -> dict:
     if fsdp is not None:  # shard before the optimizer is built: it must hold the sharded parameters
         sharded = distributed.ShardedModel(model, fsdp, accelerator.device, world, mixed_precision)
         model = sharded.module
-        print(f"txv: {sharded.describe(rank, world, accelerator.device)}", file=sys.stderr, flush=True)
+        distributed.announce(sharded.describe(rank, world, accelerator.device))
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
