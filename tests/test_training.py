@@ -113,12 +113,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _train_in_one_process(output_dir, flags):
+    one = subprocess.run([sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(output_dir)] + flags,
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_two_gloo_processes_give_the_loss_curve_of_one(tmp_path):
     flags = TINY_FLAGS + ["--max-steps", "6", "--dropout", "0", "--save-every", "3"]
-    one = subprocess.run([sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(tmp_path / "one")]
-                         + flags, env=_env(), capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
+    _train_in_one_process(tmp_path / "one", flags)
     two = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
          "-m", "hf_txvariants.cli", "train", "--output-dir", str(tmp_path / "two")] + flags,

@@ -21,6 +21,7 @@ from typing import Literal
 
 import torch
 
+from . import distributed
 from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
 from .evaluation import evaluate_stream, summarize
 from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory, lm_forward, load_model, memory_state,
@@ -91,8 +92,9 @@ class TrainArgs:
     resume: str | None = _arg(None, "'latest' (the newest complete, loadable checkpoint of --output-dir) or a "
                                     "checkpoint folder")
     seed: int = _arg(0, "random seed")
-    mixed_precision: Literal["no", "bf16", "fp16"] = _arg("no", "autocast precision")
-    cpu: bool = _arg(False, "train on CPU even with a GPU (without one, CPU processes use gloo under torchrun)")
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = _arg(
+        None, "autocast precision (default: the Accelerate config's, else no; fp16 is refused with FSDP)")
+    cpu: bool = _arg(False, "train on CPU even with GPUs (CPU processes use gloo; so do more processes than GPUs)")
     tensorboard: bool = _arg(True, "log to TensorBoard in OUTPUT_DIR/logs")
     progress: bool = _arg(True, "show a progress bar")
     save_model: bool = _arg(True, "save the final model and tokenizer to OUTPUT_DIR/model")
@@ -121,7 +123,7 @@ class TrainArgs:
             if not ok:
                 bounds = f"in [{low}, {high})" if high is not None else ("> 0" if name == "lr" else f">= {low}")
                 raise DataError(f"--{_flag(name)} must be a finite number {bounds}, got {value!r}")
-        if self.mixed_precision not in ("no", "bf16", "fp16"):
+        if self.mixed_precision not in (None, "no", "bf16", "fp16"):
             raise DataError(f"--mixed-precision must be one of no, bf16, fp16, got {self.mixed_precision!r}")
         if self.resume is not None and not self.resume:
             raise DataError("--resume must be 'latest' or a checkpoint folder, got an empty string")
@@ -261,7 +263,10 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
     output_dir = Path(args.output_dir)
+    fsdp = distributed.fsdp_settings_from_environment()  # set by `accelerate launch` with an FSDP config
+    mixed_precision = distributed.resolve_mixed_precision(args.mixed_precision, fsdp is not None)
     if accelerator is None:
+        device_choice = distributed.device_choice_from_environment(args.cpu)
         log_with = None
         if args.tensorboard:
             try:
@@ -270,14 +275,17 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
                 log_with = "tensorboard"
             except ImportError:
                 pass
-        accelerator = Accelerator(
-            cpu=args.cpu or not (torch.cuda.is_available() or torch.backends.mps.is_available()),
-            mixed_precision=args.mixed_precision,
-            # one scheduler step per optimizer step, however many processes (the batch is global, not per process)
-            step_scheduler_with_optimizer=False,
-            log_with=log_with,
-            project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
-        )
+        with distributed.hidden_from_accelerate():  # the loop shards the model itself (FSDP2), see distributed.py
+            accelerator = Accelerator(
+                cpu=device_choice.cpu,
+                mixed_precision=mixed_precision,
+                # one scheduler step per optimizer step, however many processes (the batch is global, not per process)
+                step_scheduler_with_optimizer=False,
+                log_with=log_with,
+                project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
+            )
+        if device_choice.note and accelerator.is_main_process:
+            distributed.announce(device_choice.note)
     world, rank = accelerator.num_processes, accelerator.process_index
     local_rows = args.batch_size // world if args.batch_size % world == 0 else None
     if local_rows is None or local_rows % args.grad_accum:
@@ -330,6 +338,11 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
         model = build_model(config)
     if checkpoint:
         _check_resume(checkpoint, args, config, world)  # a mismatch is refused before anything is built
+    sharded = None
+    if fsdp is not None:  # shard before the optimizer is built: it must hold the sharded parameters
+        sharded = distributed.ShardedModel(model, fsdp, accelerator.device, world, mixed_precision)
+        model = sharded.module
+        distributed.announce(sharded.describe(rank, world, accelerator.device))
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -337,8 +350,12 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr
     )
     scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    accelerator.register_save_state_pre_hook(_drop_tied_weights)
+    if sharded is None:
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+        accelerator.register_save_state_pre_hook(_drop_tied_weights)
+    else:  # no DDP wrapper; the model and optimizer shards are checkpointed by the hooks below
+        scheduler = accelerator.prepare(scheduler)
+    distributed.register_checkpoint_hooks(accelerator, sharded, optimizer)
 
     chunk_rows = local_rows // args.grad_accum
     memories = [init_memory(model, chunk_rows) for _ in range(args.grad_accum)]
@@ -391,7 +408,10 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
                 loss, memories[chunk] = lm_forward(model, inputs[rows], targets[rows], memories[chunk])
                 accelerator.backward(loss / args.grad_accum)
             total += loss.detach() / args.grad_accum
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.clip_norm) if args.clip_norm > 0 else None
+        grad_norm = None
+        if args.clip_norm > 0:
+            grad_norm = (sharded.clip_grad_norm_(args.clip_norm) if sharded
+                         else accelerator.clip_grad_norm_(model.parameters(), args.clip_norm))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -419,10 +439,9 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
 
     model_dir = output_dir / "model"
     if args.save_model:
-        state_dict = accelerator.get_state_dict(model)
+        state_dict = sharded.full_state_dict() if sharded else accelerator.get_state_dict(model)
         if accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            unwrapped.save_pretrained(model_dir, state_dict=state_dict)
+            (sharded or accelerator.unwrap_model(model)).save_pretrained(model_dir, state_dict=state_dict)
             tokenizer.save_pretrained(model_dir)
             (model_dir / "eval_results.json").write_text(json.dumps(
                 {"valid_bpc": evals[-1]["bpc"], "valid_perplexity": evals[-1]["perplexity"],

@@ -142,6 +142,11 @@ def train_with_trainer(args) -> dict:
     if args.resume:
         raise ModelError("--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
                          "`train(resume_from_checkpoint=...)`")
+    from .distributed import fsdp_requested
+
+    if fsdp_requested():  # Trainer would hand FSDP to Accelerate, which runs DDP on CPU: refuse rather than pretend
+        raise ModelError("--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an "
+                         "FSDP config")
     text = load_text(args.data, args.text_column)[: args.max_chars or None]
     if args.valid_data:
         train_text, valid_text = text, load_text(args.valid_data, args.text_column)
