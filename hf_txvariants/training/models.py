@@ -64,14 +64,12 @@ def build_config(
     small initial scale matches the token embeddings; unscaled sinusoids of norm ~1 drown them). Variant-specific fields can be passed as `extra`."""
     cls = config_class(variant)
     fields = set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "attribute_map", {}))
-    kwargs = dict(
-        vocab_size=vocab_size,
-        hidden_size=d_model,
-        num_hidden_layers=n_layer,
-        num_attention_heads=n_head,
-        intermediate_size=d_inner or 4 * d_model,
-        dropout=dropout,
-    )
+    kwargs = dict(vocab_size=vocab_size, hidden_size=d_model, dropout=dropout)
+    # The size fields a variant has (the ACT RNN has no layers, heads or feed-forward).
+    for name, value in (("num_hidden_layers", n_layer), ("num_attention_heads", n_head),
+                        ("intermediate_size", d_inner or 4 * d_model)):
+        if name in fields:
+            kwargs[name] = value
     if "mem_len" in fields:
         kwargs["mem_len"] = mem_len
     if "same_length" in fields:
