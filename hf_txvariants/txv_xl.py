@@ -106,7 +106,6 @@ class XLLayer(GradientCheckpointingLayer):
             parent, _, name = self.part_paths["adaptive_span"].rpartition(".")
             (self.get_submodule(parent) if parent else self).add_module(name, span)
         self.span_cache = config.adapt_span_cache
-        self.window = attention_window(config)
 
     def part(self, role: str):
         return self.get_submodule(self.part_paths[role])
@@ -126,8 +125,7 @@ class XLLayer(GradientCheckpointingLayer):
                 memory, position_embeddings, allowed = keep_last_memory(
                     memory, position_embeddings, allowed, needed_memory, hidden_states.shape[1]
                 )
-            key_length = hidden_states.shape[1] + (0 if memory is None else memory.shape[1])
-            span_bias = span.attention_bias(spans, hidden_states.shape[1], key_length, hidden_states.dtype)
+            span_bias = span.attention_bias(spans, hidden_states.shape[1], allowed.shape[-1], hidden_states.dtype)
         key_length = allowed.shape[-1]
 
         attention, attention_norm = self.part("attention"), self.part("attention_norm")
