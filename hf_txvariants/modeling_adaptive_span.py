@@ -15,7 +15,6 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import ModelOutput
 
 from .configuration_adaptive_span import AdaptiveSpanConfig
 from .txv_cache import MemoryCache, MemoryGenerationMixin
@@ -24,33 +23,26 @@ from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
-from .txv_xl import XLBackboneMixin, build_final_norm, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
+from .txv_xl import (
+    XLBackboneMixin,
+    XLCausalLMOutput,
+    XLLayer,
+    XLModelOutput,
+    XLSpanMethodsMixin,
+    build_final_norm,
+    init_mechanism_weights,
+)
 
 
 @dataclass
-class AdaptiveSpanModelOutput(ModelOutput):
-    """span_penalty: sum over layers of the mean span (tokens). attended_keys: per layer, the number of keys the
-    layer's attention computed (after trimming)."""
+class AdaptiveSpanModelOutput(XLModelOutput):
+    """attended_keys: per layer, the number of keys the layer's attention computed (after trimming)."""
 
-    last_hidden_state: torch.FloatTensor | None = None
-    span_penalty: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
     attended_keys: tuple[int, ...] | None = None
 
 
-@dataclass
-class AdaptiveSpanCausalLMOutput(ModelOutput):
+class AdaptiveSpanCausalLMOutput(XLCausalLMOutput):
     """loss = lm_loss + adapt_span_loss * span_penalty."""
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    lm_loss: torch.FloatTensor | None = None
-    span_penalty: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 class AdaptiveSpanAttention(RelativePositionAttention):

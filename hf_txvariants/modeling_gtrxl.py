@@ -19,13 +19,10 @@ an episode's first step attend to nothing before it, so a row whose episode rest
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import ModelOutput
 
 from .configuration_gtrxl import GTrXLConfig
 from .txv_cache import MemoryCache, MemoryGenerationMixin
@@ -34,31 +31,23 @@ from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels
 from .txv_modeling_utils import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
-from .txv_xl import XLBackboneMixin, build_final_norm, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
+from .txv_xl import (
+    XLBackboneMixin,
+    XLCausalLMOutput,
+    XLLayer,
+    XLModelOutput,
+    XLSpanMethodsMixin,
+    build_final_norm,
+    init_mechanism_weights,
+)
 
 
-@dataclass
-class GTrXLModelOutput(ModelOutput):
+class GTrXLModelOutput(XLModelOutput):
     """span_penalty: with adaptive span, the sum over layers of the mean span (tokens); None otherwise."""
 
-    last_hidden_state: torch.FloatTensor | None = None
-    span_penalty: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
-
-@dataclass
-class GTrXLCausalLMOutput(ModelOutput):
+class GTrXLCausalLMOutput(XLCausalLMOutput):
     """loss = lm_loss + adapt_span_loss * span_penalty (just lm_loss without adaptive span)."""
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    lm_loss: torch.FloatTensor | None = None
-    span_penalty: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 class GTrXLLayer(XLLayer):

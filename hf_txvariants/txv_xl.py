@@ -29,6 +29,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from torch import nn
 from transformers import initialization as init
+from transformers.modeling_outputs import ModelOutput
 
 from .txv_adaptive_span import AdaptiveSpan
 from .txv_attention import causal_allowed
@@ -105,7 +106,6 @@ class XLLayer(GradientCheckpointingLayer):
             parent, _, name = self.part_paths["adaptive_span"].rpartition(".")
             (self.get_submodule(parent) if parent else self).add_module(name, span)
         self.span_cache = config.adapt_span_cache
-        self.window = attention_window(config)
 
     def part(self, role: str):
         return self.get_submodule(self.part_paths[role])
@@ -125,8 +125,7 @@ class XLLayer(GradientCheckpointingLayer):
                 memory, position_embeddings, allowed = keep_last_memory(
                     memory, position_embeddings, allowed, needed_memory, hidden_states.shape[1]
                 )
-            key_length = hidden_states.shape[1] + (0 if memory is None else memory.shape[1])
-            span_bias = span.attention_bias(spans, hidden_states.shape[1], key_length, hidden_states.dtype)
+            span_bias = span.attention_bias(spans, hidden_states.shape[1], allowed.shape[-1], hidden_states.dtype)
         key_length = allowed.shape[-1]
 
         attention, attention_norm = self.part("attention"), self.part("attention_norm")
@@ -164,6 +163,30 @@ def keep_last_memory(memory, position_embeddings, allowed, memory_length: int, q
     memory = memory[:, full_memory - memory_length :] if memory_length > 0 else None
     position_embeddings = position_embeddings[position_embeddings.shape[0] - key_length - extra_rows :]
     return memory, position_embeddings, allowed[..., allowed.shape[-1] - key_length :]
+
+
+@dataclass
+class XLModelOutput(ModelOutput):
+    """The base model's output. span_penalty: with adaptive span, the sum over layers of the mean span (tokens)."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    span_penalty: torch.FloatTensor | None = None
+    past_key_values: MemoryCache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class XLCausalLMOutput(ModelOutput):
+    """The causal LM's output: loss = lm_loss + adapt_span_loss * span_penalty (just lm_loss without adaptive span)."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    span_penalty: torch.FloatTensor | None = None
+    past_key_values: MemoryCache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 class XLSpanMethodsMixin:
@@ -355,6 +378,8 @@ def restrict_to_episodes(allowed: torch.Tensor, episode_starts: torch.Tensor, ba
 __all__ = [
     "XLBackboneMixin",
     "XLBackboneOutput",
+    "XLCausalLMOutput",
+    "XLModelOutput",
     "XLLayer",
     "XLSpanMethodsMixin",
     "attention_window",
