@@ -11,7 +11,8 @@ the unfused math kernel). Sparse patterns use stride l = 128 (window / block 128
 c = 8 summary positions; `pattern_implementation="auto"` (what a user gets by setting `attention_pattern` alone).
 "forward" is a no-grad forward; "train" is forward + loss + backward (no optimizer step). Time: best of `--repeats`
 after one warm-up call (the warm-up also builds the cached pattern masks / BlockMasks; its time is printed as
-"first call"). Peak memory: CPU, growth of the process's peak resident set (VmHWM, reset through
+"first call"), as wall time and as the CPU time of the process (all threads; on a CPU shared with other jobs the
+CPU time depends less on the load). Peak memory: CPU, growth of the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs) during one call, glibc's mmap threshold fixed so freed tensors go back to the OS; CUDA,
 `max_memory_allocated` above the memory held before the call. Ratios are against GPT-2 at the same length and pass.
 Also printed: the attention core alone (SDPA `is_causal=True` vs the same attention with an explicit mask), which is
@@ -87,24 +88,26 @@ class PeakMemory:
 
 
 def timed(function, device):
+    """(wall seconds, CPU seconds of this process: all its threads; on a shared CPU the less load-dependent one)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     function()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 def measure(function, device, repeats):
-    """(first-call seconds, best seconds, peak MiB): a warm-up call, then `repeats` timed calls, the first of which
-    also measures the peak memory."""
-    first = timed(function, device)
+    """(first-call wall seconds, best (wall, CPU) seconds, peak MiB): a warm-up call, then `repeats` timed calls, the
+    first of which also measures the peak memory."""
+    first, _ = timed(function, device)
     with PeakMemory(device) as memory:
-        best = timed(function, device)
+        wall, cpu = timed(function, device)
     for _ in range(repeats - 1):
-        best = min(best, timed(function, device))
-    return first, best, memory.mib
+        again = timed(function, device)
+        wall, cpu = min(wall, again[0]), min(cpu, again[1])
+    return first, (wall, cpu), memory.mib
 
 
 def build_model(name, args, length):
@@ -144,8 +147,8 @@ def attention_core_rows(args, device, dtype):
         results = {}
         for name, function in cases.items():
             with torch.no_grad():
-                _, forward, _ = measure(function, device, args.repeats)
-            _, train, _ = measure(lambda: function().sum().backward(), device, args.repeats)
+                _, (forward, _), _ = measure(function, device, args.repeats)
+            _, (train, _), _ = measure(lambda: function().sum().backward(), device, args.repeats)
             results[name] = (forward, train)
         (causal_forward, causal_train), (mask_forward, mask_train) = results["is_causal"], results["explicit mask"]
         print(
@@ -184,8 +187,8 @@ def main():
     print("\nAttention core alone (ms): | L | is_causal forward | explicit mask forward | is_causal train | explicit mask train |")
     print("|---|---|---|---|---|")
     attention_core_rows(args, device, dtype)
-    print("\n| L | model | pass | first call ms | time ms | ratio vs GPT-2 | peak MiB | ratio vs GPT-2 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| L | model | pass | first call ms | wall ms | ratio | CPU ms | ratio | peak MiB | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for length in args.lengths:
         ids = torch.randint(0, 256, (1, length), device=device)
         peer = {}
@@ -202,17 +205,16 @@ def main():
                         model(ids, labels=ids, use_cache=False).loss.backward()
                         model.zero_grad(set_to_none=True)
                 try:
-                    first, best, mib = measure(step, device, args.repeats)
+                    first, (wall, cpu), mib = measure(step, device, args.repeats)
                 except torch.OutOfMemoryError:
-                    print(f"| {length} | {name} | {mode} | out of memory | | | | |", flush=True)
+                    print(f"| {length} | {name} | {mode} | out of memory | | | | | | |", flush=True)
                     continue
                 if name == "gpt2":
-                    peer[mode] = (best, mib)
-                time_ratio = best / peer[mode][0]
-                memory_ratio = mib / max(peer[mode][1], 1e-9)
+                    peer[mode] = (wall, cpu, mib)
+                peer_wall, peer_cpu, peer_mib = peer[mode]
                 print(
-                    f"| {length} | {name} | {mode} | {first * 1e3:.0f} | {best * 1e3:.0f} | {time_ratio:.2f} | "
-                    f"{mib:.0f} | {memory_ratio:.2f} |",
+                    f"| {length} | {name} | {mode} | {first * 1e3:.0f} | {wall * 1e3:.0f} | {wall / peer_wall:.2f} | "
+                    f"{cpu * 1e3:.0f} | {cpu / peer_cpu:.2f} | {mib:.0f} | {mib / max(peer_mib, 1e-9):.2f} |",
                     flush=True,
                 )
             del model

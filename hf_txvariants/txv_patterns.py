@@ -622,9 +622,13 @@ def gather_index(pattern, q_len, k_len, block_size, device, q_offset=0):
     Returns `order` (the query permutation or None), `index [blocks, K]` (long) and `mask [blocks, block_size, K]`
     (the element mask, False on padding). Queries past q_len (padding of the last block) repeat the last query.
     Cached per (pattern, lengths, block size, offset, device) like a FlexAttention BlockMask."""
-    cache_key = (pattern, q_len, k_len, block_size, q_offset, str(device))
-    if cache_key in _INDEX_CACHE:
-        return _INDEX_CACHE.get_or_build(cache_key, None)
+    return _INDEX_CACHE.get_or_build(
+        (pattern, q_len, k_len, block_size, q_offset, str(device)),
+        lambda: _build_gather_index(pattern, q_len, k_len, block_size, device, q_offset),
+    )
+
+
+def _build_gather_index(pattern, q_len, k_len, block_size, device, q_offset):
     blocks = math.ceil(q_len / block_size)
     order = pattern.query_order(q_len, device)
     positions = order if order is not None else torch.arange(q_len, device=device)
@@ -642,7 +646,7 @@ def gather_index(pattern, q_len, k_len, block_size, device, q_offset=0):
     index = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices[:, :width]
     valid = torch.gather(seen, 1, index)
     mask = pattern.allowed(positions.view(blocks, block_size, 1), index[:, None, :]) & valid[:, None, :]
-    return _INDEX_CACHE.get_or_build(cache_key, lambda: (order, index, mask))
+    return order, index, mask
 
 
 def gathered_attention(
