@@ -210,14 +210,14 @@ def compare_with_legacy(args, devices) -> list[str]:
                 failed = {name: runs[0]["error"] for name, runs in results.items() if "error" in runs[0]}
                 for name, error in failed.items():
                     lines.append(f"| {device} | {dtype_name} | {name} fails: {error[:150]} | | | |")
-                if failed:
-                    continue
                 best = {}
                 for name, runs in results.items():
+                    if name in failed:
+                        continue
                     best[name] = {key: max(run[key] for run in runs) for key in runs[0]}
                     for key in ("eval_peak_mib", "train_peak_mib"):  # memory: the smallest peak of the rounds
                         best[name][key] = min(run[key] for run in runs)
-                legacy, ours = best["legacy"], best["ours"]
+                legacy, ours = best.get("legacy"), best.get("ours")
                 memory_kind = "peak allocated MiB" if device == "cuda" else "peak process RSS MiB"
                 for label, key, digits in (
                     ("evaluation with memory, tokens/s", "eval_tokens_per_s", 0),
@@ -227,10 +227,9 @@ def compare_with_legacy(args, devices) -> list[str]:
                     ("training, achieved TFLOP/s", "train_tflops", 3),
                     (f"training, {memory_kind}", "train_peak_mib", 0),
                 ):
-                    lines.append(
-                        f"| {device} | {dtype_name} | {label} | {legacy[key]:.{digits}f} | {ours[key]:.{digits}f} |"
-                        f" {ours[key] / legacy[key]:.2f}x |"
-                    )
+                    cells = [f"{result[key]:.{digits}f}" if result else "fails" for result in (legacy, ours)]
+                    ratio = f"{ours[key] / legacy[key]:.2f}x" if legacy and ours else "-"
+                    lines.append(f"| {device} | {dtype_name} | {label} | {cells[0]} | {cells[1]} | {ratio} |")
     return lines
 
 

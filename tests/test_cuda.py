@@ -19,15 +19,15 @@ SDPA_VARIANTS = [name for name in VARIANTS if VARIANTS[name][0] != "txv_reformer
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_trains_in_mixed_precision_on_cuda(variant, precision, request):
-    check_mixed_precision_training(variant, precision, "cuda", request)
+def test_trains_in_mixed_precision_on_cuda(variant, precision):
+    check_mixed_precision_training(variant, precision, "cuda")
 
 
 @pytest.mark.parametrize("precision", ["autocast-bf16", "autocast-fp16"])
-def test_transfo_xl_wt103_style_div_val_4_under_autocast(precision, request):
+def test_transfo_xl_wt103_style_div_val_4_under_autocast(precision):
     """The paper's wt103 head (div_val 4, three tail clusters) crashed in the adaptive input under autocast."""
     check_mixed_precision_training(
-        "transfo-xl div_val 2", precision, "cuda", request, vocab_size=80, cutoffs=[10, 20, 40], div_val=4, d_embed=64
+        "transfo-xl div_val 2", precision, "cuda", vocab_size=80, cutoffs=[10, 20, 40], div_val=4, d_embed=64
     )
 
 
