@@ -58,7 +58,7 @@ def evaluate(model, hard: bool, generator, task: str, batches: int = 8):
             real = labels != -100
             steps += float(output.n_updates[real].sum())
             correct += float((output.logits.argmax(-1) == labels)[real].sum())
-            ponder += float(output.ponder_cost) * int(real.sum())
+            ponder += float(output.ponder_cost[real].sum())
             total += int(real.sum())
     return {"mean_steps": steps / total, "ponder_cost": ponder / total, "accuracy": correct / total}
 
@@ -72,7 +72,9 @@ def main():
     parser.add_argument("--halting-bias-init", type=float, default=-1.0)
     parser.add_argument("--task", choices=["window", "hops"], default="window",
                         help="window: copy vs max of 5; hops: pointer chasing, 1 hop vs 3 hops")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
     config = UniversalTransformerConfig(

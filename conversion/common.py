@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from collections import OrderedDict
 
 import numpy as np
@@ -141,25 +140,15 @@ def summary(cfg, extra=None, file=None):
 
 @contextlib.contextmanager
 def atomic_output_dir(output, overwrite=False):
-    """Yield a temporary directory next to ``output``; rename it to ``output`` only if the block succeeds."""
+    """Yield a temporary directory next to ``output``; it replaces ``output`` (as a whole) only if the block
+    succeeds. The project's one atomic-folder helper (`atomic_directory`) does the work."""
+    from hf_txvariants.txv_modeling_utils import atomic_directory
+
     output = os.path.abspath(output)
     if os.path.exists(output) and not overwrite:
         raise ConversionError(f"{output} already exists (use --overwrite to replace it)")
-    parent = os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.partial-", dir=parent)
-    try:
-        yield tmp
-        if os.path.exists(output):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.old-", dir=parent)
-            os.rename(output, os.path.join(old, "x"))
-            os.rename(tmp, output)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with atomic_directory(output, keep_existing=False) as staging:
+        yield str(staging)
 
 
 def progress(iterable, total=None, desc=None, enable=True):
@@ -226,3 +215,43 @@ def push_to_hub(out_dir, repo_id, preset=None, private=False):
     api.create_repo(repo_id, exist_ok=True, private=private)
     api.upload_folder(folder_path=out_dir, repo_id=repo_id, commit_message="Convert kimiyoung/transformer-xl checkpoint")
     print(f"pushed {out_dir} to https://huggingface.co/{repo_id}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------ shared by the converters
+def apply_eval_settings(cfg, preset=None, mem_len=None, clamp_len=None, same_length=None):
+    settings = dict(PRESETS[preset]) if preset else dict(mem_len=0, clamp_len=-1, same_length=False, tgt_len=None)
+    if mem_len is not None:
+        settings["mem_len"] = mem_len
+    if clamp_len is not None:
+        settings["clamp_len"] = clamp_len
+    if same_length is not None:
+        settings["same_length"] = same_length
+    cfg.update(mem_len=settings["mem_len"], clamp_len=settings["clamp_len"], same_length=settings["same_length"])
+    return settings
+
+
+def finish_output(tmp, cfg, state, sources, settings, vocab_path, preset, dtype, vocab_kind=None):
+    from .vocab import convert_vocab
+
+    eos = None
+    tokenizer = None
+    if vocab_path:
+        tokenizer, vocab_info = convert_vocab(vocab_path, dataset=vocab_kind)
+        if len(vocab_info["idx2sym"]) != cfg["vocab_size"]:
+            raise ConversionError(f"vocabulary has {len(vocab_info['idx2sym'])} symbols, the model "
+                                  f"{cfg['vocab_size']}")
+        eos = vocab_info.get("eos_token_id")
+    cfg["eos_token_id"] = eos
+    gen = dict(eos_token_id=eos, mem_len=settings["mem_len"], clamp_len=settings["clamp_len"],
+               same_length=settings["same_length"])
+    if settings.get("tgt_len"):
+        gen["eval_tgt_len"] = settings["tgt_len"]
+    write_model(tmp, cfg, state, sources, dtype=dtype, generation=gen)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if preset and os.path.isfile(model_card_path(preset)):
+        shutil.copyfile(model_card_path(preset), os.path.join(tmp, "README.md"))
+
+
+def parse_dtype(name):
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]

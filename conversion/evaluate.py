@@ -22,10 +22,19 @@ import sys
 
 import torch
 
+from hf_txvariants.cli import non_negative_int, positive_int
+from hf_txvariants.cli.errors import run_guarded
+
 
 def read_ids(path):
     with open(path, encoding="utf-8") as f:
-        return torch.tensor([int(t) for t in f.read().split()], dtype=torch.long)
+        tokens = f.read().split()
+    bad = next((t for t in tokens if not t.isdigit()), None)
+    if bad is not None:
+        raise ValueError(f"{path}: token ids must be non-negative integers, found {bad!r}")
+    if not tokens:
+        raise ValueError(f"{path}: no token ids")
+    return torch.tensor([int(t) for t in tokens], dtype=torch.long)
 
 
 def tokenize_file(tokenizer, path, kind):
@@ -84,27 +93,34 @@ def evaluate(model, data, batch_size, tgt_len, max_segments=None, progress=True)
     return total / count, count
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m conversion.evaluate", description=__doc__.split("\n\n")[0])
+def main(argv=None, prog="python -m conversion.evaluate"):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="a converted model directory (or Hub id)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="a text file, tokenized by the original rules")
     src.add_argument("--ids", help="a file of whitespace-separated token ids")
-    ap.add_argument("--batch-size", type=int, default=None, help="parallel streams (paper: 16)")
-    ap.add_argument("--tgt-len", type=int, default=None, help="segment length (preset's eval_tgt_len)")
-    ap.add_argument("--mem-len", type=int)
+    ap.add_argument("--batch-size", type=positive_int, default=None, help="parallel streams (paper: 16)")
+    ap.add_argument("--tgt-len", type=positive_int, default=None, help="segment length (preset's eval_tgt_len)")
+    ap.add_argument("--mem-len", type=non_negative_int)
     ap.add_argument("--clamp-len", type=int)
     ap.add_argument("--same-length", type=lambda s: s.lower() in ("1", "true", "yes"), default=None)
-    ap.add_argument("--max-segments", type=int, help="stop early (quick checks)")
+    ap.add_argument("--max-segments", type=positive_int, help="stop early (quick checks)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = ap.parse_args(argv)
+    return run_guarded(lambda: evaluate_converted(args), "error: ", args.debug)
 
+
+def evaluate_converted(args) -> dict:
+    """Loads the converted model, tokenizes the text (or reads the ids), evaluates and prints the result."""
     import hf_txvariants  # noqa: F401 - registers TransfoXL with the Auto classes
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device)
+    from hf_txvariants.training.models import load_model
+
+    model = load_model(args.model, dtype=getattr(torch, args.dtype)).to(args.device)
     gen = {}
     gen_path = os.path.join(args.model, "generation_config.json")
     if os.path.isfile(gen_path):
@@ -135,4 +151,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

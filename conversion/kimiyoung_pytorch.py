@@ -22,11 +22,11 @@ from collections import OrderedDict
 
 import torch
 
-from .common import (PRESETS, ConversionError, atomic_output_dir, check_shapes, expected_shapes, progress,
-                     push_to_hub, summary)
-from .kimiyoung_tf import apply_eval_settings, finish_output, parse_dtype
-from .tf_bundle import TFBundleError
-from .safe_pickle import UnsafePickleError, MODULE_CLASSES, ArrayStub, PickledObject, load_torch_file
+from hf_txvariants.cli.errors import run_guarded
+
+from .common import (PRESETS, ConversionError, apply_eval_settings, atomic_output_dir, check_shapes, expected_shapes,
+                     finish_output, parse_dtype, progress, push_to_hub, summary)
+from .safe_pickle import MODULE_CLASSES, ArrayStub, PickledObject, load_torch_file
 
 ATTN_TYPES = {0: "relative positional encoding (paper)", 1: "learnable relative embeddings (Shaw et al.)",
               2: "absolute sinusoidal (Vaswani et al.)", 3: "absolute learnable deeper (Al-Rfou et al.)"}
@@ -130,8 +130,8 @@ def convert_state(root, cfg, show_progress=True):
     return state, sources
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m conversion.kimiyoung_pytorch", description=__doc__.split("\n\n")[0])
+def main(argv=None, prog="python -m conversion.kimiyoung_pytorch"):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="model.pt written by pytorch/train.py (torch.save(model))")
     ap.add_argument("--vocab", help="the cache.pt of pytorch/data_utils.py (or a TF cache.pkl)")
     ap.add_argument("--dataset", choices=sorted(PRESETS), help="vocabulary rules when the cache does not say")
@@ -144,30 +144,31 @@ def main(argv=None):
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--push-to-hub", metavar="REPO")
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = ap.parse_args(argv)
-    try:
-        root = load_torch_file(args.checkpoint, classes=MODULE_CLASSES)
-        cfg, trained = infer_config(root)
-        # without a preset, evaluate with the settings the model was saved with
-        settings = apply_eval_settings(
-            cfg, args.preset,
-            args.mem_len if args.mem_len is not None else (None if args.preset else trained["mem_len"]),
-            args.clamp_len if args.clamp_len is not None else (None if args.preset else trained["clamp_len"]),
-            args.same_length if args.same_length is not None else (None if args.preset else trained["same_length"]))
-        summary(cfg, dict(attn_type=0, preset=args.preset, saved_tgt_len=trained["tgt_len"]))
-        state, sources = convert_state(root, cfg, show_progress=not args.no_progress)
-        expected = expected_shapes(cfg)
-        check_shapes(state, sources, expected, what=args.checkpoint)
-        with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
-            finish_output(tmp, cfg, state, sources, settings, args.vocab, args.preset, parse_dtype(args.dtype),
-                          vocab_kind=args.dataset)
-    except (ConversionError, UnsafePickleError, TFBundleError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_guarded(lambda: convert(args), "error: ", args.debug)
+
+
+def convert(args):
+    """The conversion (atomic: a failure leaves nothing at --output), then the optional upload."""
+    root = load_torch_file(args.checkpoint, classes=MODULE_CLASSES)
+    cfg, trained = infer_config(root)
+    # without a preset, evaluate with the settings the model was saved with
+    settings = apply_eval_settings(
+        cfg, args.preset,
+        args.mem_len if args.mem_len is not None else (None if args.preset else trained["mem_len"]),
+        args.clamp_len if args.clamp_len is not None else (None if args.preset else trained["clamp_len"]),
+        args.same_length if args.same_length is not None else (None if args.preset else trained["same_length"]))
+    summary(cfg, dict(attn_type=0, preset=args.preset, saved_tgt_len=trained["tgt_len"]))
+    state, sources = convert_state(root, cfg, show_progress=not args.no_progress)
+    expected = expected_shapes(cfg)
+    check_shapes(state, sources, expected, what=args.checkpoint)
+    with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
+        finish_output(tmp, cfg, state, sources, settings, args.vocab, args.preset, parse_dtype(args.dtype),
+                      vocab_kind=args.dataset)
     print(f"wrote {args.output}", file=sys.stderr)
     if args.push_to_hub:
         push_to_hub(args.output, args.push_to_hub, args.preset)
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import sys
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
-from .common import (PRESETS, ConversionError, atomic_output_dir, check_shapes, expected_shapes, model_card_path,
-                     progress, push_to_hub, summary, write_model)
-from .safe_pickle import UnsafePickleError
-from .tf_bundle import TFBundleError, TFCheckpointReader
+from hf_txvariants.cli.errors import run_guarded
+
+from .common import (PRESETS, ConversionError, apply_eval_settings, atomic_output_dir, check_shapes,
+                     expected_shapes, finish_output, parse_dtype, progress, push_to_hub, summary)
+from .tf_bundle import TFCheckpointReader
 
 SKIP = re.compile(r"(/Adam(_\d+)?$|(^|/)beta[12]_power$|(^|/)global_step$|/ExponentialMovingAverage$)")
 P = "transformer/"
@@ -225,54 +224,20 @@ def convert_state(reader, cfg, show_progress=True):
 
 
 def read_corpus_info(path):
-    with open(path, encoding="utf-8") as f:
-        info = json.load(f)
-    if "vocab_size" not in info or "cutoffs" not in info:
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        raise ConversionError(f"corpus-info file not found: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConversionError(f"{path} is not a JSON corpus-info file ({error})") from None
+    if not isinstance(info, dict) or "vocab_size" not in info or "cutoffs" not in info:
         raise ConversionError(f"{path}: a corpus-info.json needs 'vocab_size' and 'cutoffs'")
     return info
 
 
-def apply_eval_settings(cfg, preset=None, mem_len=None, clamp_len=None, same_length=None):
-    settings = dict(PRESETS[preset]) if preset else dict(mem_len=0, clamp_len=-1, same_length=False, tgt_len=None)
-    if mem_len is not None:
-        settings["mem_len"] = mem_len
-    if clamp_len is not None:
-        settings["clamp_len"] = clamp_len
-    if same_length is not None:
-        settings["same_length"] = same_length
-    cfg.update(mem_len=settings["mem_len"], clamp_len=settings["clamp_len"], same_length=settings["same_length"])
-    return settings
-
-
-def finish_output(tmp, cfg, state, sources, settings, vocab_path, preset, dtype, vocab_kind=None):
-    from .vocab import convert_vocab
-
-    eos = None
-    tokenizer = None
-    if vocab_path:
-        tokenizer, vocab_info = convert_vocab(vocab_path, dataset=vocab_kind)
-        if len(vocab_info["idx2sym"]) != cfg["vocab_size"]:
-            raise ConversionError(f"vocabulary has {len(vocab_info['idx2sym'])} symbols, the model "
-                                  f"{cfg['vocab_size']}")
-        eos = vocab_info.get("eos_token_id")
-    cfg["eos_token_id"] = eos
-    gen = dict(eos_token_id=eos, mem_len=settings["mem_len"], clamp_len=settings["clamp_len"],
-               same_length=settings["same_length"])
-    if settings.get("tgt_len"):
-        gen["eval_tgt_len"] = settings["tgt_len"]
-    write_model(tmp, cfg, state, sources, dtype=dtype, generation=gen)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if preset and os.path.isfile(model_card_path(preset)):
-        shutil.copyfile(model_card_path(preset), os.path.join(tmp, "README.md"))
-
-
-def parse_dtype(name):
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m conversion.kimiyoung_tf", description=__doc__.split("\n\n")[0])
+def main(argv=None, prog="python -m conversion.kimiyoung_tf"):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="checkpoint prefix, e.g. .../model/model.ckpt-0")
     ap.add_argument("--corpus-info", help="data/corpus-info.json (vocab size and cutoffs, cross-checked)")
     ap.add_argument("--vocab", help="data/cache.pkl (Python 2 pickle, read without executing it) or cache.pt")
@@ -287,27 +252,27 @@ def main(argv=None):
     ap.add_argument("--verify-checksums", default="auto", choices=["auto", "always", "never"])
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--push-to-hub", metavar="REPO", help="upload the converted folder (with its model card)")
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
     args = ap.parse_args(argv)
+    return run_guarded(lambda: convert(args), "error: ", args.debug)
 
-    try:
-        info = read_corpus_info(args.corpus_info) if args.corpus_info else None
-        preset = args.preset or (info.get("dataset") if info and info.get("dataset") in PRESETS else None)
-        with TFCheckpointReader(args.checkpoint, verify_checksums=args.verify_checksums) as reader:
-            cfg, notes = infer_config(reader, info)
-            settings = apply_eval_settings(cfg, preset, args.mem_len, args.clamp_len, args.same_length)
-            summary(cfg, dict(proj_same_dim=notes["proj_same_dim"], preset=preset))
-            state, sources = convert_state(reader, cfg, show_progress=not args.no_progress)
-        check_shapes(state, sources, expected_shapes(cfg), what=args.checkpoint)
-        with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
-            finish_output(tmp, cfg, state, sources, settings, args.vocab, preset, parse_dtype(args.dtype),
-                          vocab_kind=info.get("dataset") if info else None)
-    except (ConversionError, UnsafePickleError, TFBundleError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+
+def convert(args):
+    """The conversion (atomic: a failure leaves nothing at --output), then the optional upload."""
+    info = read_corpus_info(args.corpus_info) if args.corpus_info else None
+    preset = args.preset or (info.get("dataset") if info and info.get("dataset") in PRESETS else None)
+    with TFCheckpointReader(args.checkpoint, verify_checksums=args.verify_checksums) as reader:
+        cfg, notes = infer_config(reader, info)
+        settings = apply_eval_settings(cfg, preset, args.mem_len, args.clamp_len, args.same_length)
+        summary(cfg, dict(proj_same_dim=notes["proj_same_dim"], preset=preset))
+        state, sources = convert_state(reader, cfg, show_progress=not args.no_progress)
+    check_shapes(state, sources, expected_shapes(cfg), what=args.checkpoint)
+    with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
+        finish_output(tmp, cfg, state, sources, settings, args.vocab, preset, parse_dtype(args.dtype),
+                      vocab_kind=info.get("dataset") if info else None)
     print(f"wrote {args.output}", file=sys.stderr)
     if args.push_to_hub:
         push_to_hub(args.output, args.push_to_hub, preset)
-    return 0
 
 
 if __name__ == "__main__":

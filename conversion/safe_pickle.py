@@ -7,6 +7,11 @@ layers, ...). Those classes are never imported: each is replaced by a ``PickledO
 its class name and pickled state, so no constructor, ``__setstate__`` or ``__reduce__`` of the original
 code runs. Any other global is refused with an ``UnsafePickleError`` naming it, before anything is called.
 
+Resources are bounded too: the allow-listed constructors cannot allocate more than ``MAX_CONSTRUCTOR_BYTES``
+(``bytes(10**13)`` is refused, not attempted), every tensor view is checked against the bounds of its storage
+before it is built, a storage must be present in full in the file (no compressed zip entries, no size the file
+does not hold), and the pure-Python unpickler is used (its memo is a dict: a huge memo index costs nothing).
+
 Supported containers: torch.save's zip format (torch >= 1.6), its legacy format (torch < 1.6, what the
 2019 code wrote), and plain pickles (Python 2 protocol 2 ``cache.pkl``).
 """
@@ -33,7 +38,31 @@ __all__ = [
 
 
 class UnsafePickleError(pickle.UnpicklingError):
-    """The file asked for something outside the allow-list; nothing was executed."""
+    """The file asked for something outside the allow-list or beyond the size bounds; nothing was executed."""
+
+
+# The largest object an allow-listed constructor (bytes(n), bytearray(n), ...) may allocate from a number in the
+# pickle. Real checkpoints never build a large object this way: their bytes are literal in the file.
+MAX_CONSTRUCTOR_BYTES = 1 << 24
+
+
+def _bounded(constructor):
+    """`constructor` (bytes, bytearray, str, ...) refusing a numeric argument that would allocate a huge object."""
+
+    def build(*args, **kwargs):
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CONSTRUCTOR_BYTES:
+                raise UnsafePickleError(f"refusing {constructor.__name__}({value}): more than "
+                                        f"{MAX_CONSTRUCTOR_BYTES} bytes from one number in the pickle")
+        return constructor(*args, **kwargs)
+
+    build.__name__ = constructor.__name__
+    return build
+
+
+_BUILTINS = {"set": set, "frozenset": frozenset, "list": list, "dict": dict, "tuple": tuple, "int": int,
+             "float": float, "bool": bool, "str": str, "bytes": _bounded(bytes), "bytearray": _bounded(bytearray),
+             "slice": slice, "complex": complex}
 
 
 class PickledObject:
@@ -152,9 +181,30 @@ class _DeferredTensor:
         flat = self.storage.tensor
         if flat is None:
             return ArrayStub()
+        check_view_bounds(self.size, self.stride, self.offset, flat.numel(), self.storage.key)
         if not self.size:
             return flat[self.offset].clone()
         return torch.as_strided(flat, self.size, self.stride, self.offset).clone()
+
+
+def check_view_bounds(size, stride, offset, storage_numel, key="?"):
+    """A tensor view (size, stride, offset) must lie inside its storage and hold no more elements than it (a view of
+    stride 0 could otherwise ask for any amount of memory); checked before `as_strided` reads anything."""
+    values = [offset, *size, *stride]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise UnsafePickleError(f"storage {key}: tensor size, stride and offset must be integers")
+    if offset < 0 or any(v < 0 for v in size) or any(v < 0 for v in stride) or len(size) != len(stride):
+        raise UnsafePickleError(f"storage {key}: negative or mismatched tensor size {list(size)} / stride "
+                                f"{list(stride)} / offset {offset}")
+    numel = 1
+    for v in size:
+        numel *= v
+    if numel == 0:
+        return
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    if last >= storage_numel or numel > storage_numel:
+        raise UnsafePickleError(f"storage {key}: a tensor of size {list(size)}, stride {list(stride)} and offset "
+                                f"{offset} reaches past its storage of {storage_numel} elements")
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride, *rest):
@@ -192,7 +242,7 @@ def _new_object(cls_name):
     return class_
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+class _RestrictedUnpickler(pickle._Unpickler):  # the pure-Python one: its memo is a dict, not a resizable array
     def __init__(self, file, classes, storages=None, numpy_stubs=False, **kw):
         super().__init__(file, **kw)
         self._classes = classes
@@ -207,12 +257,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return collections.OrderedDict
         if (module, name) == ("collections", "Counter"):
             return collections.Counter
-        if module in ("builtins", "__builtin__") and name in ("set", "frozenset", "list", "dict", "tuple",
-                                                               "int", "float", "bool", "str", "bytes",
-                                                               "bytearray", "slice", "complex"):
-            return {"set": set, "frozenset": frozenset, "list": list, "dict": dict, "tuple": tuple,
-                    "int": int, "float": float, "bool": bool, "str": str, "bytes": bytes,
-                    "bytearray": bytearray, "slice": slice, "complex": complex}[name]
+        if module in ("builtins", "__builtin__") and name in _BUILTINS:
+            return _BUILTINS[name]
         if module == "_codecs" and name == "encode":
             return _codecs_encode
         # tensors
@@ -260,6 +306,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
         storage_type, key, _location, numel = pid[1], pid[2], pid[3], pid[4]
         if not isinstance(storage_type, torch.dtype):
             raise UnsafePickleError(f"unsupported storage type {storage_type!r}")
+        if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
+            raise UnsafePickleError(f"storage {key!r}: bad element count {numel!r}")
         if len(pid) > 5 and pid[5] is not None:
             raise UnsafePickleError("storage views (pre-1.0 torch files) are not supported")
         key = key.decode() if isinstance(key, bytes) else str(key)
@@ -309,6 +357,21 @@ def _bytes_to_flat(data, dtype, numel):
     return t[:numel]
 
 
+def _element_size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _unpickle(unpickler, path):
+    """Runs a restricted unpickler; a pickle that asks for more memory or recursion than exists is refused."""
+    try:
+        return unpickler.load()
+    except UnsafePickleError as error:
+        raise UnsafePickleError(f"{path}: {error}") from None
+    except (MemoryError, RecursionError, OverflowError) as error:
+        raise UnsafePickleError(f"{path}: the pickle asks for too much ({type(error).__name__}); "
+                                "nothing was executed") from None
+
+
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
@@ -323,16 +386,27 @@ def load_torch_file(path, classes=MODULE_CLASSES, load_tensors=True, numpy_stubs
                 raise UnsafePickleError(f"{path}: zip file without a torch data.pkl")
             root = pkl[0].split("/")[0]
             storages = {}
-            obj = _RestrictedUnpickler(io.BytesIO(zf.read(pkl[0])), classes, storages, numpy_stubs,
-                                       encoding="utf-8").load()
+            obj = _unpickle(_RestrictedUnpickler(io.BytesIO(zf.read(pkl[0])), classes, storages, numpy_stubs,
+                                                 encoding="utf-8"), path)
             if load_tensors:
                 for key, ref in storages.items():
-                    data = zf.read(f"{root}/data/{key}")
-                    ref.tensor = _bytes_to_flat(data, ref.dtype, ref.numel)
+                    name = f"{root}/data/{key}"
+                    try:
+                        entry = zf.getinfo(name)
+                    except KeyError:
+                        raise UnsafePickleError(f"{path}: storage {key} is missing from the archive") from None
+                    # torch.save stores its storages uncompressed: the bytes must be in the file, so a small
+                    # archive cannot declare (and make us allocate) a huge tensor
+                    if entry.compress_type != zipfile.ZIP_STORED:
+                        raise UnsafePickleError(f"{path}: storage {key} is compressed (torch.save never does that)")
+                    if entry.file_size < ref.numel * _element_size(ref.dtype):
+                        raise UnsafePickleError(f"{path}: storage {key} holds {entry.file_size} bytes, "
+                                                f"{ref.numel} elements of {ref.dtype} expected")
+                    ref.tensor = _bytes_to_flat(zf.read(name), ref.dtype, ref.numel)
         return _materialize(obj)
     with open(path, "rb") as f:
         def small():
-            return _RestrictedUnpickler(f, {}, None, False, encoding="utf-8").load()
+            return _unpickle(_RestrictedUnpickler(f, {}, None, False, encoding="utf-8"), path)
 
         try:
             magic = small()
@@ -345,14 +419,23 @@ def load_torch_file(path, classes=MODULE_CLASSES, load_tensors=True, numpy_stubs
         small()  # protocol version
         small()  # sys info
         storages = {}
-        obj = _RestrictedUnpickler(f, classes, storages, numpy_stubs, encoding="utf-8").load()
+        obj = _unpickle(_RestrictedUnpickler(f, classes, storages, numpy_stubs, encoding="utf-8"), path)
         keys = small()
         if load_tensors:
+            file_size = os.fstat(f.fileno()).st_size
             for key in keys:
                 key = key.decode() if isinstance(key, bytes) else str(key)
-                ref = storages[key]
-                (numel,) = struct.unpack("<q", f.read(8))
-                nbytes = numel * torch.empty((), dtype=ref.dtype).element_size()
+                ref = storages.get(key)
+                if ref is None:
+                    raise UnsafePickleError(f"{path}: storage {key} was never declared")
+                header = f.read(8)
+                if len(header) < 8:
+                    raise UnsafePickleError(f"{path}: the file ends before storage {key}")
+                (numel,) = struct.unpack("<q", header)
+                nbytes = numel * _element_size(ref.dtype)
+                if numel < 0 or nbytes > file_size - f.tell():  # checked before reading: no huge allocation
+                    raise UnsafePickleError(f"{path}: storage {key} declares {numel} elements, more than the "
+                                            "file holds")
                 ref.tensor = _bytes_to_flat(f.read(nbytes), ref.dtype, numel)
         return _materialize(obj)
 
@@ -364,4 +447,4 @@ def load_plain_pickle(path, classes=VOCAB_CLASSES, encoding="bytes"):
     caller as UTF-8), and Python 2 ``unicode`` objects as ``str``.
     """
     with open(path, "rb") as f:
-        return _RestrictedUnpickler(f, classes, None, True, encoding=encoding).load()
+        return _unpickle(_RestrictedUnpickler(f, classes, None, True, encoding=encoding), path)

@@ -110,12 +110,20 @@ class Settings:
     entropy_coef: float = 0.01
     max_grad_norm: float = 0.5
     eval_episodes: int = 256
+    gate_bias: float = 2.0
 
 
-# variant -> GTrXL config fields; "baseline" is GTrXL's own network with no memory (same parameters).
+# variant -> GTrXL config fields; "baseline" is GTrXL's own network with no memory (same parameters). Every gate of
+# the paper is a variant (gtrxl = the GRU gate), and "gtrxl_span" composes the GRU gate with adaptive span.
 VARIANTS = {
     "gtrxl": {"gate_type": "gru"},
+    "trxl": {"gate_type": "trxl"},
     "trxl_i": {"gate_type": "trxl_i"},
+    "input": {"gate_type": "input"},
+    "output": {"gate_type": "output"},
+    "highway": {"gate_type": "highway"},
+    "sigmoid_tanh": {"gate_type": "sigmoid_tanh"},
+    "gtrxl_span": {"gate_type": "gru", "adapt_span_enabled": True, "adapt_span_ramp": 4, "adapt_span_init": 1.0},
     "baseline": {"gate_type": "gru", "mem_len": 0},
 }
 
@@ -128,7 +136,10 @@ def make_agent(variant: str, settings: Settings) -> ActorCritic:
         intermediate_size=2 * settings.hidden_size,
         num_hidden_layers=settings.num_layers,
         mem_len=settings.mem_len,
+        gate_bias=settings.gate_bias,
     )
+    if VARIANTS[variant].get("adapt_span_enabled"):
+        fields["attn_span"] = settings.mem_len + 1  # the largest span: every step the memory holds
     config = GTrXLConfig(**{**fields, **VARIANTS[variant]})
     return ActorCritic(3, 2, config)
 
@@ -226,6 +237,7 @@ def train(variant: str, seed: int, settings: Settings, log_every: int = 0) -> di
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
             optimizer.step()
+            agent.backbone.clamp_spans_()  # keeps learned spans in [0, attn_span] (no-op without adaptive span)
         if log_every and (iteration + 1) % log_every == 0:
             print(
                 f"  {variant} seed {seed} iteration {iteration + 1}: training success (last 200 episodes) "

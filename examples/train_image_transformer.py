@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from hf_txvariants import ImageTransformerConfig, ImageTransformerForCausalLM
-from hf_txvariants.modeling_image_transformer import images_to_input_ids, save_png
+from hf_txvariants.modeling_image_transformer import images_to_input_ids
+from hf_txvariants.training.images import save_png
 
 CLASSES = ("horizontal bar", "vertical bar", "square", "diagonal")
 

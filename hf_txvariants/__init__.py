@@ -8,6 +8,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForImageToImage,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
 )
@@ -69,15 +70,24 @@ from .modeling_sparse_transformer import (
 from .configuration_image_transformer import ImageTransformerConfig
 from .modeling_image_transformer import (
     ImageTransformerForCausalLM,
+    ImageTransformerForSuperResolution,
     ImageTransformerModel,
     ImageTransformerPreTrainedModel,
 )
 from .configuration_txv_reformer import TxvReformerConfig
 from .modeling_txv_reformer import (
+    TxvReformerCache,
     TxvReformerForCausalLM,
     TxvReformerForSequenceClassification,
     TxvReformerModel,
     TxvReformerPreTrainedModel,
+)
+from .configuration_act_rnn import ACTRNNConfig
+from .modeling_act_rnn import (
+    ACTRNNForCausalLM,
+    ACTRNNForSequenceClassification,
+    ACTRNNModel,
+    ACTRNNPreTrainedModel,
 )
 from .txv_cache import MemoryCache
 
@@ -86,6 +96,7 @@ __version__ = "0.1.0"
 AUTO_CLASSES = {
     "AutoModel": AutoModel,
     "AutoModelForCausalLM": AutoModelForCausalLM,
+    "AutoModelForImageToImage": AutoModelForImageToImage,
     "AutoModelForMaskedLM": AutoModelForMaskedLM,
     "AutoModelForSequenceClassification": AutoModelForSequenceClassification,
 }
@@ -102,6 +113,7 @@ VARIANTS = {
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_image_transformer": (ImageTransformerConfig, ImageTransformerPreTrainedModel),
     "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
+    "txv_act_rnn": (ACTRNNConfig, ACTRNNPreTrainedModel),
 }
 
 # The standard ForCausalLM name for Transformer-XL's LM head.
@@ -119,6 +131,11 @@ for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
 
 __all__ = [
+    "ACTRNNConfig",
+    "ACTRNNForCausalLM",
+    "ACTRNNForSequenceClassification",
+    "ACTRNNModel",
+    "ACTRNNPreTrainedModel",
     "AdaptiveSpanConfig",
     "AdaptiveSpanForCausalLM",
     "AdaptiveSpanModel",
@@ -129,6 +146,7 @@ __all__ = [
     "GTrXLPreTrainedModel",
     "ImageTransformerConfig",
     "ImageTransformerForCausalLM",
+    "ImageTransformerForSuperResolution",
     "ImageTransformerModel",
     "ImageTransformerPreTrainedModel",
     "MemoryCache",
@@ -154,6 +172,7 @@ __all__ = [
     "TransfoXLLMHeadModel",
     "TransfoXLModel",
     "TransfoXLPreTrainedModel",
+    "TxvReformerCache",
     "TxvReformerConfig",
     "TxvReformerForCausalLM",
     "TxvReformerForSequenceClassification",

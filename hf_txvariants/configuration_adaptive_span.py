@@ -5,7 +5,9 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_adaptive_span import check_span_fields
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_gates import check_gate_fields
 
 
 @strict
@@ -19,7 +21,8 @@ class AdaptiveSpanConfig(PreTrainedConfig):
 
     Args:
         vocab_size, hidden_size, num_attention_heads, head_dim, intermediate_size, num_hidden_layers.
-        attn_span: S, the largest span; a query sees at most the S keys at distances 0 .. S - 1.
+        attn_span: S, the largest span; a query sees at most the S keys at distances 0 .. S - 1 (None: no window,
+            then mem_len must be given and adaptive span disabled).
         mem_len: positions kept as memory (default S - 1, all a full span needs); trimmed further to what the
             current spans need when `adapt_span_cache`.
         adapt_span_enabled: False gives the plain model with a hard window of S keys.
@@ -28,6 +31,9 @@ class AdaptiveSpanConfig(PreTrainedConfig):
         adapt_span_cache: drop the memory and keys that the current spans give weight 0 (saves compute and memory).
         adapt_span_dynamic: spans computed per query, z_t = S * sigmoid(v . x_t + b).
         memory_init: "empty" (no memory before the first segment) or "zeros" (S - 1 zero vectors, attended to).
+        gate_type, gate_bias: the residual form (default "trxl": the plain post-layer-norm block); "trxl_i" or a
+            gate ("gru", ...) gives the Gated Transformer-XL layer of Parisotto et al., see `GTrXLConfig`.
+        final_layer_norm: a layer norm on the last hidden state (default False, as the original; set it with a gate).
         dropout, attention_dropout, layer_norm_eps, initializer_range.
     """
 
@@ -52,7 +58,7 @@ class AdaptiveSpanConfig(PreTrainedConfig):
     head_dim: int | None = None
     intermediate_size: int = 1024
     num_hidden_layers: int = 8
-    attn_span: int = 1024
+    attn_span: int | None = 1024
     mem_len: int | None = None
     adapt_span_enabled: bool = True
     adapt_span_ramp: int = 32
@@ -61,6 +67,9 @@ class AdaptiveSpanConfig(PreTrainedConfig):
     adapt_span_cache: bool = True
     adapt_span_dynamic: bool = False
     memory_init: str = "empty"
+    gate_type: str = "trxl"
+    gate_bias: float | int = 2.0
+    final_layer_norm: bool = False
     dropout: float | int = 0.0
     attention_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-5
@@ -74,7 +83,7 @@ class AdaptiveSpanConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         apply_paper_names(self, kwargs)
         default_head_dim(self)
-        if self.mem_len is None and self.attn_span > 0:
+        if self.mem_len is None and isinstance(self.attn_span, int) and self.attn_span > 0:
             self.mem_len = self.attn_span - 1
         super().__post_init__(**kwargs)
         self.validate_architecture()
@@ -89,17 +98,15 @@ class AdaptiveSpanConfig(PreTrainedConfig):
             "head_dim",
             "intermediate_size",
             "num_hidden_layers",
-            "attn_span",
-            "adapt_span_ramp",
         )
         if self.hidden_size % 2:
             raise ValueError(f"hidden_size must be even (sinusoidal relative positions), got {self.hidden_size}")
+        if self.mem_len is None:
+            raise ValueError("mem_len must be given when attn_span is None")
         if self.mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
-        if not 0.0 <= self.adapt_span_init <= 1.0:
-            raise ValueError(f"adapt_span_init must be in [0, 1] (a fraction of attn_span), got {self.adapt_span_init}")
-        if self.adapt_span_loss < 0:
-            raise ValueError(f"adapt_span_loss must be >= 0, got {self.adapt_span_loss}")
+        check_span_fields(self)
+        check_gate_fields(self)
         if self.memory_init not in ("zeros", "empty"):
             raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
         check_probabilities(self, "dropout", "attention_dropout")

@@ -6,11 +6,9 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_adaptive_span import check_span_fields
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
-
-# The residual forms of the paper: TrXL (plain residual, layer norm after it), TrXL-I (identity map reordering: layer
-# norm on the sub-module input only, ReLU on its output, plain residual) and GTrXL with one of the gates.
-GATE_TYPES = ("trxl", "trxl_i", "input", "output", "highway", "sigmoid_tanh", "gru")
+from .txv_gates import GATE_TYPES, check_gate_fields
 
 
 @strict
@@ -31,10 +29,17 @@ class GTrXLConfig(PreTrainedConfig):
         same_length: every query attends to at most `mem_len + 1` steps (itself and `mem_len` before), exactly what
             step-by-step inference with a `mem_len` memory sees, so training on stored segments sees the same
             context as acting. False: a segment also sees all of its own earlier steps (plain Transformer-XL).
+        same_length_extra_key: with same_length, `mem_len + 1` keys (True, the default) or `mem_len` keys.
         clamp_len: relative distances above it use the encoding of clamp_len (<= 0: no clamping).
+        memory_init: "empty" (default: a fresh row, a reset row and an episode start attend only to their own
+            steps, exactly alike) or "zeros" (`mem_len` zero vectors attended to, as Transformer-XL's TF code).
+        attn_span, adapt_span_enabled, adapt_span_ramp, adapt_span_init, adapt_span_loss, adapt_span_cache,
+            adapt_span_dynamic: adaptive attention span (Sukhbaatar et al. 2019), off by default; see
+            `AdaptiveSpanConfig`. `attn_span` alone is a hard window of that many keys.
+        final_layer_norm: a layer norm on the last hidden state (default True; GPT-2's `ln_f`). The gated layers
+            never normalise their residual stream, so without it the LM head reads vectors of the embeddings' scale
+            and a language model learns very slowly (benchmarks/RESULTS.md). False gives the bare layer stack.
         dropout, attention_dropout (`dropatt`), initializer_range (`init_std`), layer_norm_eps.
-
-    The memory always starts empty (a fresh or reset row attends only to its own steps).
     """
 
     model_type = "txv_gtrxl"
@@ -59,7 +64,17 @@ class GTrXLConfig(PreTrainedConfig):
     gate_bias: float | int = 2.0
     mem_len: int = 64
     same_length: bool = True
+    same_length_extra_key: bool = True
     clamp_len: int = 0
+    memory_init: str = "empty"
+    final_layer_norm: bool = True
+    attn_span: int | None = None
+    adapt_span_enabled: bool = False
+    adapt_span_ramp: int = 32
+    adapt_span_init: float = 0.0
+    adapt_span_loss: float = 2e-6
+    adapt_span_cache: bool = True
+    adapt_span_dynamic: bool = False
     dropout: float | int = 0.0
     attention_dropout: float | int = 0.0
     initializer_range: float = 0.02
@@ -89,10 +104,12 @@ class GTrXLConfig(PreTrainedConfig):
         )
         if self.hidden_size % 2:
             raise ValueError(f"hidden_size must be even (sinusoidal relative positions), got {self.hidden_size}")
-        if self.gate_type not in GATE_TYPES:
-            raise ValueError(f"gate_type must be one of {list(GATE_TYPES)}, got {self.gate_type!r}")
         if self.mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
+        if self.memory_init not in ("zeros", "empty"):
+            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
+        check_gate_fields(self)
+        check_span_fields(self)
         check_probabilities(self, "dropout", "attention_dropout")
 
 

@@ -21,10 +21,20 @@ class ImageTransformerConfig(PreTrainedConfig):
 
     Args:
         image_size: `[height, width]`. num_channels: 1 (grey) or 3 (RGB).
-        attention_type: "local_1d" (query blocks of `block_length` attend to themselves and the previous block) or
-            "local_2d" (query blocks of `query_shape` rows x columns of the grid attend to the memory block that
-            extends them by `memory_flange` rows above and columns left and right, causally).
+        attention_type: "local_1d" (query blocks of `block_length` attend to themselves and the `memory_length`
+            positions before them) or "local_2d" (query blocks of `query_shape` rows x columns of the grid attend to
+            the memory block that extends them by `memory_flange` rows above and columns left and right, causally).
+        memory_length: local 1D only, the positions before a query block that it also attends to (default
+            `block_length`: the previous block). Parmar et al. 2018, section 3.2: "We then partition the length into
+            non-overlapping query blocks Q of length l_q, padding with zeroes if necessary. For each query block, we
+            build the memory block M from the same positions as Q and an additional l_m positions corresponding to
+            pixels that have been generated before, which can result in overlapping memory blocks."
         num_classes: > 0 for class-conditional generation (a class embedding is added at every position).
+        conditioning_image_size: `[height, width]` of the low-resolution image that conditions generation
+            (super-resolution, `ImageTransformerForSuperResolution`; Parmar et al. 2018, section 3.4: the
+            low-resolution image is encoded, the high-resolution one decoded with local attention and cross-attention
+            to the encoder). None: unconditional model. num_encoder_layers: layers of that encoder (full
+            self-attention over the low-resolution intensities).
         pattern_implementation: "blocked" (trains on CPU), "flex" (FlexAttention), "dense" (reference mask).
         block_size: query block of the blocked path (default: the attention block).
     """
@@ -49,16 +59,19 @@ class ImageTransformerConfig(PreTrainedConfig):
     intermediate_size: int | None = None
     attention_type: str = "local_1d"
     block_length: int = 256
+    memory_length: int | None = None
     query_shape: list[int] = (8, 16)
     memory_flange: list[int] = (8, 16)
     num_classes: int = 0
+    conditioning_image_size: list[int] | None = None
+    num_encoder_layers: int = 2
     pattern_implementation: str = "blocked"
     block_size: int | None = None
     dropout: float | int = 0.0
     attention_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-6
     initializer_range: float = 0.02
-    use_cache: bool = False
+    use_cache: bool = True
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 256
     pad_token_id: int | None = None
@@ -69,7 +82,11 @@ class ImageTransformerConfig(PreTrainedConfig):
         self.image_size = [int(x) for x in self.image_size]
         self.query_shape = [int(x) for x in self.query_shape]
         self.memory_flange = [int(x) for x in self.memory_flange]
+        if self.conditioning_image_size is not None:
+            self.conditioning_image_size = [int(x) for x in self.conditioning_image_size]
         default_head_dim(self)
+        if self.memory_length is None:
+            self.memory_length = self.block_length
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         if self.block_size is None:
@@ -86,6 +103,13 @@ class ImageTransformerConfig(PreTrainedConfig):
     def num_positions(self) -> int:
         return self.image_size[0] * self.grid_width
 
+    @property
+    def num_conditioning_positions(self) -> int:
+        """Intensities of the low-resolution image (0 without one)."""
+        if self.conditioning_image_size is None:
+            return 0
+        return self.conditioning_image_size[0] * self.conditioning_image_size[1] * self.num_channels
+
     def validate_architecture(self):
         check_positive(
             self,
@@ -98,6 +122,8 @@ class ImageTransformerConfig(PreTrainedConfig):
             "block_length",
             "block_size",
         )
+        if self.memory_length < 0:
+            raise ValueError(f"memory_length must be >= 0, got {self.memory_length}")
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"image_size must be [height, width] > 0, got {self.image_size}")
         if self.vocab_size != 257:
@@ -118,6 +144,11 @@ class ImageTransformerConfig(PreTrainedConfig):
                     f"query_shape {self.query_shape} must tile the {self.image_size[0]} x {self.grid_width} grid "
                     "(height x width * num_channels)"
                 )
+        if self.conditioning_image_size is not None:
+            if len(self.conditioning_image_size) != 2 or min(self.conditioning_image_size) <= 0:
+                raise ValueError(f"conditioning_image_size must be [height, width] > 0, got {self.conditioning_image_size}")
+            if self.num_encoder_layers <= 0:
+                raise ValueError(f"num_encoder_layers must be > 0 with a conditioning image, got {self.num_encoder_layers}")
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
         check_probabilities(self, "dropout", "attention_dropout")

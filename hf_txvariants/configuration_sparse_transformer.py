@@ -10,7 +10,8 @@ from .txv_config_checks import apply_paper_names, check_positive, check_probabil
 
 PATTERNS = ("strided", "fixed", "causal", "sliding_window", "local1d")
 PATTERN_MODES = ("interleaved", "merged", "per_head")
-PATTERN_IMPLEMENTATIONS = ("blocked", "flex", "dense")
+PATTERN_IMPLEMENTATIONS = ("auto", "blocked", "flex", "dense")
+PATTERN_CONVENTIONS = ("reference", "paper")
 
 
 @strict
@@ -27,10 +28,20 @@ class SparseTransformerConfig(PreTrainedConfig):
             factor per residual block, alternating), "merged" (every head attends to the union), "per_head" (heads
             split between the factors).
         stride (`l`), summary_size (`c`).
-        pattern_implementation: "blocked" (block-sparse gather with plain tensor ops: trains on CPU), "flex"
+        pattern_convention: which factor sets the "interleaved" and "per_head" modes use ("merged" is the same under
+            both, the union being equal). "reference" (the default, today's behaviour, one reading of the reference
+            code): strided A(1) is the previous l positions {i - l + 1, ..., i}; fixed A(2) is the summary positions
+            and the query itself. "paper", section 4.2 of the paper: "A(1)_i = {t, t + 1, ..., i} for
+            t = max(0, i - l) and A(2)_i = {j : (i - j) mod l = 0}" (strided: l + 1 local keys) and, for the fixed
+            pattern, "A(1)_i = {j : (floor(j/l) = floor(i/l))}, and A(2)_i = {j : j mod l in {t, t + 1, ..., l}},
+            where t = l - c" (the summary positions only, j <= i: a query before the first summary position sees
+            nothing in A(2) and that head or layer outputs zeros for it).
+        pattern_implementation: "auto" (the default: the fastest exact path for the device: tiles of dense attention
+            on CPU, FlexAttention with a cached block mask on CUDA where the tiles are not plainly causal), "blocked"
+            (tiles of dense attention through the fused SDPA kernel, no gather: trains on CPU), "flex"
             (FlexAttention block masks: CUDA, or CPU inference), "dense" (a dense mask through the eager/SDPA
-            attention of `_attn_implementation`: the reference). All three give the same outputs.
-        block_size: query block of the blocked path.
+            attention of `_attn_implementation`: the reference). All give the same outputs.
+        block_size: query block of FlexAttention-free gathering (unused by the patterns here, which all tile).
         image_shape: `[height, width, channels]` when the sequence is a flattened image: position embeddings are then
             the sum of a row, a column and a channel embedding (paper section 5.4) instead of one per position.
         gradient_checkpointing_min_layers: stacks with at least this many layers train with gradient checkpointing
@@ -60,7 +71,8 @@ class SparseTransformerConfig(PreTrainedConfig):
     pattern_mode: str = "interleaved"
     stride: int = 64
     summary_size: int = 8
-    pattern_implementation: str = "blocked"
+    pattern_convention: str = "reference"
+    pattern_implementation: str = "auto"
     block_size: int = 64
     image_shape: list[int] | None = None
     gradient_checkpointing_min_layers: int = 24
@@ -101,6 +113,8 @@ class SparseTransformerConfig(PreTrainedConfig):
             raise ValueError(f"attention_pattern must be one of {PATTERNS}, got {self.attention_pattern!r}")
         if self.pattern_mode not in PATTERN_MODES:
             raise ValueError(f"pattern_mode must be one of {PATTERN_MODES}, got {self.pattern_mode!r}")
+        if self.pattern_convention not in PATTERN_CONVENTIONS:
+            raise ValueError(f"pattern_convention must be one of {PATTERN_CONVENTIONS}, got {self.pattern_convention!r}")
         if self.pattern_implementation not in PATTERN_IMPLEMENTATIONS:
             raise ValueError(
                 f"pattern_implementation must be one of {PATTERN_IMPLEMENTATIONS}, got {self.pattern_implementation!r}"

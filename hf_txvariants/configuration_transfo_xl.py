@@ -6,7 +6,9 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_adaptive_span import check_span_fields
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_gates import check_gate_fields
 
 
 @strict
@@ -33,6 +35,14 @@ class TransfoXLConfig(PreTrainedConfig):
             zero vectors that are attended to) or "empty" (the original PyTorch code).
         same_length_extra_key: with same_length, each query sees `mem_len + 1` keys (the TF code) instead of
             `mem_len` (PyTorch code and legacy transformers).
+        gate_type, gate_bias: the residual form, default "trxl" (the Transformer-XL block, post- or pre-layer-norm
+            by `pre_lnorm`); "trxl_i" or a gate ("gru", ...) gives the Gated Transformer-XL layer (Parisotto et
+            al. 2020, identity map reordering, itself pre-norm: `pre_lnorm` must then stay False), see `GTrXLConfig`.
+        final_layer_norm: a layer norm on the last hidden state (default False, as the original; set it with a gate,
+            whose stack never normalises its residual stream, see `GTrXLConfig`).
+        attn_span, adapt_span_enabled, adapt_span_ramp, adapt_span_init, adapt_span_loss, adapt_span_cache,
+            adapt_span_dynamic: adaptive attention span (Sukhbaatar et al. 2019), off by default; see
+            `AdaptiveSpanConfig`. `attn_span` alone is a hard window of that many keys.
     """
 
     model_type = "transfo-xl"
@@ -76,6 +86,16 @@ class TransfoXLConfig(PreTrainedConfig):
     layer_norm_eps: float = 1e-5
     memory_init: str = "zeros"
     same_length_extra_key: bool = False
+    gate_type: str = "trxl"
+    gate_bias: float | int = 2.0
+    final_layer_norm: bool = False
+    attn_span: int | None = None
+    adapt_span_enabled: bool = False
+    adapt_span_ramp: int = 32
+    adapt_span_init: float = 0.0
+    adapt_span_loss: float = 2e-6
+    adapt_span_cache: bool = True
+    adapt_span_dynamic: bool = False
     use_cache: bool = True
     tie_word_embeddings: bool = True
     eos_token_id: int | list[int] | None = 0
@@ -135,6 +155,13 @@ class TransfoXLConfig(PreTrainedConfig):
         if self.init not in ("normal", "uniform"):
             raise ValueError(f"init must be 'normal' or 'uniform', got {self.init!r}")
         check_probabilities(self, "dropout", "attention_dropout")
+        check_gate_fields(self)
+        check_span_fields(self)
+        if self.pre_lnorm and self.gate_type != "trxl":
+            raise ValueError(
+                f"pre_lnorm=True applies to gate_type='trxl' only; gate_type={self.gate_type!r} uses the identity map "
+                "reordering, which already normalises the sub-layer inputs"
+            )
 
 
 __all__ = ["TransfoXLConfig"]

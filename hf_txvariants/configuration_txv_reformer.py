@@ -75,7 +75,7 @@ class TxvReformerConfig(PreTrainedConfig):
     vocab_size: int = 320
     reversible: bool = True
     tie_word_embeddings: bool = False
-    use_cache: bool = False
+    use_cache: bool = True
     classifier_dropout: float | int | None = None
     bos_token_id: int | None = None
     pad_token_id: int | None = 0

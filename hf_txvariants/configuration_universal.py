@@ -8,10 +8,14 @@ from transformers.configuration_utils import PreTrainedConfig
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
 
 
+LAYER_NORM_POSITIONS = ("pre", "post")
+TRANSITIONS = ("feed_forward", "separable_conv")
+
+
 @strict
 class UniversalTransformerConfig(PreTrainedConfig):
     r"""
-    One shared layer (self-attention, optional cross-attention, feed-forward; pre-layer-norm) applied over depth.
+    One shared layer (self-attention, optional cross-attention, transition) applied recurrently over depth.
 
     Standard names are stored; the papers' names are accepted through `attribute_map` (`d_model`, `n_head`,
     `d_head`, `d_inner`, `dropatt`, `max_steps` = `num_hidden_layers`, `act_epsilon` is stored as `act_threshold`).
@@ -28,6 +32,23 @@ class UniversalTransformerConfig(PreTrainedConfig):
         is_decoder: causal self-attention in `UniversalTransformerModel` (the LM head is always causal, the MLM and
             classification heads never). add_cross_attention: a cross-attention sub-layer over
             `encoder_hidden_states` (set by `EncoderDecoderModel`).
+        layer_norm_position: where the layer norms sit.
+            "pre" (the default, the behaviour of earlier releases): x + SubLayer(LN(x)) for every sub-layer, the
+            position/timestep signal stays in the residual stream, and a final layer norm follows the last step.
+            "post" (the paper): "A^t = LayerNorm((H^{t-1} + P^t) + MultiHeadSelfAttention(H^{t-1} + P^t)),
+            H^t = LayerNorm(A^t + Transition(A^t))" (Dehghani et al. 2019, section 2.1, eq. 4-5); no final layer
+            norm (H^T is the output).
+        transition: the position-wise function of the layer. "feed_forward" (the default): "a fully-connected neural
+            network that consists of a single rectified-linear activation function between two affine
+            transformations, applied position-wise". "separable_conv": "a separable convolution (Chollet, 2016)"
+            (the paper, section 2.1), as tensor2tensor's `sepconv_relu_sepconv`: depthwise-separable convolution to
+            `intermediate_size`, ReLU, dropout, depthwise-separable convolution back to `hidden_size`, with the
+            kernel sizes `separable_conv_kernel_sizes` (tensor2tensor's Universal Transformer: 3 and 5). Causal
+            models pad on the left (a position reads itself and the positions before it), bidirectional ones on
+            both sides ("SAME"); padding positions are zeroed before each convolution. The convolution mixes
+            neighbouring positions, so a causal model with it keeps no `UniversalStepCache` (`generate()` feeds
+            the whole sequence at every token).
+        separable_conv_kernel_sizes: the two kernel sizes of the separable-convolution transition.
         scale_embedding: token embeddings are multiplied by sqrt(hidden_size) (tensor2tensor's symbol modality).
         dropout, attention_dropout (`dropatt`), layer_norm_eps, initializer_range.
         use_cache: causal forward passes return a `UniversalStepCache` as `past_key_values` (default False, which
@@ -57,6 +78,9 @@ class UniversalTransformerConfig(PreTrainedConfig):
     halting_bias_init: float = 1.0
     is_decoder: bool = False
     add_cross_attention: bool = False
+    layer_norm_position: str = "pre"
+    transition: str = "feed_forward"
+    separable_conv_kernel_sizes: list[int] | tuple[int, ...] = (3, 5)
     scale_embedding: bool = True
     dropout: float | int = 0.1
     attention_dropout: float | int = 0.0
@@ -73,6 +97,7 @@ class UniversalTransformerConfig(PreTrainedConfig):
         if "act_epsilon" in kwargs:
             self.act_threshold = 1.0 - float(kwargs.pop("act_epsilon"))
         default_head_dim(self)
+        self.separable_conv_kernel_sizes = list(self.separable_conv_kernel_sizes)
         super().__post_init__(**kwargs)
         self.validate_architecture()
 
@@ -94,6 +119,13 @@ class UniversalTransformerConfig(PreTrainedConfig):
         if self.act_loss_weight < 0:
             raise ValueError(f"act_loss_weight must be >= 0, got {self.act_loss_weight}")
         check_probabilities(self, "dropout", "attention_dropout")
+        if self.layer_norm_position not in LAYER_NORM_POSITIONS:
+            raise ValueError(f"layer_norm_position must be one of {LAYER_NORM_POSITIONS}, got {self.layer_norm_position!r}")
+        if self.transition not in TRANSITIONS:
+            raise ValueError(f"transition must be one of {TRANSITIONS}, got {self.transition!r}")
+        kernels = self.separable_conv_kernel_sizes
+        if len(kernels) != 2 or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in kernels):
+            raise ValueError(f"separable_conv_kernel_sizes must be two positive integers, got {kernels!r}")
 
 
 __all__ = ["UniversalTransformerConfig"]

@@ -15,18 +15,16 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ModelOutput
 
 from .configuration_adaptive_span import AdaptiveSpanConfig
-from .txv_adaptive_span import AdaptiveSpan
-from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache, MemoryGenerationMixin, memory_for_input
+from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_inputs import embed_inputs, segment_padding_mask
+from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels
 from .txv_modeling_utils import TxvModelMixin
-from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
+from .txv_relative_attention import RelativePositionAttention
+from .txv_xl import XLBackboneMixin, build_final_norm, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
 
 
 @dataclass
@@ -56,55 +54,11 @@ class AdaptiveSpanCausalLMOutput(ModelOutput):
 
 
 class AdaptiveSpanAttention(RelativePositionAttention):
-    """Relative attention with the learned span mask, its residual connection and (post-)layer norm."""
+    """Relative attention with its layer norm and, when enabled, the learned spans (`adaptive_span`)."""
 
     def __init__(self, config: AdaptiveSpanConfig):
         super().__init__(config, own_biases=True)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.adaptive_span = (
-            AdaptiveSpan(
-                config.num_attention_heads,
-                config.attn_span,
-                config.adapt_span_ramp,
-                config.adapt_span_init,
-                dynamic=config.adapt_span_dynamic,
-                hidden_size=config.hidden_size,
-            )
-            if config.adapt_span_enabled
-            else None
-        )
-
-    def forward(self, hidden_states, position_embeddings, allowed, memory=None, output_attentions=False):
-        """position_embeddings `[M + Q (+ 1), hidden]` (`relative_position_embeddings`) and allowed `[..., Q, M + Q]` for the full memory `[B, M, hidden]`;
-        the memory, the positions and the mask are cut here to the keys the current spans can reach."""
-        query_length = hidden_states.shape[1]
-        memory_length = 0 if memory is None else memory.shape[1]
-        extra_rows = position_embeddings.shape[0] - (memory_length + query_length)  # the masked distance -1, if any
-        span_bias, penalty = None, None
-        needed_memory = self.config.attn_span - 1
-        if self.adaptive_span is not None:
-            spans = self.adaptive_span.spans(hidden_states)
-            penalty = self.adaptive_span.penalty(spans)
-            if self.config.adapt_span_cache:
-                # the first query sits at distance memory_length from the first memory slot: it needs only the last
-                # required_keys - 1 memory slots (larger distances have weight exactly 0)
-                needed_memory = self.adaptive_span.required_keys(spans) - 1
-                memory_length = min(memory_length, needed_memory)
-        key_length = memory_length + query_length
-        memory = memory[:, memory.shape[1] - memory_length :] if memory_length > 0 else None
-        position_embeddings = position_embeddings[position_embeddings.shape[0] - key_length - extra_rows :]
-        allowed = allowed[..., allowed.shape[-1] - key_length :]
-        if self.adaptive_span is not None:
-            span_bias = self.adaptive_span.attention_bias(spans, query_length, key_length, hidden_states.dtype)
-        output, weights = super().forward(
-            hidden_states,
-            position_embeddings,
-            allowed,
-            memory=memory,
-            output_attentions=output_attentions,
-            attention_bias=span_bias,
-        )
-        return self.layer_norm(hidden_states + output), weights, penalty, (key_length, needed_memory)
 
 
 class AdaptiveSpanFeedForward(PositionwiseFeedForward):
@@ -112,24 +66,24 @@ class AdaptiveSpanFeedForward(PositionwiseFeedForward):
         super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states):
-        return self.layer_norm(hidden_states + super().forward(hidden_states))
 
+class AdaptiveSpanLayer(XLLayer):
+    part_paths = {
+        "attention": "attn",
+        "attention_norm": "attn.layer_norm",
+        "feed_forward": "pos_ff",
+        "feed_forward_norm": "pos_ff.layer_norm",
+        "adaptive_span": "attn.adaptive_span",
+    }
 
-class AdaptiveSpanLayer(GradientCheckpointingLayer):
     def __init__(self, config: AdaptiveSpanConfig):
         super().__init__()
         self.attn = AdaptiveSpanAttention(config)
         self.pos_ff = AdaptiveSpanFeedForward(config)
-
-    def forward(self, hidden_states, position_embeddings, allowed, memory=None, output_attentions=False):
-        hidden_states, weights, penalty, key_length = self.attn(
-            hidden_states, position_embeddings, allowed, memory, output_attentions
-        )
-        return self.pos_ff(hidden_states), weights, penalty, key_length
+        self.add_mechanisms(config)
 
 
-class AdaptiveSpanPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class AdaptiveSpanPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
     config_class = AdaptiveSpanConfig
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
@@ -155,33 +109,16 @@ class AdaptiveSpanPreTrainedModel(TxvModelMixin, PreTrainedModel):
         if isinstance(module, RelativePositionAttention):
             init.normal_(module.r_w_bias, 0.0, std)
             init.normal_(module.r_r_bias, 0.0, std)
-        if isinstance(module, AdaptiveSpan):
-            if module.dynamic:
-                init.normal_(module.span_predictor.weight, 0.0, std)
-                # sigmoid(b) = init: the initial span fraction
-                fraction = min(max(module.init, 1e-4), 1 - 1e-4)
-                init.constant_(module.span_predictor.bias, float(torch.logit(torch.tensor(fraction))))
-            else:
-                init.constant_(module.current_val, module.init)
-
-    def clamp_spans_(self):
-        """Clamps every learned span into [0, attn_span]; call after each optimiser step (original `clamp_param`)."""
-        for module in self.modules():
-            if isinstance(module, AdaptiveSpan):
-                module.clamp_()
-
-    def get_spans(self) -> torch.Tensor | None:
-        """`[layers, heads]` the current static spans in tokens (None for dynamic spans or without adaptive span)."""
-        spans = [m.spans().detach() for m in self.modules() if isinstance(m, AdaptiveSpan) and not m.dynamic]
-        return torch.stack(spans) if spans else None
+        init_mechanism_weights(module, std)
 
 
-class AdaptiveSpanModel(AdaptiveSpanPreTrainedModel):
+class AdaptiveSpanModel(XLBackboneMixin, AdaptiveSpanPreTrainedModel):
     def __init__(self, config: AdaptiveSpanConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(AdaptiveSpanLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = build_final_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -190,18 +127,6 @@ class AdaptiveSpanModel(AdaptiveSpanPreTrainedModel):
 
     def set_input_embeddings(self, new_embeddings):
         self.embed_tokens = new_embeddings
-
-    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
-        weight = self.embed_tokens.weight
-        return MemoryCache.initial(
-            self.config.num_hidden_layers,
-            self.config.mem_len,
-            batch_size,
-            self.config.hidden_size,
-            self.config.memory_init,
-            dtype or weight.dtype,
-            device or weight.device,
-        )
 
     def forward(
         self,
@@ -231,61 +156,14 @@ class AdaptiveSpanModel(AdaptiveSpanPreTrainedModel):
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
         )
-        batch, query_length = inputs_embeds.shape[:2]
-        device = inputs_embeds.device
-
-        cache = memory_for_input(
-            past_key_values,
-            lambda: self.init_memory(batch, inputs_embeds.dtype, device),
-            batch_size=batch,
-            hidden_size=config.hidden_size,
-            num_layers=len(self.layers),
-        )
-        input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
-
-        memory_length = cache.memory_length
-        # a query sees the keys at distances 0 .. attn_span - 1 (the original's window), causal over [memory; segment]
-        allowed = causal_allowed(query_length, memory_length, device, window=config.attn_span)[None, None]
-        key_mask = cache.key_mask(input_mask, query_length)
-        if key_mask is not None:
-            allowed = allowed & key_mask[:, None, None, :]
-
-        position_embeddings = self.drop(
-            relative_position_embeddings(
-                memory_length + query_length, config.hidden_size, 0, inputs_embeds.dtype, device
-            )
-        )
-
-        hidden_states = self.drop(inputs_embeds)
-        layer_inputs, attentions, penalties, attended_keys = [], [], [], []
-        for layer_idx, layer in enumerate(self.layers):
-            layer_inputs.append(hidden_states)
-            hidden_states, weights, penalty, keys = layer(
-                hidden_states,
-                position_embeddings,
-                allowed,
-                memory=cache.layer_memory(layer_idx),
-                output_attentions=output_attentions,
-            )
-            attentions.append(weights)
-            penalties.append(penalty)
-            attended_keys.append(keys)
-        hidden_states = self.drop(hidden_states)
-        span_penalty = torch.stack(penalties).sum() if config.adapt_span_enabled else None
-
-        if use_cache:
-            if config.adapt_span_enabled and config.adapt_span_cache and not config.adapt_span_dynamic:
-                # keep only the memory the longest learned span needs (every layer's memory has the same length);
-                # dynamic spans depend on future queries, so their memory is not trimmed (only their keys are)
-                cache.mem_len = min(config.mem_len, max(needed for _, needed in attended_keys))
-            cache.update_memories(layer_inputs, input_mask)
+        backbone = self.run_backbone(inputs_embeds, attention_mask, past_key_values, use_cache, output_attentions)
         output = AdaptiveSpanModelOutput(
-            last_hidden_state=hidden_states,
-            span_penalty=span_penalty,
-            past_key_values=cache if use_cache else None,
-            hidden_states=tuple(layer_inputs) + (hidden_states,) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-            attended_keys=tuple(keys for keys, _ in attended_keys),
+            last_hidden_state=backbone.last_hidden_state,
+            span_penalty=backbone.span_penalty,
+            past_key_values=backbone.cache if use_cache else None,
+            hidden_states=tuple(backbone.layer_inputs) + (backbone.last_hidden_state,) if output_hidden_states else None,
+            attentions=tuple(backbone.attentions) if output_attentions else None,
+            attended_keys=backbone.attended_keys,
         )
         return output if return_dict else output.to_tuple()
 
@@ -323,8 +201,10 @@ class AdaptiveSpanForCausalLM(MemoryGenerationMixin, AdaptiveSpanPreTrainedModel
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> AdaptiveSpanCausalLMOutput | tuple:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels (keyword): the targets already shifted (transformers' loss kwarg, e.g. for context parallelism)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        shift_labels = kwargs.get("shift_labels")  # a loss kwarg, not a named argument (Trainer's label_names)
         outputs = self.transformer(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -337,10 +217,11 @@ class AdaptiveSpanForCausalLM(MemoryGenerationMixin, AdaptiveSpanPreTrainedModel
         )
         hidden_states = outputs.last_hidden_state
         loss = lm_loss = None
-        if labels is not None:
-            check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
+        if labels is not None or shift_labels is not None:
+            if labels is not None:
+                check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
             logits = self.lm_head(hidden_states)
-            lm_loss = causal_lm_loss(logits, labels, num_items_in_batch)
+            lm_loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels=shift_labels)
             loss = lm_loss
             if outputs.span_penalty is not None:
                 loss = loss + self.config.adapt_span_loss * outputs.span_penalty

@@ -6,29 +6,36 @@ in raster order (local 1D) or in block-raster order (local 2D: query blocks of `
 order inside a block). `input_ids` are `[start token 256, x_0, x_1, ...]` in that generation order
 (`images_to_input_ids` builds them); position t carries the intensity x_{t-1}, the grid position and channel of
 x_t (row and column sinusoids, a channel embedding) and, with `num_classes`, a class embedding; its logits (256
-intensities) predict x_t. The loss is in bits per dimension. `generate_images` samples images and `save_png`
-writes them.
+intensities) predict x_t. The loss is in bits per dimension. `generate_images` samples images
+(`hf_txvariants.training.images.save_png` writes them).
+
+Generation keeps every layer's keys and values in a `DynamicCache`; each new position attends, through the same
+pattern kernels, to only the keys its local block may see (`q_offset`), so a token costs O(block) attention work
+instead of a forward pass over the whole prefix. The attention is causal and local, so the cached outputs are those
+of recomputing the prefix.
 """
 
 from __future__ import annotations
 
 import math
-import struct
-import zlib
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, ModelOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, ModelOutput
+from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_mha import MultiHeadAttention
+from .txv_inputs import check_token_ids
+from .txv_losses import causal_lm_loss
+from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_modeling_utils import TxvModelMixin
-from .txv_patterns import Local1D, Local2D, pattern_attention, to_block_raster
+from .txv_patterns import AttentionPattern, Local1D, Local2D, pattern_attention, to_block_raster
 from .txv_positions import sinusoid_table
 
 START_TOKEN = 256
@@ -70,24 +77,26 @@ def input_ids_to_images(input_ids: torch.Tensor, config: ImageTransformerConfig)
     return raster.clamp(0, 255).to(torch.uint8).view(-1, height, width, config.num_channels)
 
 
-def save_png(images: torch.Tensor, path, scale: int = 4) -> None:
-    """Writes uint8 `[batch, height, width, channels]` (1 or 3 channels) side by side into one PNG, each pixel
-    `scale` x `scale` (stdlib only)."""
-    images = images.to(torch.uint8).cpu()
-    channels = images.shape[-1]
-    row = torch.cat(list(images), dim=1)  # [height, batch * width, channels]
-    row = row.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
-    height, width = row.shape[:2]
-    raw = b"".join(b"\x00" + bytes(row[y].flatten().tolist()) for y in range(height))
-    colour = {1: 0, 3: 2}[channels]
+@dataclass(frozen=True)
+class Local1DWithMemory(AttentionPattern):
+    """Parmar et al. local 1D with a memory length of its own: a query block of `block` positions attends to itself
+    and the `memory` positions before it, causally. `memory == block` is `Local1D(block)`."""
 
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    block: int
+    memory: int
 
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, colour, 0, 0, 0))
-    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-    with open(path, "wb") as handle:
-        handle.write(png)
+    def allowed(self, q_idx, kv_idx, head=None):
+        block_start = torch.div(q_idx, self.block, rounding_mode="floor") * self.block
+        return (kv_idx <= q_idx) & (kv_idx >= block_start - self.memory)
+
+
+def local_pattern(config: ImageTransformerConfig) -> AttentionPattern:
+    """The attention pattern `config` describes (local 1D with its memory length, or local 2D)."""
+    if config.attention_type == "local_2d":
+        return Local2D(config.grid_width, tuple(config.query_shape), tuple(config.memory_flange))
+    if config.memory_length == config.block_length:
+        return Local1D(config.block_length)
+    return Local1DWithMemory(config.block_length, config.memory_length)
 
 
 @dataclass
@@ -96,8 +105,24 @@ class ImageTransformerCausalLMOutput(ModelOutput):
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+def grid_position_embeddings(raster: torch.Tensor, grid_width: int, config, embed_channels: nn.Embedding, scale=(1, 1)):
+    """`[n, hidden]` for raster indices of a `? x grid_width` grid of intensities: row and column sinusoids (half the
+    width each) and the channel embedding. With `scale` (rows, columns), the grid is a low-resolution image whose
+    pixels are placed at their centres in the coordinates of a grid `scale` times larger (the image being decoded)."""
+    row, column = torch.div(raster, grid_width, rounding_mode="floor"), raster % grid_width
+    channel = column % config.num_channels
+    if scale != (1, 1):
+        pixel = torch.div(column, config.num_channels, rounding_mode="floor")
+        row = (row + 0.5) * scale[0] - 0.5
+        column = ((pixel + 0.5) * scale[1] - 0.5) * config.num_channels + channel
+    half = config.hidden_size // 2
+    table = torch.cat([sinusoid_table(row, half), sinusoid_table(column, config.hidden_size - half)], dim=-1)
+    return table + embed_channels(channel)
 
 
 class ImageTransformerAttention(MultiHeadAttention):
@@ -105,43 +130,65 @@ class ImageTransformerAttention(MultiHeadAttention):
         super().__init__(config, layer_idx)
         self.pattern = pattern
 
-    def forward(self, hidden_states, key_padding_mask=None, output_attentions=False):
+    def forward(self, hidden_states, key_padding_mask=None, output_attentions=False, past_key_values=None):
+        """With `past_key_values`, the new positions' keys/values join the cached ones and the queries (at positions
+        past_length + i) attend to the keys their pattern allows among all of them."""
         batch, length = hidden_states.shape[:2]
+        past_length = cache_past_length(past_key_values, self.layer_idx)
         query = self._heads(self.q_proj(hidden_states))
-        key, value = self.keys_values(hidden_states)
-        implementation = self.config.pattern_implementation
-        if implementation == "dense":
-            implementation = "sdpa" if self.config._attn_implementation == "sdpa" else "eager"
+        key, value = self.keys_values(hidden_states, past_key_values=past_key_values)
         output, weights = pattern_attention(
             self,
             query,
             key,
             value,
             self.pattern,
-            implementation,
+            self.config.pattern_implementation,
             scaling=self.scaling,
             key_padding_mask=key_padding_mask,
             dropout=self.attention_dropout if self.training else 0.0,
             block_size=self.config.block_size,
+            q_offset=past_length,
             output_attentions=output_attentions,
+            dense_implementation=self.config._attn_implementation,
         )
         return self.o_proj(output.reshape(batch, length, -1)), weights
 
 
 class ImageTransformerLayer(GradientCheckpointingLayer):
-    """Pre-norm decoder layer: x + dropout(attn(LN(x))), then x + ff(LN(x))."""
+    """Pre-norm decoder layer: x + dropout(attn(LN(x))), [x + dropout(cross_attn(LN(x), encoder)) when conditioned on
+    an image], then x + ff(LN(x))."""
 
     def __init__(self, config: ImageTransformerConfig, layer_idx: int, pattern):
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attn = ImageTransformerAttention(config, layer_idx, pattern)
+        if config.conditioning_image_size is not None:
+            self.ln_cross = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            self.cross_attn = MultiHeadAttention(config, layer_idx, is_cross_attention=True)
         self.ln_ff = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.ff = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states, key_padding_mask=None, output_attentions=False):
-        attention_output, weights = self.attn(self.ln_attn(hidden_states), key_padding_mask, output_attentions)
+    def forward(
+        self,
+        hidden_states,
+        key_padding_mask=None,
+        output_attentions=False,
+        past_key_values=None,
+        encoder_hidden_states=None,
+    ):
+        attention_output, weights = self.attn(
+            self.ln_attn(hidden_states), key_padding_mask, output_attentions, past_key_values
+        )
         hidden_states = hidden_states + self.dropout(attention_output)
+        if hasattr(self, "cross_attn"):
+            if encoder_hidden_states is None:
+                raise ValueError("encoder_hidden_states (the encoded low-resolution image) is required when "
+                                 "config.conditioning_image_size is set")
+            # The encoder's keys/values are recomputed at each step (the low-resolution image is small).
+            cross_output, _ = self.cross_attn(self.ln_cross(hidden_states), None, key_value_states=encoder_hidden_states)
+            hidden_states = hidden_states + self.dropout(cross_output)
         return hidden_states + self.ff(self.ln_ff(hidden_states)), weights
 
 
@@ -153,8 +200,12 @@ class ImageTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     _supports_sdpa = True
     _supports_flash_attn = False
     _supports_flex_attn = False
-    auto_classes = {"AutoModel": "ImageTransformerModel", "AutoModelForCausalLM": "ImageTransformerForCausalLM"}
-    head_key_patterns = (r"^lm_head\.",)
+    auto_classes = {
+        "AutoModel": "ImageTransformerModel",
+        "AutoModelForCausalLM": "ImageTransformerForCausalLM",
+        "AutoModelForImageToImage": "ImageTransformerForSuperResolution",
+    }
+    head_key_patterns = (r"^lm_head\.", r"^encoder\.")
 
     def _init_weights(self, module):
         std = self.config.initializer_range
@@ -175,10 +226,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_channels = nn.Embedding(config.num_channels, config.hidden_size)
         self.embed_classes = nn.Embedding(config.num_classes, config.hidden_size) if config.num_classes else None
-        if config.attention_type == "local_1d":
-            pattern = Local1D(config.block_length)
-        else:
-            pattern = Local2D(config.grid_width, tuple(config.query_shape), tuple(config.memory_flange))
+        pattern = local_pattern(config)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(ImageTransformerLayer(config, i, pattern) for i in range(config.num_hidden_layers))
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -191,84 +239,138 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.embed_tokens = new_embeddings
 
-    def position_embeddings(self, length: int, device, dtype) -> torch.Tensor:
-        """`[length, hidden]`: for step t, the row/column sinusoids (half the width each) and the channel embedding
-        of the position x_t it predicts (the last step, which predicts nothing, repeats the last position)."""
+    def position_embeddings(self, length: int, device, dtype, offset: int = 0) -> torch.Tensor:
+        """`[length, hidden]`: for step t (from `offset`), the row/column sinusoids (half the width each) and the
+        channel embedding of the position x_t it predicts (the last step, which predicts nothing, repeats the last
+        position)."""
         config = self.config
         order = generation_order(config, device)
-        steps = torch.arange(length, device=device).clamp(max=config.num_positions - 1)
-        raster = order[steps]
-        row, column = torch.div(raster, config.grid_width, rounding_mode="floor"), raster % config.grid_width
-        half = config.hidden_size // 2
-        table = torch.cat([sinusoid_table(row, half), sinusoid_table(column, config.hidden_size - half)], dim=-1)
-        return table.to(dtype) + self.embed_channels(column % config.num_channels)
+        steps = torch.arange(offset, offset + length, device=device).clamp(max=config.num_positions - 1)
+        return grid_position_embeddings(order[steps], config.grid_width, config, self.embed_channels).to(dtype)
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        class_labels: torch.LongTensor | None = None,
-        **kwargs,
-    ) -> BaseModelOutput | tuple:
-        """input_ids: `[batch, <= 1 + positions]` in generation order, start token first. class_labels: `[batch]`
-        (required when `num_classes > 0`). `past_key_values`/`use_cache` are ignored (no cache: generation reruns
-        the prefix)."""
+    def embed(self, input_ids, inputs_embeds, class_labels, past_length: int = 0) -> torch.Tensor:
+        """Token + position (+ class) embeddings of the positions from `past_length` on, checked."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        return_dict = return_dict if return_dict is not None else config.return_dict
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds")
         if input_ids is not None:
-            if input_ids.dim() != 2:
-                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-            if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
-                raise ValueError("input_ids must be intensities in [0, 255] or the start token 256 (vocab_size 257)")
+            check_token_ids(input_ids, config.vocab_size)
             inputs_embeds = self.embed_tokens(input_ids)
         elif inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
             raise ValueError(
                 f"inputs_embeds must be [batch, length, {config.hidden_size}], got shape {tuple(inputs_embeds.shape)}"
             )
         batch, length = inputs_embeds.shape[:2]
-        if length > config.num_positions + 1:
+        if past_length + length > config.num_positions + 1:
             raise ValueError(
-                f"input of {length} positions is longer than an image ({config.num_positions} positions + start token)"
+                f"input of {past_length + length} positions is longer than an image ({config.num_positions} "
+                "positions + start token)"
             )
-        hidden_states = inputs_embeds + self.position_embeddings(length, inputs_embeds.device, inputs_embeds.dtype)[None]
+        positions = self.position_embeddings(length, inputs_embeds.device, inputs_embeds.dtype, past_length)
+        hidden_states = inputs_embeds + positions[None]
         if config.num_classes:
             if class_labels is None or class_labels.shape != (batch,):
                 raise ValueError(f"class_labels must be [batch={batch}] when num_classes > 0 (config.num_classes)")
-            if int(class_labels.min()) < 0 or int(class_labels.max()) >= config.num_classes:
-                raise ValueError(f"class_labels must be in [0, {config.num_classes}) (config.num_classes)")
+            check_token_ids(class_labels[:, None], config.num_classes, "class_labels", "num_classes")
             hidden_states = hidden_states + self.embed_classes(class_labels)[:, None]
+        return hidden_states
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        class_labels: torch.LongTensor | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """input_ids: `[batch, <= 1 + positions]` in generation order, start token first (with `past_key_values`,
+        the positions after the cached ones). class_labels: `[batch]` (required when `num_classes > 0`).
+        attention_mask: `[batch, length]` or, with a cache, `[batch, past + length]`. `use_cache` returns the keys and
+        values of every layer in a `DynamicCache` (`past_key_values`). encoder_hidden_states: the encoded
+        low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer."""
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        use_cache = use_cache if use_cache is not None else config.use_cache
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=config)
+        if past_key_values is not None and not isinstance(past_key_values, Cache):
+            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
+        past_length = cache_past_length(past_key_values)
+        hidden_states = self.embed(input_ids, inputs_embeds, class_labels, past_length)
+        batch, length = hidden_states.shape[:2]
         key_padding_mask = None
         if attention_mask is not None:
-            if attention_mask.shape != (batch, length):
-                raise ValueError(f"attention_mask must be [batch={batch}, length={length}], got {tuple(attention_mask.shape)}")
-            if not bool(attention_mask.all()):
+            if attention_mask.shape not in ((batch, length), (batch, past_length + length)):
+                raise ValueError(
+                    f"attention_mask must be [batch={batch}, length={length}] (or [batch, {past_length + length}] "
+                    f"with past_key_values), got {tuple(attention_mask.shape)}"
+                )
+            if attention_mask.shape[1] != past_length + length:
+                attention_mask = torch.cat([attention_mask.new_ones(batch, past_length), attention_mask], dim=1)
+            # An all-ones mask masks nothing: skip it (when tracing, keep it: the check depends on the values).
+            if torch.compiler.is_compiling() or not bool(attention_mask.all()):
                 key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
         hidden_states = self.dropout(hidden_states)
         all_hidden, all_attentions = [], []
         for layer in self.layers:
             all_hidden.append(hidden_states)
-            hidden_states, weights = layer(hidden_states, key_padding_mask, output_attentions)
+            hidden_states, weights = layer(
+                hidden_states,
+                key_padding_mask,
+                output_attentions,
+                past_key_values=past_key_values,
+                encoder_hidden_states=encoder_hidden_states,
+            )
             all_attentions.append(weights)
         hidden_states = self.norm(hidden_states)
-        output = BaseModelOutput(
+        return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) + (hidden_states,) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
-        return output if return_dict else output.to_tuple()
 
 
-class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMixin):
+def intensity_bits_per_dim(logits, labels, shape, **loss_kwargs) -> torch.Tensor:
+    """The causal-LM loss over the 256 intensities in bits per dimension; `labels` (shape `shape`, the start token
+    first) or `shift_labels` must hold intensities or -100 where they are targets."""
+    targets = loss_kwargs.get("shift_labels")
+    if labels is not None:
+        if tuple(labels.shape) != tuple(shape):
+            raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
+        targets = labels[:, 1:] if targets is None else targets
+    if not torch.compiler.is_compiling() and bool(((targets != -100) & ((targets < 0) | (targets > 255))).any()):
+        raise ValueError("labels after the first position (or shift_labels) must be intensities in [0, 255] or -100")
+    return causal_lm_loss(logits, labels, **loss_kwargs) / math.log(2)
+
+
+class ImageTransformerIntensityHeadMixin:
+    """The output of the image heads: logits over the 256 intensities from `lm_head`, loss in bits per dimension."""
+
+    def intensity_head(self, outputs, labels, logits_to_keep: int = 0, **loss_kwargs) -> ImageTransformerCausalLMOutput:
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        loss = None
+        if labels is not None or loss_kwargs.get("shift_labels") is not None:
+            loss = intensity_bits_per_dim(logits, labels, hidden_states.shape[:2], **loss_kwargs)
+        return ImageTransformerCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class ImageTransformerForCausalLM(ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin):
     """Image generation: logits over the 256 intensities; `loss` in bits per dimension."""
 
     def __init__(self, config: ImageTransformerConfig):
@@ -277,24 +379,23 @@ class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMix
         self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
         self.post_init()
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False
-
     def get_output_embeddings(self):
         return self.lm_head
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, class_labels=None, **kwargs):
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "class_labels": class_labels}
+    def prepare_inputs_for_generation(self, input_ids, class_labels=None, **kwargs):
+        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
+        inputs["class_labels"] = class_labels
+        return inputs
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        past_key_values: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -302,36 +403,23 @@ class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMix
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         class_labels: torch.LongTensor | None = None,
+        logits_to_keep: int = 0,
         **kwargs,
-    ) -> ImageTransformerCausalLMOutput | tuple:
-        """labels: usually `input_ids`; shifted inside (position t predicts labels[t + 1]); -100 is ignored. The loss
-        is the mean negative log2-likelihood per intensity: bits per dimension."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> ImageTransformerCausalLMOutput:
+        """labels: usually `input_ids`; shifted inside (position t predicts labels[t + 1]); -100 is ignored;
+        `shift_labels` (already shifted) is honoured as in transformers. The loss is the mean negative
+        log2-likelihood per intensity: bits per dimension."""
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
             class_labels=class_labels,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            if labels.shape != logits.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
-            targets = labels[:, 1:].to(logits.device)
-            if bool(((targets != -100) & ((targets < 0) | (targets > 255))).any()):
-                raise ValueError("labels after the first position must be intensities in [0, 255] or -100")
-            nats = nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, NUM_INTENSITIES).float(), targets.reshape(-1), ignore_index=-100
-            )
-            loss = nats / math.log(2)
-        output = ImageTransformerCausalLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-        return output if return_dict else output.to_tuple()
+        return self.intensity_head(outputs, labels, logits_to_keep, **kwargs)
 
     @torch.no_grad()
     def generate_images(
@@ -341,8 +429,10 @@ class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMix
         do_sample: bool = True,
         temperature: float = 1.0,
         top_k: int | None = None,
+        use_cache: bool = True,
     ) -> torch.Tensor:
-        """Samples whole images -> uint8 `[batch, height, width, channels]` (see `save_png`)."""
+        """Samples whole images -> uint8 `[batch, height, width, channels]` (`use_cache=False` recomputes the prefix at
+        every step: same images, slower)."""
         config = self.config
         if class_labels is not None:
             num_images = class_labels.shape[0]
@@ -353,15 +443,159 @@ class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMix
         kwargs = dict(do_sample=do_sample, max_new_tokens=config.num_positions, eos_token_id=None, pad_token_id=0)
         if do_sample:
             kwargs.update(temperature=temperature, top_k=top_k or 0)
-        tokens = self.generate(start, class_labels=class_labels, use_cache=False, **kwargs)
+        tokens = self.generate(start, class_labels=class_labels, use_cache=use_cache, **kwargs)
         return input_ids_to_images(tokens, config)
+
+
+def images_to_conditioning_ids(images: torch.Tensor, config: ImageTransformerConfig) -> torch.LongTensor:
+    """Low-resolution `[batch, height, width, channels]` intensities 0..255 -> `[batch, height * width * channels]`
+    in raster order (the super-resolution encoder's input)."""
+    if config.conditioning_image_size is None:
+        raise ValueError("config.conditioning_image_size is not set: this model is not conditioned on an image")
+    height, width = config.conditioning_image_size
+    if images.dim() != 4 or tuple(images.shape[1:]) != (height, width, config.num_channels):
+        raise ValueError(
+            f"low-resolution images must be [batch, {height}, {width}, {config.num_channels}] "
+            f"(conditioning_image_size, num_channels), got shape {tuple(images.shape)}"
+        )
+    flat = images.long().reshape(images.shape[0], -1)
+    check_token_ids(flat, NUM_INTENSITIES, "low-resolution images", "num_channels intensities 0..255")
+    return flat
+
+
+class ImageTransformerEncoderLayer(GradientCheckpointingLayer):
+    """Pre-norm encoder layer over the low-resolution intensities: full (non-causal) self-attention, feed-forward."""
+
+    def __init__(self, config: ImageTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.attn = MultiHeadAttention(config, layer_idx)
+        self.ln_ff = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.ff = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states):
+        attention_output, _ = self.attn(self.ln_attn(hidden_states), None)
+        hidden_states = hidden_states + self.dropout(attention_output)
+        return hidden_states + self.ff(self.ln_ff(hidden_states))
+
+
+class ImageTransformerEncoder(nn.Module):
+    """Encodes the low-resolution image: intensity embeddings + row/column sinusoids of its pixels' centres in the
+    high-resolution grid's coordinates (so that a decoder position and the low-resolution pixel covering it get
+    near positions) and the channel embedding, `num_encoder_layers` layers of full self-attention, a LayerNorm."""
+
+    def __init__(self, config: ImageTransformerConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(NUM_INTENSITIES, config.hidden_size)
+        self.embed_channels = nn.Embedding(config.num_channels, config.hidden_size)
+        self.layers = nn.ModuleList(ImageTransformerEncoderLayer(config, i) for i in range(config.num_encoder_layers))
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, conditioning_ids: torch.LongTensor) -> torch.Tensor:
+        config = self.config
+        expected = config.num_conditioning_positions
+        if conditioning_ids.dim() != 2 or conditioning_ids.shape[1] != expected:
+            raise ValueError(
+                f"conditioning_ids must be [batch, {expected}] (the low-resolution image's intensities, "
+                f"images_to_conditioning_ids), got shape {tuple(conditioning_ids.shape)}"
+            )
+        check_token_ids(conditioning_ids, NUM_INTENSITIES, "conditioning_ids", "num_channels intensities 0..255")
+        raster = torch.arange(expected, device=conditioning_ids.device)
+        low_height, low_width = config.conditioning_image_size
+        scale = (config.image_size[0] / low_height, config.image_size[1] / low_width)
+        positions = grid_position_embeddings(raster, low_width * config.num_channels, config, self.embed_channels, scale)
+        hidden_states = self.dropout(self.embed_tokens(conditioning_ids) + positions.to(self.embed_tokens.weight.dtype))
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return self.norm(hidden_states)
+
+
+class ImageTransformerForSuperResolution(
+    ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin
+):
+    """Image-conditioned generation (Parmar et al. 2018, section 3.4, super-resolution): the low-resolution image
+    (`conditioning_ids`, `images_to_conditioning_ids`) is encoded with full self-attention; the high-resolution image
+    is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D attention, `input_ids` in generation order, start
+    token first), every decoder layer also attending to the encoder's output. `loss` in bits per dimension.
+    Generation caches the decoder's keys/values; the small encoder is rerun at each step."""
+
+    def __init__(self, config: ImageTransformerConfig):
+        super().__init__(config)
+        if config.conditioning_image_size is None:
+            raise ValueError("ImageTransformerForSuperResolution needs config.conditioning_image_size ([height, width])")
+        self.encoder = ImageTransformerEncoder(config)
+        self.model = ImageTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def prepare_inputs_for_generation(self, input_ids, conditioning_ids=None, class_labels=None, **kwargs):
+        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
+        inputs.update(conditioning_ids=conditioning_ids, class_labels=class_labels)
+        return inputs
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        conditioning_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        class_labels: torch.LongTensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> ImageTransformerCausalLMOutput:
+        """conditioning_ids: `[batch, low-resolution intensities]` (required). The rest as
+        `ImageTransformerForCausalLM.forward`."""
+        if conditioning_ids is None:
+            raise ValueError("conditioning_ids (the low-resolution image, images_to_conditioning_ids) is required")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            class_labels=class_labels,
+            encoder_hidden_states=self.encoder(conditioning_ids),
+        )
+        return self.intensity_head(outputs, labels, logits_to_keep, **kwargs)
+
+    @torch.no_grad()
+    def upscale(
+        self, low_resolution: torch.Tensor, do_sample: bool = False, temperature: float = 1.0, use_cache: bool = True
+    ) -> torch.Tensor:
+        """Low-resolution uint8 `[batch, h, w, channels]` -> generated high-resolution `[batch, H, W, channels]`."""
+        conditioning_ids = images_to_conditioning_ids(low_resolution, self.config)
+        start = torch.full((conditioning_ids.shape[0], 1), START_TOKEN, dtype=torch.long, device=self.lm_head.weight.device)
+        kwargs = dict(do_sample=do_sample, max_new_tokens=self.config.num_positions, eos_token_id=None, pad_token_id=0)
+        if do_sample:
+            kwargs.update(temperature=temperature, top_k=0)
+        tokens = self.generate(start, conditioning_ids=conditioning_ids.to(start.device), use_cache=use_cache, **kwargs)
+        return input_ids_to_images(tokens, self.config)
 
 
 __all__ = [
     "ImageTransformerPreTrainedModel",
     "ImageTransformerModel",
     "ImageTransformerForCausalLM",
+    "ImageTransformerForSuperResolution",
+    "images_to_conditioning_ids",
     "images_to_input_ids",
     "input_ids_to_images",
-    "save_png",
 ]

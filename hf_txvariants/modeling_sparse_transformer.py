@@ -2,9 +2,10 @@
 
 A pre-activation decoder (x + attn(LN(x)), x + FF(LN(x)), GELU, output projections initialised with std / sqrt(2N))
 whose attention is restricted to a factorised pattern from `txv_patterns` (strided or fixed), used one of the
-paper's three ways (`pattern_mode`): interleaved per residual block, merged, or per head. Every pattern runs through
-the blocked path (trains on CPU), FlexAttention or a dense reference mask, with equal results. Decoding with a key/value
-cache attends from the new positions with the same pattern (dense mask over the cached keys, O(L) per token).
+paper's three ways (`pattern_mode`): interleaved per residual block, merged, or per head. Every pattern runs as tiles
+of dense attention through the fused kernel (trains on CPU), FlexAttention or a dense reference mask, with equal
+results; "auto" picks the fastest for the device. Decoding with a key/value cache attends from the new positions with
+the same pattern (dense mask over the cached keys, O(L) per token).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.utils.import_utils import is_tracing
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
     CausalLMOutputWithPast,
@@ -24,6 +26,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_sparse_transformer import SparseTransformerConfig
+from .txv_attention import all_tokens_real
 from .txv_inputs import embed_inputs
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_modeling_utils import TxvModelMixin
@@ -33,9 +36,10 @@ from .txv_sequence_classification import last_token_states, sequence_classificat
 
 def layer_patterns(config: SparseTransformerConfig) -> list:
     """The attention pattern of every layer, from `attention_pattern` and `pattern_mode`."""
+    paper = config.pattern_convention == "paper"
     base = {
-        "strided": lambda: Strided(config.stride),
-        "fixed": lambda: Fixed(config.stride, config.summary_size),
+        "strided": lambda: Strided(config.stride, paper),
+        "fixed": lambda: Fixed(config.stride, config.summary_size, paper),
         "causal": Causal,
         "sliding_window": lambda: SlidingWindow(config.stride),
         "local1d": lambda: Local1D(config.stride),
@@ -46,6 +50,19 @@ def layer_patterns(config: SparseTransformerConfig) -> list:
     if config.pattern_mode == "per_head":
         return [PerHead(tuple(factors))] * config.num_hidden_layers
     return [factors[i % len(factors)] for i in range(config.num_hidden_layers)]
+
+
+def check_right_padding(key_padding_mask: torch.Tensor) -> None:
+    """Refuses padding that is not at the end of its row (skipped while tracing: a check on tensor values)."""
+    if is_tracing(key_padding_mask):
+        return
+    if not torch.equal(key_padding_mask, key_padding_mask.cummin(dim=1).values):
+        raise ValueError(
+            "attention_mask: the Sparse Transformer counts positions (and its pattern) from the first column, so "
+            "padding must come at the end of a row; a left-padded row, or one continuing after padding (batched "
+            "generate of prompts of different lengths), would silently differ from the row alone. Pad on the right, "
+            "or generate rows of different lengths one at a time."
+        )
 
 
 class SparseTransformerAttention(MultiHeadAttention):
@@ -60,22 +77,20 @@ class SparseTransformerAttention(MultiHeadAttention):
         past_length = cache_past_length(past_key_values, self.layer_idx)
         query = self._heads(self.q_proj(hidden_states))
         key, value = self.keys_values(hidden_states, past_key_values=past_key_values)
-        implementation = self.config.pattern_implementation
-        if implementation == "dense" or (past_length > 0 and implementation == "blocked"):
-            implementation = "sdpa" if self.config._attn_implementation == "sdpa" else "eager"
         output, weights = pattern_attention(
             self,
             query,
             key,
             value,
             self.pattern,
-            implementation,
+            self.config.pattern_implementation,
             scaling=self.scaling,
             key_padding_mask=key_padding_mask,
             dropout=self.attention_dropout if self.training else 0.0,
             block_size=self.config.block_size,
             q_offset=past_length,
             output_attentions=output_attentions,
+            dense_implementation=self.config._attn_implementation,
         )
         return self.o_proj(output.reshape(batch, length, -1)), weights
 
@@ -194,7 +209,9 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         """attention_mask: `[batch, past + length]`, 1 for real tokens, 0 for padding (padded keys are never seen).
-        Positions (and the pattern) count from the first column: pad on the right, not on the left."""
+        Positions (and the pattern) count from the first column, so padding must end a row (right padding); a
+        left-padded row, or one that goes on after padding (batched generation of rows of different lengths), would
+        differ from the row alone and is refused with a ValueError."""
         config = self.config
         output_attentions = output_attentions if output_attentions is not None else config.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
@@ -221,8 +238,9 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
                     f"attention_mask must be [batch={batch}, past + length={past_length + length}], "
                     f"got shape {tuple(attention_mask.shape)}"
                 )
-            if not bool(attention_mask.all()):
+            if not all_tokens_real(attention_mask):
                 key_padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
+                check_right_padding(key_padding_mask)
         positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
         hidden_states = self.dropout(inputs_embeds + self.position_embeddings(positions)[None])
         all_hidden, all_attentions = [], []

@@ -13,18 +13,17 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutputWithPast
 
 from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
-from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache, MemoryGenerationMixin, memory_for_input
+from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_inputs import embed_inputs, segment_padding_mask
+from .txv_inputs import embed_inputs
 from .txv_losses import check_labels
 from .txv_modeling_utils import TxvModelMixin
-from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
+from .txv_relative_attention import RelativePositionAttention
+from .txv_xl import XLBackboneMixin, build_final_norm, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
@@ -36,6 +35,7 @@ class TransfoXLModelOutput(ModelOutput):
     past_key_values: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+    span_penalty: torch.FloatTensor | None = None  # with adaptive span: sum over layers of the mean span
 
     @property
     def mems(self) -> list[torch.Tensor] | None:
@@ -45,7 +45,8 @@ class TransfoXLModelOutput(ModelOutput):
 @dataclass
 class TransfoXLLMHeadModelOutput(ModelOutput):
     """`logits` are log-probabilities (the adaptive softmax is normalised); `losses` are the per-token negative
-    log-likelihoods `[batch, length - 1]` in position order (0 where the label is -100); `loss` is their mean."""
+    log-likelihoods `[batch, length - 1]` in position order (0 where the label is -100; `[batch, length]` with
+    `shift_labels`); `loss` is their mean (plus `adapt_span_loss * span_penalty` with adaptive span)."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
@@ -64,57 +65,39 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
 
 
 class TransfoXLAttention(RelativePositionAttention):
-    """`dec_attn`: relative attention with its residual connection and layer norm (after the residual, or on the
-    input of the sub-layer with `pre_lnorm`; with pre-norm the memory is normalised together with the segment)."""
+    """`dec_attn`: relative attention and its layer norm (applied after the residual, or on the input of the
+    sub-layer with `pre_lnorm`; with pre-norm the memory is normalised together with the segment)."""
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config, own_biases=config.untie_r)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.pre_lnorm = config.pre_lnorm
-
-    def forward(self, hidden_states, position_embeddings, allowed, memory=None, shared_biases=None, output_attentions=False):
-        attention_output, weights = super().forward(
-            hidden_states,
-            position_embeddings,
-            allowed,
-            memory=memory,
-            context_norm=self.layer_norm if self.pre_lnorm else None,
-            shared_biases=shared_biases,
-            output_attentions=output_attentions,
-        )
-        if self.pre_lnorm:
-            return hidden_states + attention_output, weights
-        return self.layer_norm(hidden_states + attention_output), weights
 
 
 class TransfoXLFeedForward(PositionwiseFeedForward):
-    """`pos_ff`: the position-wise feed-forward network with its residual connection and layer norm."""
+    """`pos_ff`: the position-wise feed-forward network and its layer norm."""
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.pre_lnorm = config.pre_lnorm
-
-    def forward(self, hidden_states):
-        if self.pre_lnorm:
-            return hidden_states + super().forward(self.layer_norm(hidden_states))
-        return self.layer_norm(hidden_states + super().forward(hidden_states))
 
 
-class TransfoXLLayer(GradientCheckpointingLayer):
+class TransfoXLLayer(XLLayer):
+    part_paths = {
+        "attention": "dec_attn",
+        "attention_norm": "dec_attn.layer_norm",
+        "feed_forward": "pos_ff",
+        "feed_forward_norm": "pos_ff.layer_norm",
+        "adaptive_span": "dec_attn.adaptive_span",
+    }
+
     def __init__(self, config: TransfoXLConfig):
         super().__init__()
         self.dec_attn = TransfoXLAttention(config)
         self.pos_ff = TransfoXLFeedForward(config)
-
-    def forward(self, hidden_states, position_embeddings, allowed, memory=None, shared_biases=None, output_attentions=False):
-        hidden_states, weights = self.dec_attn(
-            hidden_states, position_embeddings, allowed, memory, shared_biases, output_attentions
-        )
-        return self.pos_ff(hidden_states), weights
+        self.add_mechanisms(config)
 
 
-class TransfoXLPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class TransfoXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
     config_class = TransfoXLConfig
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
@@ -159,15 +142,49 @@ class TransfoXLPreTrainedModel(TxvModelMixin, PreTrainedModel):
         if isinstance(module, (RelativePositionAttention, TransfoXLModel)) and hasattr(module, "r_w_bias"):
             self._init_weight(module.r_w_bias)
             self._init_weight(module.r_r_bias)
+        init_mechanism_weights(module, self.config.initializer_range)
 
-    def resize_token_embeddings(self, *args, **kwargs):
-        raise NotImplementedError(
-            "resize_token_embeddings is not supported for Transformer-XL's adaptive embeddings: "
-            "build a new config with the new vocab_size and cutoffs instead"
-        )
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """Resizes the vocabulary of a model with one softmax cluster (`cutoffs=[]`): the input embedding and the LM
+        head's softmax keep the rows of the tokens that stay, new rows get the model's initialisation (the
+        `init`/`init_std` fields; `mean_resizing` is not used), and the tying is re-applied. With cutoffs the
+        vocabulary is split into frequency clusters whose boundaries would have to move: a ValueError says so."""
+        if new_num_tokens is None:
+            return self.get_input_embeddings()
+        if pad_to_multiple_of is not None:
+            new_num_tokens = -(-new_num_tokens // pad_to_multiple_of) * pad_to_multiple_of
+        config = self.config
+        if config.cutoffs:
+            raise ValueError(
+                f"resize_token_embeddings needs cutoffs=[] (one softmax cluster), this model has cutoffs="
+                f"{list(config.cutoffs)}: its adaptive embedding and softmax split the vocabulary into frequency "
+                "clusters whose boundaries would move; build a new config with the new vocab_size and cutoffs instead"
+            )
+        if isinstance(new_num_tokens, bool) or not isinstance(new_num_tokens, int) or new_num_tokens <= 0:
+            raise ValueError(f"new_num_tokens must be a positive integer, got {new_num_tokens!r}")
+        sizes = (new_num_tokens, config.d_embed, config.hidden_size, [], config.div_val)
+        base = self.base_model
+        base.word_emb = self._resized_copy(base.word_emb, AdaptiveEmbedding(*sizes))
+        if hasattr(self, "crit"):
+            self.crit = self._resized_copy(self.crit, ProjectedAdaptiveLogSoftmax(*sizes))
+        config.vocab_size = new_num_tokens
+        self.tie_weights()
+        return base.word_emb
+
+    def _resized_copy(self, old: nn.Module, new: nn.Module) -> nn.Module:
+        """`new` initialised like this model, then given the tensors of `old` (the rows both vocabularies share)."""
+        reference = next(old.parameters())
+        new.to(device=reference.device, dtype=reference.dtype)
+        new.apply(self._init_weights)
+        with torch.no_grad():
+            new_state = new.state_dict()
+            for name, tensor in old.state_dict().items():
+                rows = min(tensor.shape[0], new_state[name].shape[0])
+                new_state[name][:rows] = tensor[:rows]
+        return new
 
 
-class TransfoXLModel(TransfoXLPreTrainedModel):
+class TransfoXLModel(XLBackboneMixin, TransfoXLPreTrainedModel):
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config)
         self.word_emb = AdaptiveEmbedding(
@@ -178,6 +195,7 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
             self.r_w_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
             self.r_r_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
         self.layers = nn.ModuleList(TransfoXLLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = build_final_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -186,28 +204,6 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
 
     def set_input_embeddings(self, new_embeddings):
         self.word_emb = new_embeddings
-
-    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
-        """The memory a first segment starts with (see `config.memory_init`)."""
-        parameter = self.word_emb.emb_layers[0].weight
-        return MemoryCache.initial(
-            self.config.num_hidden_layers,
-            self.config.mem_len,
-            batch_size,
-            self.config.hidden_size,
-            self.config.memory_init,
-            dtype or parameter.dtype,
-            device or parameter.device,
-        )
-
-    def _allowed_keys(self, cache: MemoryCache, query_length: int, input_mask, device) -> torch.Tensor:
-        """`[batch or 1, 1, Q, M + Q]` bool: causal over `[memory; segment]`, the same-length window, and padding."""
-        window = None
-        if self.config.same_length:
-            window = self.config.mem_len + int(self.config.same_length_extra_key)
-        allowed = causal_allowed(query_length, cache.memory_length, device, window)[None, None]
-        key_mask = cache.key_mask(input_mask, query_length)
-        return allowed if key_mask is None else allowed & key_mask[:, None, None, :]
 
     def forward(
         self,
@@ -237,52 +233,22 @@ class TransfoXLModel(TransfoXLPreTrainedModel):
         return_dict = return_dict if return_dict is not None else config.return_dict
 
         inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.word_emb, config.vocab_size, config.hidden_size)
-        batch, query_length = inputs_embeds.shape[:2]
-        device = inputs_embeds.device
-
         if mems is not None:
             if past_key_values is not None:
                 raise ValueError("Pass either past_key_values or the legacy mems, not both")
             past_key_values = MemoryCache.from_legacy_mems(mems, config.mem_len)
-        cache = memory_for_input(
-            past_key_values,
-            lambda: self.init_memory(batch, inputs_embeds.dtype, device),
-            batch_size=batch,
-            hidden_size=config.hidden_size,
-            num_layers=len(self.layers),
-        )
-        input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
-        allowed = self._allowed_keys(cache, query_length, input_mask, device)
-
-        position_embeddings = self.drop(
-            relative_position_embeddings(
-                cache.memory_length + query_length, config.hidden_size, config.clamp_len, inputs_embeds.dtype, device
-            )
-        )
-
+            past_key_values.memory_init, past_key_values.model_type = config.memory_init, config.model_type
         shared_biases = None if config.untie_r else (self.r_w_bias, self.r_r_bias)
-        hidden_states = self.drop(inputs_embeds)
-        layer_inputs, attentions = [], []
-        for layer_idx, layer in enumerate(self.layers):
-            layer_inputs.append(hidden_states)
-            hidden_states, weights = layer(
-                hidden_states,
-                position_embeddings,
-                allowed,
-                memory=cache.layer_memory(layer_idx),
-                shared_biases=shared_biases,
-                output_attentions=output_attentions,
-            )
-            attentions.append(weights)
-        hidden_states = self.drop(hidden_states)
-
-        if use_cache:
-            cache.update_memories(layer_inputs, input_mask)
+        backbone = self.run_backbone(
+            inputs_embeds, attention_mask, past_key_values, use_cache, output_attentions, shared_biases=shared_biases
+        )
+        hidden_states, layer_inputs = backbone.last_hidden_state, backbone.layer_inputs
         output = TransfoXLModelOutput(
             last_hidden_state=hidden_states,
-            past_key_values=cache if use_cache else None,
+            span_penalty=backbone.span_penalty,
+            past_key_values=backbone.cache if use_cache else None,
             hidden_states=tuple(layer_inputs) + (hidden_states,) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
+            attentions=tuple(backbone.attentions) if output_attentions else None,
         )
         return output if return_dict else output.to_tuple()
 
@@ -339,17 +305,21 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         mems: list[torch.Tensor] | None = None,
-        logits_to_keep: int | None = None,
+        logits_to_keep: int = 0,
         num_items_in_batch: int | torch.Tensor | None = None,
+        return_logits: bool = True,
         **kwargs,
     ) -> TransfoXLLMHeadModelOutput | tuple:
         """
         labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        logits_to_keep: log-probabilities are computed for the last `logits_to_keep` positions (0 = all). By default
-            they are computed for all positions without labels, and not at all with labels (the adaptive softmax
-            then only evaluates the clusters of the targets, which is what makes it fast to train).
+        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
+            parallelism): position t predicts shift_labels[t]; `labels` is then not needed.
+        logits_to_keep: log-probabilities are computed for the last `logits_to_keep` positions (0 = all).
+        return_logits: False skips the log-probabilities (with labels, the adaptive softmax then only evaluates the
+            clusters of the targets, which is what makes it fast to train).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        shift_labels = kwargs.get("shift_labels")  # a loss kwarg, not a named argument (Trainer's label_names)
         outputs = self.transformer(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -365,16 +335,23 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
         batch, length = hidden_states.shape[:2]
 
         loss = losses = logits = None
-        if labels is not None:
-            check_labels(labels, (batch, length), self.config.vocab_size)
-            targets = labels[:, 1:].to(hidden_states.device)
-            flat_hidden = hidden_states[:, :-1].reshape(-1, hidden_states.shape[-1])
-            losses = self.crit.nll(flat_hidden, targets.reshape(-1)).view(batch, length - 1)
+        if labels is not None or shift_labels is not None:
+            # the causal-LM loss of txv_losses.causal_lm_loss (same shift, ignore_index, denominator and 0.0 when
+            # every target is ignored), with the adaptive softmax's NLL in place of a cross-entropy over logits
+            if shift_labels is not None:
+                check_labels(shift_labels, (batch, length), self.config.vocab_size)
+                predicting, targets = hidden_states, shift_labels.to(hidden_states.device)
+            else:
+                check_labels(labels, (batch, length), self.config.vocab_size)
+                predicting, targets = hidden_states[:, :-1], labels[:, 1:].to(hidden_states.device)
+            losses = self.crit.nll(predicting.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1))
+            losses = losses.view(targets.shape)
             denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
             loss = losses.sum() / denominator
-        if labels is None or logits_to_keep is not None:
-            keep = logits_to_keep or 0
-            logits = self.crit.log_probs(hidden_states[:, -keep:] if keep > 0 else hidden_states)
+            if outputs.span_penalty is not None:
+                loss = loss + self.config.adapt_span_loss * outputs.span_penalty
+        if return_logits:
+            logits = self.crit.log_probs(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
 
         output = TransfoXLLMHeadModelOutput(
             loss=loss,

@@ -9,6 +9,15 @@ of the chunk lengths (padding is masked and hashed into its own bucket) and the 
 
 The two residual streams (a, h) start as copies of the embeddings; each layer computes a = a + Attention(h),
 h = h + FeedForward(a); the model's output is LayerNorm([a ; h]), of width 2 * hidden_size, as in the original.
+
+Generation keeps a `TxvReformerCache` (as transformers' Reformer keeps its buckets and states): per layer the keys and
+values of the past positions (LSH layers: the shared query-keys) and the LSH buckets, so each new token costs one
+chunk window of attention per layer. A position's states are kept as computed when it was generated. Local layers,
+and LSH layers while the (padded) sequence fits in one LSH chunk, are causal: the cache then gives exactly the outputs
+of recomputing the whole sequence. Beyond one chunk, LSH sorts the whole sequence by bucket, so a full recomputation
+also changes the chunks (hence the outputs) of earlier positions when a token is added; no O(chunk) cache can follow
+that, and the cached model is the incremental one (as transformers' is): layers up to and including the first LSH
+layer still match the full recomputation exactly, later ones do not.
 """
 
 from __future__ import annotations
@@ -20,14 +29,92 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, SequenceClassifierOutput
+from transformers.utils import can_return_tuple
 
 from .configuration_txv_reformer import TxvReformerConfig
+from .txv_cache import RowStateCache
 from .txv_inputs import embed_inputs
-from .txv_lsh import default_num_buckets, local_attention, lsh_attention
+from .txv_losses import causal_lm_loss, check_labels
+from .txv_lsh import (
+    default_num_buckets,
+    local_attention,
+    local_attention_step,
+    lsh_attention,
+    lsh_attention_step,
+)
 from .txv_modeling_utils import TxvModelMixin
 from .txv_reversible import chunked_feed_forward, reversible_sequence
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
+
+
+class TxvReformerCache(RowStateCache):
+    """What `generate()` carries between steps: for every layer the keys and values of the past positions
+    (`[batch, heads, length, head_dim]`; LSH layers keep their shared query-keys), the LSH buckets hashed so far
+    (`[batch, heads, num_hashes, length]`, empty until the sequence outgrows one chunk) with the `num_buckets` they
+    were hashed with, and which past positions are real (`key_valid [batch, length]`). One token per step."""
+
+    def __init__(self, num_layers: int):
+        super().__init__()
+        self.num_layers = num_layers
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.buckets: list[torch.Tensor] = []
+        self.bucket_settings: list = [None] * num_layers
+        self.key_valid: torch.Tensor | None = None
+        self.seen_tokens = 0
+        self.step: dict | None = None  # set by the model during a forward: padded length, whether it is one step
+
+    def __len__(self):
+        return self.num_layers
+
+    def __repr__(self):
+        return f"TxvReformerCache(num_layers={self.num_layers}, seen_tokens={self.seen_tokens})"
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen_tokens
+
+    def _row_tensors(self) -> dict:
+        return {
+            "keys": self.keys or None,
+            "values": self.values or None,
+            "buckets": self.buckets or None,
+            "key_valid": self.key_valid,
+        }
+
+    def append(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adds the new positions' keys/values of a layer; returns the layer's keys/values of every position."""
+        if len(self.keys) <= layer_idx:
+            self.keys.append(keys)
+            self.values.append(values)
+            self.buckets.append(keys.new_zeros(keys.shape[0], 0, dtype=torch.long))
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], keys], dim=2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], values], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def layer_buckets(self, layer_idx: int, num_buckets) -> torch.Tensor | None:
+        """The past's buckets of an LSH layer if they were hashed with `num_buckets` (else None: hash again)."""
+        if self.bucket_settings[layer_idx] != num_buckets or self.buckets[layer_idx].dim() != 4:
+            return None
+        return self.buckets[layer_idx]
+
+    def set_buckets(self, layer_idx: int, buckets: torch.Tensor, num_buckets):
+        self.buckets[layer_idx], self.bucket_settings[layer_idx] = buckets, num_buckets
+
+    def reset(self):
+        self.__init__(self.num_layers)
+
+    def crop(self, max_length: int):
+        raise NotImplementedError("TxvReformerCache cannot be cropped (assisted decoding is not supported)")
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.seen_tokens > 0
 
 
 class TxvReformerAxialPositionEmbeddings(nn.Module):
@@ -77,26 +164,48 @@ class TxvReformerEmbeddings(nn.Module):
         return embeddings + self.position_embeddings(position_ids)
 
 
+def _split_heads(states: torch.Tensor, heads: int) -> torch.Tensor:
+    return states.view(states.shape[0], states.shape[1], heads, -1).transpose(1, 2)
+
+
 class TxvReformerLSHSelfAttention(nn.Module):
-    def __init__(self, config: TxvReformerConfig):
+    def __init__(self, config: TxvReformerConfig, layer_idx: int):
         super().__init__()
         self.config = config
+        self.layer_idx = layer_idx
         inner = config.num_attention_heads * config.attention_head_size
         self.query_key = nn.Linear(config.hidden_size, inner, bias=False)
         self.value = nn.Linear(config.hidden_size, inner, bias=False)
 
-    def forward(self, hidden_states, key_valid=None):
+    def num_buckets(self, length: int):
+        config = self.config
+        if config.num_buckets is not None:
+            return config.num_buckets
+        return default_num_buckets(length, config.lsh_attn_chunk_length, config.max_position_embeddings)
+
+    def forward(self, hidden_states, key_valid=None, output_attentions=False, cache: TxvReformerCache | None = None):
+        """`[B, H, L, D]` outputs and the `[B, H, L, L]` weights (or None)."""
         config, heads = self.config, self.config.num_attention_heads
-        split = lambda x: x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)  # noqa: E731
-        length = hidden_states.shape[1]
-        num_buckets = config.num_buckets
-        if num_buckets is None:
-            num_buckets = default_num_buckets(length, config.lsh_attn_chunk_length, config.max_position_embeddings)
-        return lsh_attention(
-            split(self.query_key(hidden_states)),
-            split(self.value(hidden_states)),
+        query_key = _split_heads(self.query_key(hidden_states), heads)
+        value = _split_heads(self.value(hidden_states), heads)
+        if cache is not None and cache.step["incremental"]:
+            query_key, value = cache.append(self.layer_idx, query_key, value)
+            padded_length = cache.step["padded_length"]
+            num_buckets = self.num_buckets(padded_length)
+            output, buckets, weights = lsh_attention_step(
+                query_key, value, cache.layer_buckets(self.layer_idx, num_buckets), key_valid, padded_length, config.num_hashes, num_buckets, config.lsh_attn_chunk_length,
+                config.lsh_num_chunks_before, config.lsh_num_chunks_after, config.hash_seed, output_attentions,
+            )
+            if buckets is not None:
+                cache.set_buckets(self.layer_idx, buckets, num_buckets)
+            return output, weights
+        if cache is not None:  # the prompt: keep the real positions' keys/values
+            cache.append(self.layer_idx, query_key[:, :, : cache.step["length"]], value[:, :, : cache.step["length"]])
+        result = lsh_attention(
+            query_key,
+            value,
             config.num_hashes,
-            num_buckets,
+            self.num_buckets(hidden_states.shape[1]),
             config.lsh_attn_chunk_length,
             config.lsh_num_chunks_before,
             config.lsh_num_chunks_after,
@@ -105,25 +214,38 @@ class TxvReformerLSHSelfAttention(nn.Module):
             config.hash_seed,
             config.lsh_attention_probs_dropout_prob,
             self.training,
+            output_attentions,
         )
+        return result if output_attentions else (result, None)
 
 
 class TxvReformerLocalSelfAttention(nn.Module):
-    def __init__(self, config: TxvReformerConfig):
+    def __init__(self, config: TxvReformerConfig, layer_idx: int):
         super().__init__()
         self.config = config
+        self.layer_idx = layer_idx
         inner = config.num_attention_heads * config.attention_head_size
         self.query = nn.Linear(config.hidden_size, inner, bias=False)
         self.key = nn.Linear(config.hidden_size, inner, bias=False)
         self.value = nn.Linear(config.hidden_size, inner, bias=False)
 
-    def forward(self, hidden_states, key_valid=None):
+    def forward(self, hidden_states, key_valid=None, output_attentions=False, cache: TxvReformerCache | None = None):
         config, heads = self.config, self.config.num_attention_heads
-        split = lambda x: x.view(x.shape[0], x.shape[1], heads, -1).transpose(1, 2)  # noqa: E731
-        return local_attention(
-            split(self.query(hidden_states)),
-            split(self.key(hidden_states)),
-            split(self.value(hidden_states)),
+        query = _split_heads(self.query(hidden_states), heads)
+        key = _split_heads(self.key(hidden_states), heads)
+        value = _split_heads(self.value(hidden_states), heads)
+        if cache is not None and cache.step["incremental"]:
+            key, value = cache.append(self.layer_idx, key, value)
+            return local_attention_step(
+                query, key, value, key_valid, cache.step["padded_length"], config.local_attn_chunk_length,
+                config.local_num_chunks_before, output_attentions,
+            )
+        if cache is not None:
+            cache.append(self.layer_idx, key[:, :, : cache.step["length"]], value[:, :, : cache.step["length"]])
+        result = local_attention(
+            query,
+            key,
+            value,
             config.local_attn_chunk_length,
             config.local_num_chunks_before,
             config.local_num_chunks_after,
@@ -131,7 +253,9 @@ class TxvReformerLocalSelfAttention(nn.Module):
             key_valid,
             config.local_attention_probs_dropout_prob,
             self.training,
+            output_attentions,
         )
+        return result if output_attentions else (result, None)
 
 
 class TxvReformerSelfOutput(nn.Module):
@@ -147,18 +271,22 @@ class TxvReformerSelfOutput(nn.Module):
 class TxvReformerAttention(nn.Module):
     """F of the reversible block: LayerNorm, LSH or local self-attention, output projection, dropout."""
 
-    def __init__(self, config: TxvReformerConfig, kind: str):
+    def __init__(self, config: TxvReformerConfig, layer_idx: int):
         super().__init__()
+        kind = config.attn_layers[layer_idx]
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.self_attention = (
-            TxvReformerLSHSelfAttention(config) if kind == "lsh" else TxvReformerLocalSelfAttention(config)
+            TxvReformerLSHSelfAttention(config, layer_idx)
+            if kind == "lsh"
+            else TxvReformerLocalSelfAttention(config, layer_idx)
         )
         self.output = TxvReformerSelfOutput(config)
 
-    def forward(self, hidden_states, key_valid=None):
-        output = self.self_attention(self.layer_norm(hidden_states), key_valid)  # [B, H, L, D]
+    def forward(self, hidden_states, key_valid=None, output_attentions=False, cache=None):
+        """The attention's output `[B, L, hidden]` and its weights `[B, H, L, L]` (or None)."""
+        output, weights = self.self_attention(self.layer_norm(hidden_states), key_valid, output_attentions, cache)
         output = output.transpose(1, 2).reshape(hidden_states.shape[0], hidden_states.shape[1], -1)
-        return self.output(output)
+        return self.output(output), weights
 
 
 class TxvReformerFeedForwardDense(nn.Module):
@@ -206,13 +334,14 @@ class TxvReformerLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: TxvReformerConfig, layer_idx: int):
         super().__init__()
-        self.attention = TxvReformerAttention(config, config.attn_layers[layer_idx])
+        self.attention = TxvReformerAttention(config, layer_idx)
         self.feed_forward = TxvReformerFeedForward(config)
 
-    def forward(self, attn_stream, hidden_stream, key_valid=None):
-        attn_stream = attn_stream + self.attention(hidden_stream, key_valid)
+    def forward(self, attn_stream, hidden_stream, key_valid=None, output_attentions=False, cache=None):
+        attention_output, weights = self.attention(hidden_stream, key_valid, output_attentions, cache)
+        attn_stream = attn_stream + attention_output
         hidden_stream = hidden_stream + self.feed_forward(attn_stream)
-        return attn_stream, hidden_stream
+        return attn_stream, hidden_stream, weights
 
 
 class TxvReformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
@@ -271,11 +400,36 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
             return 0
         return multiple - length % multiple
 
+    def _prepare_cache(self, past_key_values, use_cache: bool, batch: int, length: int, padded_length: int):
+        """The cache this forward reads and writes (None without one), with the facts its layers need."""
+        if past_key_values is None and not use_cache:
+            return None
+        if past_key_values is None:
+            if self.training:
+                return None  # training recomputes everything; a cache is only built for inference
+            past_key_values = TxvReformerCache(self.config.num_hidden_layers)
+        if not isinstance(past_key_values, TxvReformerCache):
+            raise ValueError(
+                f"past_key_values must be the TxvReformerCache returned by this model, got {type(past_key_values).__name__}"
+            )
+        if self.training:
+            raise ValueError("past_key_values (the generation cache) is for inference: call model.eval() first")
+        incremental = past_key_values.seen_tokens > 0
+        if incremental and length != 1:
+            raise ValueError(f"with past_key_values, txv_reformer takes one new token per step, got {length}")
+        if incremental and past_key_values.key_valid.shape[0] != batch:
+            raise ValueError(
+                f"past_key_values holds batch size {past_key_values.key_valid.shape[0]}, the input has {batch}"
+            )
+        past_key_values.step = {"incremental": incremental, "length": length, "padded_length": padded_length}
+        return past_key_values
+
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        past_key_values: TxvReformerCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -283,23 +437,34 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         return_dict: bool | None = None,
         position_ids: torch.LongTensor | None = None,
         **kwargs,
-    ) -> BaseModelOutput | tuple:
-        """attention_mask: `[batch, length]`, 1 for tokens, 0 for padding. Returns `last_hidden_state` of width
-        2 * hidden_size. `past_key_values` / `use_cache` are accepted and ignored: every call recomputes the whole
-        sequence (LSH buckets depend on all positions). `output_attentions` gives no weights (LSH has none dense)."""
+    ) -> BaseModelOutputWithPast:
+        """attention_mask: `[batch, length]` (with a cache: `[batch, past + length]`), 1 for tokens, 0 for padding.
+        Returns `last_hidden_state` of width 2 * hidden_size; `attentions` are, per layer, the `[batch, heads,
+        length, keys]` weights each query used (LSH: its rounds' probabilities over the key positions, weighted by the
+        rounds' weights). `use_cache` (inference) returns a `TxvReformerCache` as `past_key_values`; given back with
+        one new token, only that token is computed (see the module docstring)."""
         config = self.config
         output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        return_dict = return_dict if return_dict is not None else config.return_dict
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        use_cache = use_cache if use_cache is not None else config.use_cache
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.embeddings.word_embeddings, config.vocab_size, config.hidden_size
         )
         batch, length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
-        if attention_mask is not None and attention_mask.shape != (batch, length):
-            raise ValueError(f"attention_mask must be [batch={batch}, length={length}], got {tuple(attention_mask.shape)}")
+        past_length = past_key_values.seen_tokens if isinstance(past_key_values, TxvReformerCache) else 0
+        full_length = past_length + length
+        if attention_mask is not None and attention_mask.shape not in ((batch, length), (batch, full_length)):
+            raise ValueError(
+                f"attention_mask must be [batch={batch}, length={length}] (or [batch, {full_length}] with "
+                f"past_key_values), got {tuple(attention_mask.shape)}"
+            )
+        padding = self._padding_length(full_length)
+        cache = self._prepare_cache(past_key_values, use_cache, batch, length, full_length + padding)
         key_valid = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
+        if cache is not None and cache.step["incremental"]:
+            return self._forward_step(inputs_embeds, key_valid, cache, output_attentions, output_hidden_states)
 
-        padding = self._padding_length(length)
         if padding:
             pad_id = config.pad_token_id if config.pad_token_id is not None else 0
             pad_embeds = self.embeddings.word_embeddings(torch.full((batch, padding), pad_id, device=device))
@@ -321,10 +486,13 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
 
         attn_stream, hidden_stream = hidden, hidden
         layers = self.encoder.layers
-        all_hidden = []
-        if config.reversible and not output_hidden_states and not (self.gradient_checkpointing and self.training):
+        all_hidden, all_attentions = [], []
+        # The reversible autograd.Function replays random states, which torch.compile cannot trace: compiled, the
+        # layers store their activations (same outputs and gradients, memory no longer flat in depth).
+        plain_loop = output_hidden_states or output_attentions or cache is not None or torch.compiler.is_compiling()
+        if config.reversible and not plain_loop and not (self.gradient_checkpointing and self.training):
             blocks = [
-                (lambda x, layer=layer: layer.attention(x, key_valid), layer.feed_forward) for layer in layers
+                (lambda x, layer=layer: layer.attention(x, key_valid)[0], layer.feed_forward) for layer in layers
             ]
             attn_stream, hidden_stream = reversible_sequence(
                 attn_stream, hidden_stream, blocks, [p for p in layers.parameters()]
@@ -332,15 +500,49 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         else:
             for layer in layers:
                 all_hidden.append(hidden_stream)
-                attn_stream, hidden_stream = layer(attn_stream, hidden_stream, key_valid)
+                attn_stream, hidden_stream, weights = layer(attn_stream, hidden_stream, key_valid, output_attentions, cache)
+                all_attentions.append(weights)
             all_hidden.append(hidden_stream)
+        if cache is not None:
+            real = key_valid[:, :length] if key_valid is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
+            cache.key_valid, cache.seen_tokens = real, length
         output = self.encoder.layer_norm(torch.cat([attn_stream, hidden_stream], dim=-1))
         output = nn.functional.dropout(output, p=config.hidden_dropout_prob, training=self.training)[:, :length]
-        result = BaseModelOutput(
+        return BaseModelOutputWithPast(
             last_hidden_state=output,
+            past_key_values=cache,
             hidden_states=tuple(h[:, :length] for h in all_hidden) if output_hidden_states else None,
+            attentions=tuple(w[:, :, :length, :length] for w in all_attentions) if output_attentions else None,
         )
-        return result if return_dict else result.to_tuple()
+
+    def _forward_step(self, inputs_embeds, key_valid, cache, output_attentions, output_hidden_states):
+        """One new token against the cache (inference)."""
+        batch, device = inputs_embeds.shape[0], inputs_embeds.device
+        new_valid = torch.ones(batch, 1, dtype=torch.bool, device=device)
+        if key_valid is None:
+            key_valid = torch.cat([cache.key_valid, new_valid], dim=1)
+        elif key_valid.shape[1] == 1:
+            key_valid = torch.cat([cache.key_valid, key_valid], dim=1)
+        position = cache.seen_tokens
+        if position >= self.config.max_position_embeddings:
+            raise ValueError(f"the sequence outgrows max_position_embeddings ({self.config.max_position_embeddings})")
+        position_ids = torch.full((batch, 1), position, device=device, dtype=torch.long)
+        hidden = self.embeddings(inputs_embeds, position_ids)
+        attn_stream, hidden_stream = hidden, hidden
+        all_hidden, all_attentions = [], []
+        for layer in self.encoder.layers:
+            all_hidden.append(hidden_stream)
+            attn_stream, hidden_stream, weights = layer(attn_stream, hidden_stream, key_valid, output_attentions, cache)
+            all_attentions.append(weights)
+        all_hidden.append(hidden_stream)
+        cache.key_valid, cache.seen_tokens = key_valid, position + 1
+        output = self.encoder.layer_norm(torch.cat([attn_stream, hidden_stream], dim=-1))
+        return BaseModelOutputWithPast(
+            last_hidden_state=output,
+            past_key_values=cache,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
 
 
 class TxvReformerLMHead(nn.Module):
@@ -370,7 +572,7 @@ class TxvReformerForCausalLM(TxvReformerPreTrainedModel, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # no key/value cache: generation recomputes the sequence
+        return False  # the model builds its own TxvReformerCache
 
     def get_output_embeddings(self):
         return self.lm_head.decoder
@@ -378,14 +580,35 @@ class TxvReformerForCausalLM(TxvReformerPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        return {"input_ids": input_ids, "attention_mask": attention_mask}
+    def prepare_inputs_for_generation(
+        self, input_ids, next_sequence_length=None, past_key_values=None, attention_mask=None, **kwargs
+    ):
+        """transformers' preparation (which forwards `output_attentions`, `output_hidden_states`, ...), after refusing
+        left padding: a left-padded row would get other positions, hence other outputs, than the row alone."""
+        if attention_mask is not None and attention_mask.shape[1] > 1:
+            mask = attention_mask.bool()
+            if bool((~mask[:, :-1] & mask[:, 1:]).any()):
+                raise ValueError(
+                    "txv_reformer does not generate from left-padded prompts (attention_mask has padding before "
+                    "tokens): the positions, hence the outputs, would differ from each row alone; generate the rows "
+                    "separately or group prompts of equal length"
+                )
+        if past_key_values is None:
+            next_sequence_length = None  # no cache (yet): the whole sequence
+        return super().prepare_inputs_for_generation(
+            input_ids,
+            next_sequence_length=next_sequence_length,
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        past_key_values: TxvReformerCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -395,15 +618,17 @@ class TxvReformerForCausalLM(TxvReformerPreTrainedModel, GenerationMixin):
         position_ids: torch.LongTensor | None = None,
         logits_to_keep: int = 0,
         **kwargs,
-    ) -> CausalLMOutput | tuple:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> CausalLMOutputWithPast:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored;
+        `shift_labels` (already shifted) is honoured as in transformers."""
         outputs = self.reformer(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
             position_ids=position_ids,
         )
         hidden_states = outputs.last_hidden_state
@@ -411,14 +636,17 @@ class TxvReformerForCausalLM(TxvReformerPreTrainedModel, GenerationMixin):
             hidden_states = hidden_states[:, -logits_to_keep:]
         logits = self.lm_head(hidden_states)
         loss = None
-        if labels is not None:
-            if labels.shape != outputs.last_hidden_state.shape[:2]:
-                raise ValueError(
-                    f"labels must have shape {tuple(outputs.last_hidden_state.shape[:2])}, got {tuple(labels.shape)}"
-                )
-            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
-        output = CausalLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
-        return output if return_dict else output.to_tuple()
+        if labels is not None or kwargs.get("shift_labels") is not None:
+            if labels is not None:
+                check_labels(labels, outputs.last_hidden_state.shape[:2], self.config.vocab_size)
+            loss = causal_lm_loss(logits, labels, **kwargs)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
 
 class TxvReformerForSequenceClassification(TxvReformerPreTrainedModel):
@@ -432,6 +660,7 @@ class TxvReformerForSequenceClassification(TxvReformerPreTrainedModel):
         self.score = nn.Linear(2 * config.hidden_size, config.num_labels, bias=False)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -444,24 +673,26 @@ class TxvReformerForSequenceClassification(TxvReformerPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> SequenceClassifierOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> SequenceClassifierOutput:
         outputs = self.reformer(
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
         pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
         logits = self.score(pooled)
         loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
-        return output if return_dict else output.to_tuple()
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
 
 
 __all__ = [
+    "TxvReformerCache",
     "TxvReformerPreTrainedModel",
     "TxvReformerModel",
     "TxvReformerForCausalLM",

@@ -1,13 +1,17 @@
 """Universal Transformer (Dehghani et al. 2019, "Universal Transformers").
 
-One shared layer (self-attention, optional cross-attention, position-wise transition; pre-layer-norm) is applied
-recurrently over depth. Before every step t the coordinate embedding is added to the state of position i:
+One shared layer (self-attention, optional cross-attention, transition) is applied recurrently over depth. Before
+every step t the coordinate embedding is added to the state of position i:
 
     x_i^t = h_i^{t-1} + P_i + T_t        P, T: sinusoids of the position i and of the step t (t = 1..T)
 
+`layer_norm_position="pre"` (the default) runs h^t = x + SubLayer(LN(x)) per sub-layer and a final layer norm;
+`"post"` is the paper's A^t = LN(x^t + MHA(x^t)), h^t = LN(A^t + Transition(A^t)). The transition is a position-wise
+feed-forward network or the paper's depthwise-separable convolution (`transition="separable_conv"`).
+
 With `use_act` each position halts with Adaptive Computation Time (txv_act.py): a position that has halted is copied,
-not updated, while the others go on, and the ponder cost N + R is added to the loss with `act_loss_weight`. Without
-ACT the model runs `num_hidden_layers` steps, which is exactly a stack of that many weight-tied layers.
+not updated, while the others go on, and the mean ponder cost N + R is added to the loss with `act_loss_weight`.
+Without ACT the model runs `num_hidden_layers` steps, which is exactly a stack of that many weight-tied layers.
 
 Generation reuses the past: `UniversalStepCache` keeps, for every step, the step inputs x^t of the positions already
 processed (a position that halted keeps its final state, so its later step inputs are recomputed from it), and each
@@ -16,7 +20,8 @@ new token attends to them, which gives exactly the outputs of a pass over the wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -24,23 +29,27 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MaskedLMOutput, ModelOutput, SequenceClassifierOutput
+from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
-from .txv_inputs import embed_inputs
-from .txv_act import AdaptiveComputationTime
-from .txv_attention import additive_mask, causal_allowed, get_attention_function
+from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_losses import causal_lm_loss, check_labels
+from .txv_inputs import embed_inputs
+from .txv_losses import causal_lm_loss, check_labels, masked_lm_loss
+from .txv_mha import MultiHeadAttention, cross_attention_mask, self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_positions import sinusoid_table
 from .txv_sequence_classification import sequence_classification_loss
 
+# ---------------------------------------------------------------------------------------------------------- outputs
+
 
 @dataclass
 class UniversalTransformerModelOutput(ModelOutput):
-    """ponder_cost: mean of N(t) + R(t) over the real positions (None without ACT). n_updates: `[batch, length]` the
-    number of steps each position took. hidden_states: the state before the first step and after every step."""
+    """ponder_cost: `[batch, length]` rho = N + R of every position (0 at padding; None without ACT); the loss adds
+    its mean over the real positions. n_updates: `[batch, length]` the number of steps each position took.
+    hidden_states: the state before the first step and after every step."""
 
     last_hidden_state: torch.FloatTensor | None = None
     ponder_cost: torch.FloatTensor | None = None
@@ -53,7 +62,7 @@ class UniversalTransformerModelOutput(ModelOutput):
 
 @dataclass
 class UniversalTransformerCausalLMOutput(ModelOutput):
-    """loss = lm_loss + act_loss_weight * ponder_cost."""
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions)."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
@@ -66,13 +75,29 @@ class UniversalTransformerCausalLMOutput(ModelOutput):
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
+@dataclass
+class UniversalTransformerMaskedLMOutput(MaskedLMOutput):
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+
+
+@dataclass
+class UniversalTransformerSequenceClassifierOutput(SequenceClassifierOutput):
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+
+
+# ------------------------------------------------------------------------------------------------------------ cache
+
+
 class UniversalStepCache(RowStateCache):
     """The past of a causal Universal Transformer, carried as `past_key_values`.
 
     `step_inputs[t]` is `[batch, past, hidden]`: the input x^t of step t of every cached position. Every cached
     position has halted after the steps stored (the loop of its call ran until all had halted); for a later step t it
     is a frozen copy, x^t = final + P + T_t, recomputed from `final` (its output before the final layer norm) and
-    `positions` (P). `key_mask` marks the cached positions that may be attended to (not padding)."""
+    `positions` (P). `key_mask` marks the cached positions that may be attended to (not padding). A position's entries
+    depend only on the positions before it, so `crop` (assisted decoding) just drops the last positions."""
 
     def __init__(self):
         super().__init__()
@@ -96,9 +121,8 @@ class UniversalStepCache(RowStateCache):
             self.step_inputs = [x.detach() for x in step_inputs]
             self.final, self.positions, self.key_mask = final.detach(), positions.detach(), key_mask
             return
-        steps = max(len(self.step_inputs), len(step_inputs))
         merged = []
-        for step in range(steps):
+        for step in range(max(len(self.step_inputs), len(step_inputs))):
             time = time_embedding_fn(step)
             old = self.step_input(step, time)
             new = step_inputs[step] if step < len(step_inputs) else final + positions + time
@@ -108,6 +132,12 @@ class UniversalStepCache(RowStateCache):
         self.positions = torch.cat([self.positions, positions.detach()], dim=1)
         self.key_mask = torch.cat([self.key_mask, key_mask], dim=1)
 
+    def check_batch(self, batch: int):
+        if self.final is not None and self.final.shape[0] != batch:
+            raise ValueError(
+                f"past_key_values holds batch size {self.final.shape[0]}, but the input has batch size {batch}"
+            )
+
     def __len__(self):
         return len(self.step_inputs)
 
@@ -115,7 +145,11 @@ class UniversalStepCache(RowStateCache):
         return self.past_length
 
     def crop(self, tokens_to_remove: int):
-        raise NotImplementedError("UniversalStepCache cannot be cropped (assisted decoding is not supported)")
+        """Drops the last `-tokens_to_remove` positions (transformers' convention: a negative count)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative number of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove < 0:
+            self._map_rows(lambda tensor: tensor[:, :tokens_to_remove])
 
     def reset(self):
         self.step_inputs, self.final, self.positions, self.key_mask = [], None, None, None
@@ -126,16 +160,12 @@ class UniversalStepCache(RowStateCache):
         return {"step_inputs": self.step_inputs, "final": self.final, "positions": self.positions, "key_mask": self.key_mask}
 
     @property
-    def is_compileable(self) -> bool:
-        return False
-
-    @property
     def is_initialized(self) -> bool:
         return self.final is not None
 
     @property
     def is_croppable(self) -> bool:
-        return False
+        return True
 
     @property
     def is_sliding(self) -> list[bool]:
@@ -150,68 +180,100 @@ class UniversalStepCache(RowStateCache):
         return [False]
 
 
-@dataclass
-class UniversalTransformerMaskedLMOutput(MaskedLMOutput):
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
+# -------------------------------------------------------------------------------------------------------- attention
 
 
-@dataclass
-class UniversalTransformerSequenceClassifierOutput(SequenceClassifierOutput):
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
+class UniversalTransformerSelfAttention(MultiHeadAttention):
+    """The shared multi-head attention. With a step cache, keys and values come from `key_value_states`: the step
+    inputs of the cached positions followed by the new ones (recomputed with the current weights, like
+    Transformer-XL's memory); without, from `hidden_states`."""
+
+    def keys_values(self, hidden_states, key_value_states=None, past_key_values=None):
+        return super().keys_values(hidden_states if key_value_states is None else key_value_states)
 
 
-class UniversalTransformerAttention(nn.Module):
-    """Multi-head attention through the shared attention functions (eager, SDPA), always with an explicit mask."""
+# ------------------------------------------------------------------------------------------------------- transition
+
+
+def zero_padding(hidden_states: torch.Tensor, position_mask: torch.Tensor | None) -> torch.Tensor:
+    """Padding positions set to 0 before a convolution reads them (tensor2tensor's `maybe_zero_out_padding`)."""
+    if position_mask is None:
+        return hidden_states
+    return hidden_states * position_mask.unsqueeze(-1).to(hidden_states.dtype)
+
+
+class DepthwiseSeparableConv1d(nn.Module):
+    """A depthwise convolution (one kernel of `kernel_size` positions per channel, no bias) followed by a pointwise
+    linear map (Chollet 2017): y_i = W_p (sum_m w_m * x_{i - offset + m}) + b_p, elementwise in the channels.
+
+    Causal: offset = kernel_size - 1 (a position reads itself and the ones before it); otherwise "SAME" padding,
+    offset = (kernel_size - 1) // 2. Positions outside the sequence read zeros."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.depthwise = nn.Conv1d(in_channels, in_channels, kernel_size, groups=in_channels, bias=False)
+        self.pointwise = nn.Linear(in_channels, out_channels)
+
+    def forward(self, hidden_states: torch.Tensor, causal: bool) -> torch.Tensor:
+        before = self.kernel_size - 1 if causal else (self.kernel_size - 1) // 2
+        after = self.kernel_size - 1 - before
+        channels_first = nn.functional.pad(hidden_states.transpose(1, 2), (before, after))
+        return self.pointwise(self.depthwise(channels_first).transpose(1, 2))
+
+
+class SeparableConvTransition(nn.Module):
+    """The paper's separable-convolution transition, as tensor2tensor's `sepconv_relu_sepconv`:
+    SepConv_{k2}(dropout(ReLU(SepConv_{k1}(x)))), `hidden_size -> intermediate_size -> hidden_size`."""
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__()
-        self.config = config
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.head_dim
-        inner = self.num_heads * self.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.is_causal = False  # the mask is always explicit
-        self.q_proj = nn.Linear(config.hidden_size, inner)
-        self.k_proj = nn.Linear(config.hidden_size, inner)
-        self.v_proj = nn.Linear(config.hidden_size, inner)
-        self.o_proj = nn.Linear(inner, config.hidden_size)
+        first_kernel, second_kernel = config.separable_conv_kernel_sizes
+        self.first = DepthwiseSeparableConv1d(config.hidden_size, config.intermediate_size, first_kernel)
+        self.second = DepthwiseSeparableConv1d(config.intermediate_size, config.hidden_size, second_kernel)
+        self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states, attention_mask, key_value_states=None, output_attentions=False):
-        batch, query_length, _ = hidden_states.shape
-        context = hidden_states if key_value_states is None else key_value_states
-        heads = (self.num_heads, self.head_dim)
-        query = self.q_proj(hidden_states).view(batch, query_length, *heads).transpose(1, 2)
-        key = self.k_proj(context).view(batch, context.shape[1], *heads).transpose(1, 2)
-        value = self.v_proj(context).view(batch, context.shape[1], *heads).transpose(1, 2)
-        attention = get_attention_function(self.config, output_attentions)
-        output, weights = attention(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=self.config.attention_dropout if self.training else 0.0,
-        )
-        return self.o_proj(output.reshape(batch, query_length, -1)), weights
+    def forward(self, hidden_states, position_mask=None, causal=False):
+        inner = torch.relu(self.first(zero_padding(hidden_states, position_mask), causal))
+        inner = zero_padding(self.drop(inner), position_mask)
+        return self.drop(self.second(inner, causal))
+
+
+class PositionwiseTransition(PositionwiseFeedForward):
+    """The position-wise feed-forward transition (`CoreNet`, as before); ignores the padding mask and causality."""
+
+    def forward(self, hidden_states, position_mask=None, causal=False):
+        return super().forward(hidden_states)
+
+
+# ------------------------------------------------------------------------------------------------------------ layer
 
 
 class UniversalTransformerLayer(GradientCheckpointingLayer):
-    """The shared recurrent block: x + SelfAttn(LN(x)), [+ CrossAttn(LN(.), encoder)], + Transition(LN(.))."""
+    """The shared recurrent block: self-attention, [cross-attention over the encoder,] transition, each sub-layer
+    with a residual connection and a layer norm, before it (`"pre"`: x + f(LN(x))) or after it (`"post"`:
+    LN(x + f(x)), the paper)."""
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__()
+        self.post_layer_norm = config.layer_norm_position == "post"
         self.self_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.self_attn = UniversalTransformerAttention(config)
+        self.self_attn = UniversalTransformerSelfAttention(config, layer_idx=0)
         self.has_cross_attention = config.add_cross_attention
         if self.has_cross_attention:
             self.cross_attn_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-            self.cross_attn = UniversalTransformerAttention(config)
+            self.cross_attn = MultiHeadAttention(config, layer_idx=0, is_cross_attention=True)
         self.transition_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.transition = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
+        if config.transition == "separable_conv":
+            self.transition = SeparableConvTransition(config)
+        else:
+            self.transition = PositionwiseTransition(config.hidden_size, config.intermediate_size, config.dropout)
         self.drop = nn.Dropout(config.dropout)
+
+    def _residual(self, hidden_states, layer_norm, sublayer):
+        if self.post_layer_norm:
+            return layer_norm(hidden_states + sublayer(hidden_states))
+        return hidden_states + sublayer(layer_norm(hidden_states))
 
     def forward(
         self,
@@ -221,26 +283,37 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
         cross_attention_mask=None,
         output_attentions=False,
         self_context=None,
+        position_mask=None,
+        causal=False,
     ):
         """self_context: `[batch, past + length, hidden]` the step inputs of the cached positions followed by
-        `hidden_states` (incremental decoding); keys and values of the self-attention are computed from it."""
-        normed = self.self_attn_layer_norm(hidden_states)
-        context = None if self_context is None else self.self_attn_layer_norm(self_context)
-        attended, self_weights = self.self_attn(
-            normed, self_attention_mask, key_value_states=context, output_attentions=output_attentions
-        )
-        hidden_states = hidden_states + self.drop(attended)
-        cross_weights = None
-        if self.has_cross_attention and encoder_hidden_states is not None:
-            attended, cross_weights = self.cross_attn(
-                self.cross_attn_layer_norm(hidden_states),
-                cross_attention_mask,
-                key_value_states=encoder_hidden_states,
-                output_attentions=output_attentions,
+        `hidden_states` (incremental decoding); the self-attention reads its keys and values from it.
+        position_mask: `[batch, length]` True for real positions (the convolution transition zeroes the others)."""
+        if self_context is not None and not self.post_layer_norm:
+            self_context = self.self_attn_layer_norm(self_context)
+        weights = {}
+
+        def self_attention(states):
+            attended, weights["self"] = self.self_attn(
+                states, self_attention_mask, key_value_states=self_context, output_attentions=output_attentions
             )
-            hidden_states = hidden_states + self.drop(attended)
-        hidden_states = hidden_states + self.transition(self.transition_layer_norm(hidden_states))
-        return hidden_states, self_weights, cross_weights
+            return self.drop(attended)
+
+        def cross_attention(states):
+            attended, weights["cross"] = self.cross_attn(
+                states, cross_attention_mask, key_value_states=encoder_hidden_states, output_attentions=output_attentions
+            )
+            return self.drop(attended)
+
+        hidden_states = self._residual(hidden_states, self.self_attn_layer_norm, self_attention)
+        if self.has_cross_attention and encoder_hidden_states is not None:
+            hidden_states = self._residual(hidden_states, self.cross_attn_layer_norm, cross_attention)
+        transition = partial(self.transition, position_mask=position_mask, causal=causal)
+        hidden_states = self._residual(hidden_states, self.transition_layer_norm, transition)
+        return hidden_states, weights.get("self"), weights.get("cross")
+
+
+# ------------------------------------------------------------------------------------------------------------ model
 
 
 class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
@@ -261,7 +334,10 @@ class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
+        if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
+            init.normal_(module.weight, 0.0, std)
+            init.constant_(module.bias, module.bias_init)
+        elif isinstance(module, (nn.Linear, nn.Conv1d)):
             init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -272,13 +348,31 @@ class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        if isinstance(module, AdaptiveComputationTime):
-            init.normal_(module.halting.weight, 0.0, std)
-            init.constant_(module.halting.bias, module.halting_bias_init)
+
+
+@dataclass
+class _StepInputs:
+    """What every step of one forward pass reads (the same at every step), and what it records."""
+
+    positions: torch.Tensor  # [batch, length, hidden]: P
+    self_attention_mask: torch.Tensor | None
+    encoder_hidden_states: torch.Tensor | None
+    cross_attention_mask: torch.Tensor | None
+    position_mask: torch.Tensor | None
+    causal: bool
+    cache: UniversalStepCache | None
+    output_attentions: bool
+    attentions: list = field(default_factory=list)
+    cross_attentions: list = field(default_factory=list)
+    step_inputs: list = field(default_factory=list)
+
+
+def _config_default(value, config, name):
+    return getattr(config, name) if value is None else value
 
 
 class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
-    """The embeddings, the shared layer run over depth (fixed steps or ACT) and a final layer norm.
+    """The embeddings, the shared layer run over depth (fixed steps or ACT) and, pre-LN, a final layer norm.
 
     Self-attention is causal when `config.is_decoder` (or when `is_causal=True` is passed, as the LM head does)."""
 
@@ -291,10 +385,18 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             self.act = AdaptiveComputationTime(
                 config.hidden_size, config.num_hidden_layers, config.act_threshold, config.halting_bias_init
             )
-        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # post-LN: the last step's output is already normalised (H^T = LN(A^T + Transition(A^T)))
+        pre = config.layer_norm_position == "pre"
+        self.final_layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if pre else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
         self.gradient_checkpointing = False
         self.post_init()
+
+    @property
+    def keeps_step_cache(self) -> bool:
+        """False with the convolution transition: it mixes neighbouring positions, which the step cache (the step
+        inputs of the past positions) cannot serve."""
+        return self.config.transition == "feed_forward"
 
     def get_input_embeddings(self):
         return self.embed_tokens
@@ -302,13 +404,103 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
     def set_input_embeddings(self, new_embeddings):
         self.embed_tokens = new_embeddings
 
+    def time_embedding(self, step: int, device, dtype) -> torch.Tensor:
+        """T_t, `[1, hidden]`, for t = step + 1."""
+        return sinusoid_table(torch.tensor([step + 1.0], device=device), self.config.hidden_size).to(dtype)
+
     def coordinate_embedding(self, position_ids: torch.Tensor, step: int, dtype) -> torch.Tensor:
         """P_i + T_t for every position (`[batch, length, hidden]`); t = step + 1."""
         batch, length = position_ids.shape
         positions = sinusoid_table(position_ids.reshape(-1), self.config.hidden_size).view(batch, length, -1)
-        time = sinusoid_table(torch.tensor([step + 1.0], device=position_ids.device), self.config.hidden_size)
-        return (positions + time).to(dtype)
+        return positions.to(dtype) + self.time_embedding(step, position_ids.device, dtype)
 
+    def _step_cache(self, past_key_values, use_cache: bool, causal: bool, batch: int) -> UniversalStepCache | None:
+        """The cache this pass reads and extends (None when it keeps none)."""
+        if past_key_values is not None and not isinstance(past_key_values, UniversalStepCache):
+            raise ValueError(
+                f"past_key_values must be the UniversalStepCache returned by this model, got "
+                f"{type(past_key_values).__name__} (with EncoderDecoderModel.generate pass use_cache=False)"
+            )
+        wants_cache = past_key_values is not None or use_cache
+        if wants_cache and not self.keeps_step_cache:
+            raise ValueError(
+                "config.transition='separable_conv' keeps no UniversalStepCache (the convolution mixes positions): "
+                "pass use_cache=False and no past_key_values"
+            )
+        if past_key_values is not None:
+            if not causal and past_key_values.past_length:
+                raise ValueError("past_key_values (a UniversalStepCache) needs causal self-attention")
+            past_key_values.check_batch(batch)
+            return past_key_values
+        return UniversalStepCache() if use_cache and causal else None
+
+    @staticmethod
+    def _new_positions(attention_mask, batch: int, length: int, past: int, device) -> torch.Tensor | None:
+        """`[batch, length]` bool, True for the real new tokens (None when there is no mask)."""
+        if attention_mask is None:
+            return None
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in (
+            length,
+            past + length,
+        ):
+            raise ValueError(
+                f"attention_mask must be [batch={batch}, length={length}] or [batch, past + length={past + length}]"
+                f" (1 = token, 0 = padding), got shape {tuple(attention_mask.shape)}"
+            )
+        return attention_mask[:, -length:].to(device=device, dtype=torch.bool)
+
+    def _cross_attention_mask(self, encoder_hidden_states, encoder_attention_mask, batch: int, dtype, device):
+        if encoder_hidden_states is None:
+            return None
+        if not self.config.add_cross_attention:
+            raise ValueError("encoder_hidden_states were given but config.add_cross_attention is False")
+        if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[0] != batch:
+            raise ValueError(
+                f"encoder_hidden_states must be [batch={batch}, source_length, {self.config.hidden_size}], "
+                f"got shape {tuple(encoder_hidden_states.shape)}"
+            )
+        source_length = encoder_hidden_states.shape[1]
+        return cross_attention_mask(encoder_attention_mask, batch, source_length, dtype, device)
+
+    def _step(self, inputs: _StepInputs, state: torch.Tensor, step: int):
+        """One application of the shared layer: x^t = h^{t-1} + P + T_t, then Layer(x^t). Returns (x^t, h^t)."""
+        time = self.time_embedding(step, state.device, state.dtype)
+        step_input = state + inputs.positions + time
+        dropped = self.drop(step_input)
+        context = None
+        if inputs.cache is not None and inputs.cache.past_length:
+            context = torch.cat([inputs.cache.step_input(step, time), dropped], dim=1)
+        step_output, self_weights, cross_weights = self.layer(
+            dropped,
+            inputs.self_attention_mask,
+            inputs.encoder_hidden_states,
+            inputs.cross_attention_mask,
+            output_attentions=inputs.output_attentions,
+            self_context=context,
+            position_mask=inputs.position_mask,
+            causal=inputs.causal,
+        )
+        inputs.attentions.append(self_weights)
+        inputs.cross_attentions.append(cross_weights)
+        if inputs.cache is not None:
+            inputs.step_inputs.append(step_input)
+        return step_input, step_output
+
+    def _run_steps(self, state, step_fn, position_mask, output_hidden_states):
+        """The recurrence over depth. Returns (h^T, ponder_cost or None, n_updates, states or None)."""
+        batch, length = state.shape[:2]
+        if self.config.use_act:
+            result = self.act(state, step_fn, position_mask=position_mask, return_step_states=output_hidden_states)
+            states = (state, *result.step_states) if output_hidden_states else None
+            return result.output, result.ponder_cost, result.n_updates, states
+        states = [state]
+        for step in range(self.config.num_hidden_layers):
+            _, state = step_fn(state, step)
+            states.append(state)
+        n_updates = torch.full((batch, length), float(self.config.num_hidden_layers), device=state.device)
+        return state, None, n_updates, tuple(states) if output_hidden_states else None
+
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -320,10 +512,9 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         is_causal: bool | None = None,
         **kwargs,
-    ) -> UniversalTransformerModelOutput | tuple:
+    ) -> UniversalTransformerModelOutput:
         """
         attention_mask: `[batch, length]`, 1 for real tokens and 0 for padding (left or right). Positions count the
             real tokens only, so a left-padded row gives the outputs of the row alone.
@@ -333,146 +524,54 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             (default `config.use_cache`; `generate()` turns it on). attention_mask may then cover past + new tokens.
         """
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
-        return_dict = return_dict if return_dict is not None else config.return_dict
-        is_causal = config.is_decoder if is_causal is None else is_causal
-
-        inputs_embeds = embed_inputs(
-            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
-        )
-        batch, length = inputs_embeds.shape[:2]
-        device, dtype = inputs_embeds.device, inputs_embeds.dtype
-
-        cache = None
-        if isinstance(past_key_values, UniversalStepCache):
-            cache = past_key_values
-            if not is_causal and cache.past_length:
-                raise ValueError("past_key_values (a UniversalStepCache) needs causal self-attention")
-            if cache.final is not None and cache.final.shape[0] != batch:
-                raise ValueError(
-                    f"past_key_values holds batch size {cache.final.shape[0]}, but the input has batch size {batch}"
-                )
-        elif past_key_values is not None:
-            raise ValueError(
-                f"past_key_values must be the UniversalStepCache returned by this model, got "
-                f"{type(past_key_values).__name__} (with EncoderDecoderModel.generate pass use_cache=False)"
-            )
-        use_cache = (config.use_cache if use_cache is None else use_cache) and is_causal
-        if use_cache and cache is None:
-            cache = UniversalStepCache()
+        output_attentions = _config_default(output_attentions, config, "output_attentions")
+        output_hidden_states = _config_default(output_hidden_states, config, "output_hidden_states")
+        causal = _config_default(is_causal, config, "is_decoder")
+        use_cache = _config_default(use_cache, config, "use_cache") and causal
+        state = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
+        batch, length = state.shape[:2]
+        device, dtype = state.device, state.dtype
+        cache = self._step_cache(past_key_values, use_cache, causal, batch)
         past = cache.past_length if cache is not None else 0
 
-        if attention_mask is not None:
-            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in (
-                length,
-                past + length,
-            ):
-                raise ValueError(
-                    f"attention_mask must be [batch={batch}, length={length}] or [batch, past + length={past + length}]"
-                    f" (1 = token, 0 = padding), got shape {tuple(attention_mask.shape)}"
-                )
-            real = attention_mask[:, -length:].to(device=device, dtype=torch.bool)
-        else:
-            real = None
+        real = self._new_positions(attention_mask, batch, length, past, device)
         new_real = real if real is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
         # positions count real tokens only (a left-padded row equals the row alone)
         offset = cache.key_mask.sum(-1, keepdim=True) if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
         position_ids = (offset + new_real.long().cumsum(-1) - 1).clamp(min=0)
-        position_table = sinusoid_table(position_ids.reshape(-1), config.hidden_size).view(batch, length, -1).to(dtype)
-
-        if is_causal:
-            allowed = causal_allowed(length, past, device)[None, None]
-        else:
-            allowed = torch.ones(1, 1, length, length, dtype=torch.bool, device=device)
-        if real is not None or past:
-            key_valid = torch.cat([cache.key_mask, new_real], dim=1) if past else new_real
-            allowed = allowed & key_valid[:, None, None, :]
-        self_attention_mask = additive_mask(allowed, dtype)
-
-        cross_attention_mask = None
-        if encoder_hidden_states is not None:
-            if not config.add_cross_attention:
-                raise ValueError("encoder_hidden_states were given but config.add_cross_attention is False")
-            if encoder_hidden_states.dim() != 3 or encoder_hidden_states.shape[0] != batch:
-                raise ValueError(
-                    f"encoder_hidden_states must be [batch={batch}, source_length, {config.hidden_size}], "
-                    f"got shape {tuple(encoder_hidden_states.shape)}"
-                )
-            source_length = encoder_hidden_states.shape[1]
-            if encoder_attention_mask is None:
-                cross_allowed = torch.ones(batch, 1, 1, source_length, dtype=torch.bool, device=device)
-            else:
-                if encoder_attention_mask.shape != (batch, source_length):
-                    raise ValueError(
-                        f"encoder_attention_mask must be [batch={batch}, source_length={source_length}], "
-                        f"got shape {tuple(encoder_attention_mask.shape)}"
-                    )
-                cross_allowed = encoder_attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
-            cross_attention_mask = additive_mask(cross_allowed, dtype)
-
-        attentions, cross_attentions, step_inputs = [], [], []
-
-        def time_embedding(step):
-            return sinusoid_table(torch.tensor([step + 1.0], device=device), config.hidden_size).to(dtype)
-
-        def step_fn(state, step):
-            step_input = state + position_table + time_embedding(step)  # x^t = h^{t-1} + P + T_t
-            dropped = self.drop(step_input)
-            context = torch.cat([cache.step_input(step, time_embedding(step)), dropped], dim=1) if past else None
-            step_output, self_weights, cross_weights = self.layer(
-                dropped,
-                self_attention_mask,
-                encoder_hidden_states,
-                cross_attention_mask,
-                output_attentions=output_attentions,
-                self_context=context,
-            )
-            attentions.append(self_weights)
-            cross_attentions.append(cross_weights)
-            if use_cache:
-                step_inputs.append(step_input)
-            return step_input, step_output
-
-        state = inputs_embeds * self.embed_scale
-        ponder_cost = None
-        if config.use_act:
-            result = self.act(state, step_fn, position_mask=real, return_step_states=output_hidden_states)
-            hidden_states = result.output
-            n_updates = result.n_updates
-            weights = real.to(result.ponder_cost.dtype) if real is not None else torch.ones_like(result.ponder_cost)
-            ponder_cost = (result.ponder_cost * weights).sum() / weights.sum().clamp(min=1)
-            all_states = (state, *result.step_states) if output_hidden_states else None
-        else:
-            all_states = [state]
-            for step in range(config.num_hidden_layers):
-                _, state = step_fn(state, step)
-                all_states.append(state)
-            hidden_states = state
-            n_updates = torch.full((batch, length), float(config.num_hidden_layers), device=device)
-            all_states = tuple(all_states) if output_hidden_states else None
-        if use_cache:
-            cache.append(step_inputs, hidden_states, position_table, new_real, time_embedding)
-        hidden_states = self.final_layer_norm(hidden_states)
-
-        output = UniversalTransformerModelOutput(
-            last_hidden_state=hidden_states,
-            past_key_values=cache if use_cache else None,
+        key_mask = torch.cat([cache.key_mask, new_real], dim=1) if past else real
+        inputs = _StepInputs(
+            positions=sinusoid_table(position_ids.reshape(-1), config.hidden_size).view(batch, length, -1).to(dtype),
+            self_attention_mask=self_attention_mask(key_mask, batch, length, past, causal, dtype, device),
+            encoder_hidden_states=encoder_hidden_states,
+            cross_attention_mask=self._cross_attention_mask(
+                encoder_hidden_states, encoder_attention_mask, batch, dtype, device
+            ),
+            position_mask=real,
+            causal=causal,
+            cache=cache,
+            output_attentions=output_attentions,
+        )
+        hidden_states, ponder_cost, n_updates, states = self._run_steps(
+            state * self.embed_scale, partial(self._step, inputs), real, output_hidden_states
+        )
+        if cache is not None:
+            time_fn = partial(self.time_embedding, device=device, dtype=dtype)
+            cache.append(inputs.step_inputs, hidden_states, inputs.positions, new_real, time_fn)
+        return UniversalTransformerModelOutput(
+            last_hidden_state=self.final_layer_norm(hidden_states),
+            past_key_values=cache,
             ponder_cost=ponder_cost,
             n_updates=n_updates,
-            hidden_states=all_states,
-            attentions=tuple(attentions) if output_attentions else None,
-            cross_attentions=tuple(cross_attentions) if output_attentions and encoder_hidden_states is not None else None,
+            hidden_states=states,
+            attentions=tuple(inputs.attentions) if output_attentions else None,
+            cross_attentions=(
+                tuple(inputs.cross_attentions) if output_attentions and encoder_hidden_states is not None else None
+            ),
         )
-        return output if return_dict else output.to_tuple()
 
 
-def _add_ponder_cost(config, loss, ponder_cost):
-    if loss is None or ponder_cost is None:
-        return loss
-    return loss + config.act_loss_weight * ponder_cost
+# ------------------------------------------------------------------------------------------------------------ heads
 
 
 class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, GenerationMixin):
@@ -487,10 +586,19 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
         self.model = UniversalTransformerModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+        # generate() keeps the step cache (config.use_cache stays False for training) unless told use_cache=False
+        if self.generation_config is not None:
+            self.generation_config.use_cache = self.model.keeps_step_cache
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model creates its own UniversalStepCache; generate() must not swap it for a DynamicCache
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """A fresh `UniversalStepCache` before the first step, so that assisted decoding finds a cache to crop."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if generation_config.use_cache and self.model.keeps_step_cache and model_kwargs.get("past_key_values") is None:
+            model_kwargs["past_key_values"] = UniversalStepCache()
 
     def get_output_embeddings(self):
         return self.lm_head
@@ -499,23 +607,22 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
         self.lm_head = new_embeddings
 
     def prepare_inputs_for_generation(
-        self, input_ids, past_key_values=None, attention_mask=None, inputs_embeds=None, encoder_hidden_states=None,
-        encoder_attention_mask=None, use_cache=None, **kwargs,
+        self, input_ids, next_sequence_length=None, past_key_values=None, inputs_embeds=None, **kwargs
     ):
-        """Only the tokens not yet in the `UniversalStepCache` (the whole sequence when use_cache=False)."""
-        use_cache = True if use_cache is None else use_cache
-        cache = past_key_values if use_cache and isinstance(past_key_values, UniversalStepCache) else None
-        if cache is not None and cache.past_length:
-            input_ids = input_ids[:, cache.past_length :]
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "past_key_values": cache,
-            "encoder_hidden_states": encoder_hidden_states,
-            "encoder_attention_mask": encoder_attention_mask,
-            "use_cache": use_cache,
-        }
+        """transformers' own preparation (new tokens only, `inputs_embeds` on the first step, every output flag
+        passed on); without a step cache (the convolution transition) the whole sequence at every step."""
+        if not self.model.keeps_step_cache:
+            next_sequence_length, past_key_values = None, None
+            kwargs["use_cache"] = False
+        return super().prepare_inputs_for_generation(
+            input_ids,
+            next_sequence_length=next_sequence_length,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -528,13 +635,11 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         logits_to_keep: int = 0,
-        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
-    ) -> UniversalTransformerCausalLMOutput | tuple:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> UniversalTransformerCausalLMOutput:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        transformers' loss kwargs (`num_items_in_batch`, `shift_labels`) are honoured."""
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -545,21 +650,21 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
             is_causal=True,
         )
         hidden_states = outputs.last_hidden_state
         loss = lm_loss = None
-        if labels is not None:
-            check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
+        if labels is not None or kwargs.get("shift_labels") is not None:
+            if labels is not None:
+                check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
             logits = self.lm_head(hidden_states)
-            lm_loss = causal_lm_loss(logits, labels, num_items_in_batch)
-            loss = _add_ponder_cost(self.config, lm_loss, outputs.ponder_cost)
+            lm_loss = causal_lm_loss(logits, labels, **kwargs)
+            loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
             if logits_to_keep:
                 logits = logits[:, -logits_to_keep:]
         else:
             logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-        output = UniversalTransformerCausalLMOutput(
+        return UniversalTransformerCausalLMOutput(
             loss=loss,
             logits=logits,
             lm_loss=lm_loss,
@@ -570,7 +675,6 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
             attentions=outputs.attentions,
             cross_attentions=outputs.cross_attentions,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
@@ -590,6 +694,7 @@ class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head = new_embeddings
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -598,30 +703,24 @@ class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> UniversalTransformerMaskedLMOutput | tuple:
+    ) -> UniversalTransformerMaskedLMOutput:
         """labels: `[batch, length]` token ids at masked positions and -100 elsewhere (not shifted)."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
             is_causal=False,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            if labels.shape != logits.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
-            mlm_loss = nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), labels.to(logits.device).reshape(-1), ignore_index=-100
-            )
-            loss = _add_ponder_cost(self.config, mlm_loss, outputs.ponder_cost)
-        output = UniversalTransformerMaskedLMOutput(
+            check_labels(labels, logits.shape[:2], self.config.vocab_size)
+            mlm_loss = masked_lm_loss(logits, labels, **kwargs)
+            loss = add_ponder_cost(mlm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return UniversalTransformerMaskedLMOutput(
             loss=loss,
             logits=logits,
             hidden_states=outputs.hidden_states,
@@ -629,7 +728,6 @@ class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
             ponder_cost=outputs.ponder_cost,
             n_updates=outputs.n_updates,
         )
-        return output if return_dict else output.to_tuple()
 
 
 class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrainedModel):
@@ -642,6 +740,7 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         self.score = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -650,17 +749,14 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         labels: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> UniversalTransformerSequenceClassifierOutput | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    ) -> UniversalTransformerSequenceClassifierOutput:
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            return_dict=True,
             is_causal=False,
         )
         hidden_states = outputs.last_hidden_state
@@ -672,9 +768,9 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
         logits = self.score(pooled)
         loss = None
         if labels is not None:
-            loss = _add_ponder_cost(self.config, sequence_classification_loss(self.config, logits, labels),
-                                    outputs.ponder_cost)
-        output = UniversalTransformerSequenceClassifierOutput(
+            loss = sequence_classification_loss(self.config, logits, labels)
+            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return UniversalTransformerSequenceClassifierOutput(
             loss=loss,
             logits=logits,
             hidden_states=outputs.hidden_states,
@@ -682,7 +778,6 @@ class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrain
             ponder_cost=outputs.ponder_cost,
             n_updates=outputs.n_updates,
         )
-        return output if return_dict else output.to_tuple()
 
 
 __all__ = [

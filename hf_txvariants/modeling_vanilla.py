@@ -25,7 +25,7 @@ from transformers.modeling_outputs import (
 
 from .configuration_vanilla import VanillaConfig
 from .txv_inputs import embed_inputs
-from .txv_mha import MultiHeadAttention, cache_past_length, cross_attention_mask, self_attention_mask
+from .txv_mha import MultiHeadAttention, cache_past_length, cross_attention_mask, fused_self_attention_mask
 from .txv_modeling_utils import TxvModelMixin
 from .txv_positions import sinusoid_table
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
@@ -175,7 +175,7 @@ class VanillaModel(VanillaPreTrainedModel):
         hidden_states = inputs_embeds * self.embed_scale + self.position_embeddings(position_ids.to(device), dtype)
         hidden_states = self.dropout(hidden_states)
 
-        mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
+        mask = fused_self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
         cross_mask = None
         if encoder_hidden_states is not None:
             if not config.add_cross_attention:

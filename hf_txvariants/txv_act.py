@@ -28,7 +28,7 @@ from torch import nn
 
 @dataclass
 class ACTOutput:
-    """output: `[batch, length, hidden]` the mean field y_t. ponder_cost: `[batch, length]` N(t) + R(t).
+    """output: `[batch, length, hidden]` the mean field y_t. ponder_cost: `[batch, length]` N(t) + R(t) (0 at padding).
     n_updates: `[batch, length]` N(t) (float). remainders: `[batch, length]` R(t). num_steps: steps the loop ran.
     step_states: with `return_step_states`, the state after every step (halted positions frozen)."""
 
@@ -63,6 +63,15 @@ def act_halting_step(
     return p, new_cumulative, still_running, halts_now
 
 
+class HaltingUnit(nn.Linear):
+    """The halting unit's affine map, W_h x + b_h (one output). Its own class so that a model's `_init_weights` can
+    give the bias its configured start value `bias_init` before the generic Linear initialisation claims it."""
+
+    def __init__(self, hidden_size: int, bias_init: float):
+        super().__init__(hidden_size, 1)
+        self.bias_init = bias_init
+
+
 class AdaptiveComputationTime(nn.Module):
     """The halting unit and the ACT loop around a step function.
 
@@ -82,7 +91,7 @@ class AdaptiveComputationTime(nn.Module):
         self.max_steps = max_steps
         self.threshold = threshold
         self.halting_bias_init = halting_bias_init
-        self.halting = nn.Linear(hidden_size, 1)
+        self.halting = HaltingUnit(hidden_size, halting_bias_init)
 
     def halting_probability(self, step_input: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.halting(step_input).squeeze(-1).float())
@@ -99,8 +108,8 @@ class AdaptiveComputationTime(nn.Module):
         step_fn(state, step) -> (step_input, step_output): step_input is what the halting unit reads (e.g. the
             state plus the step's coordinate embedding), step_output the transformed state y^n. `step` counts from 0.
         position_mask: `[batch, length]` bool, True for real positions; padding positions halt at the first step
-            (and cost nothing in the ponder mean of the caller).
-        The loop stops as soon as every position has halted.
+            and their ponder cost is 0.
+        The loop stops as soon as every position has halted (not when compiling: see below).
         """
         batch, length = state.shape[:2]
         cumulative = torch.zeros(batch, length, device=state.device, dtype=torch.float32)
@@ -131,11 +140,16 @@ class AdaptiveComputationTime(nn.Module):
             num_steps = step + 1
             if return_step_states:
                 step_states.append(state)
-            if not bool(running.any()):
+            # stop once every position has halted; a compiled / exported graph cannot branch on that value, so it
+            # runs all `max_steps` (the extra steps change nothing: every p is 0 and every state is frozen)
+            if not torch.compiler.is_compiling() and not bool(running.any()):
                 break
+        ponder_cost = n_updates + remainders
+        if position_mask is not None:
+            ponder_cost = ponder_cost * position_mask.to(ponder_cost.dtype)
         return ACTOutput(
             output=output,
-            ponder_cost=n_updates + remainders,
+            ponder_cost=ponder_cost,
             n_updates=n_updates,
             remainders=remainders,
             num_steps=num_steps,
@@ -143,4 +157,22 @@ class AdaptiveComputationTime(nn.Module):
         )
 
 
-__all__ = ["ACTOutput", "AdaptiveComputationTime", "act_halting_step"]
+def mean_ponder_cost(ponder_cost: torch.Tensor, position_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The scalar ponder term of a loss: the mean of rho_t = N(t) + R(t) over the real positions (`position_mask`
+    True; every position when None) of `ponder_cost [batch, length]`."""
+    if position_mask is None:
+        return ponder_cost.mean()
+    weights = position_mask.to(device=ponder_cost.device, dtype=ponder_cost.dtype)
+    return (ponder_cost * weights).sum() / weights.sum().clamp(min=1)
+
+
+def add_ponder_cost(loss, ponder_cost, weight: float, attention_mask=None):
+    """`loss + weight * mean_ponder_cost` over the real positions of this pass (`attention_mask` `[batch, >= length]`,
+    1 = real, may also cover earlier positions); `loss` unchanged when it or `ponder_cost` is None."""
+    if loss is None or ponder_cost is None:
+        return loss
+    real = None if attention_mask is None else attention_mask[:, -ponder_cost.shape[1] :]
+    return loss + weight * mean_ponder_cost(ponder_cost, real)
+
+
+__all__ = ["ACTOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]

@@ -55,16 +55,16 @@ class AdaptiveEmbedding(nn.Module):
             if len(self.emb_projs):
                 embeddings = nn.functional.linear(embeddings, self.emb_projs[0])
             return embeddings * self.emb_scale
-        flat_ids = input_ids.reshape(-1)
-        weight = self.emb_projs[0]
-        flat = torch.zeros(flat_ids.shape[0], self.d_proj, dtype=weight.dtype, device=weight.device)
-        for (start, end), layer, proj in zip(self.bounds, self.emb_layers, self.emb_projs):
-            rows = ((flat_ids >= start) & (flat_ids < end)).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            cluster_embeddings = nn.functional.linear(layer(flat_ids[rows] - start), proj)
-            flat = flat.index_copy(0, rows, cluster_embeddings)
-        return flat.view(*input_ids.shape, self.d_proj) * self.emb_scale
+        # Batched over clusters, no data-dependent shapes: token t's features are the concatenation of every
+        # cluster's embedding of t, zero except in t's own cluster, so one matmul with the concatenated projections
+        # [P_0 | P_1 | ...] gives P_c(t) e_c(t). The output has the projection's dtype under autocast too.
+        features = []
+        for (start, end), layer in zip(self.bounds, self.emb_layers):
+            in_cluster = (input_ids >= start) & (input_ids < end)
+            cluster_embeddings = layer((input_ids - start).clamp(0, end - start - 1))
+            features.append(torch.where(in_cluster[..., None], cluster_embeddings, 0.0))
+        projection = torch.cat(list(self.emb_projs), dim=1)  # [d_proj, sum of cluster dims]
+        return nn.functional.linear(torch.cat(features, dim=-1), projection) * self.emb_scale
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
@@ -106,38 +106,55 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             hidden = torch.matmul(hidden, self.out_projs[cluster])  # [N, d_proj] @ [d_proj, d_emb_i]
         return nn.functional.linear(hidden, weight, bias)
 
+    @staticmethod
+    def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+        # in float32 whatever the activation dtype (bf16/fp16 logits, autocast): the normaliser of a large
+        # vocabulary loses too much in half precision
+        return nn.functional.log_softmax(logits, dim=-1, dtype=torch.float32)
+
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[..., d_proj]` -> `[..., vocab_size]` log-probabilities."""
-        head = nn.functional.log_softmax(self._cluster_logits(hidden, 0), dim=-1)
+        """`[..., d_proj]` -> `[..., vocab_size]` log-probabilities (float32)."""
+        head = self._log_softmax(self._cluster_logits(hidden, 0))
         if self.num_tail_clusters == 0:
             return head
         pieces = [head[..., : self.shortlist_size]]
         for cluster in range(1, self.num_tail_clusters + 1):
-            tail = nn.functional.log_softmax(self._cluster_logits(hidden, cluster), dim=-1)
+            tail = self._log_softmax(self._cluster_logits(hidden, cluster))
             pieces.append(head[..., self.shortlist_size + cluster - 1, None] + tail)
         return torch.cat(pieces, dim=-1)
 
     def nll(self, hidden: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        """Per-token negative log-likelihood in position order, 0 where `targets == ignore_index`.
+        """Per-token negative log-likelihood (float32) in position order, 0 where `targets == ignore_index`.
 
-        hidden: `[N, d_proj]`, targets: `[N]`."""
+        hidden: `[N, d_proj]`, targets: `[N]`. The head is one matmul over all rows; a tail cluster's scores are
+        computed only for the rows whose target lies in it (under torch.compile / torch.export, where the number of
+        such rows cannot be data-dependent, for all rows, then selected)."""
         valid = targets != ignore_index
         safe_targets = targets.masked_fill(~valid, 0)
-        head = nn.functional.log_softmax(self._cluster_logits(hidden, 0), dim=-1)
+        head = self._log_softmax(self._cluster_logits(hidden, 0))
         if self.num_tail_clusters == 0:
             token_log_probs = head.gather(1, safe_targets[:, None]).squeeze(1)
             return -token_log_probs.masked_fill(~valid, 0.0)
-        in_shortlist = safe_targets < self.shortlist_size
-        shortlist_targets = safe_targets.clamp(max=self.shortlist_size - 1)
-        token_log_probs = head.gather(1, shortlist_targets[:, None]).squeeze(1).masked_fill(~in_shortlist, 0.0)
+        # cluster of each target (0 = shortlist) and its head column: the token itself, or the tail cluster's column
+        target_cluster = sum((safe_targets >= start).long() for start, _ in self.bounds[1:])
+        head_column = torch.where(target_cluster == 0, safe_targets, self.shortlist_size + target_cluster - 1)
+        token_log_probs = head.gather(1, head_column[:, None]).squeeze(1)
         for cluster in range(1, self.num_tail_clusters + 1):
-            start, end = self.bounds[cluster]
-            rows = ((safe_targets >= start) & (safe_targets < end)).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
-            tail = nn.functional.log_softmax(self._cluster_logits(hidden[rows], cluster), dim=-1)
-            cluster_log_probs = head[rows, self.shortlist_size + cluster - 1] + tail.gather(
-                1, (safe_targets[rows] - start)[:, None]
-            ).squeeze(1)
-            token_log_probs = token_log_probs.index_put((rows,), cluster_log_probs)
+            in_cluster = target_cluster == cluster
+            if torch.compiler.is_compiling():
+                token_log_probs = token_log_probs + self._tail_log_probs_all_rows(hidden, safe_targets, in_cluster, cluster)
+            else:
+                rows = in_cluster.nonzero().squeeze(1)
+                tail_log_probs = self._tail_log_probs(hidden[rows], safe_targets[rows], cluster)
+                token_log_probs = token_log_probs.index_add(0, rows, tail_log_probs)
         return -token_log_probs.masked_fill(~valid, 0.0)
+
+    def _tail_log_probs(self, hidden: torch.Tensor, targets: torch.Tensor, cluster: int) -> torch.Tensor:
+        """log p_cluster(target | cluster) for rows whose targets all lie in `cluster`."""
+        start, end = self.bounds[cluster]
+        tail = self._log_softmax(self._cluster_logits(hidden, cluster))
+        return tail.gather(1, (targets - start).clamp(0, end - start - 1)[:, None]).squeeze(1)
+
+    def _tail_log_probs_all_rows(self, hidden, targets, in_cluster, cluster: int) -> torch.Tensor:
+        """`_tail_log_probs` for every row, 0 for the rows outside the cluster (static shapes for compilers)."""
+        return torch.where(in_cluster, self._tail_log_probs(hidden, targets, cluster), 0.0)

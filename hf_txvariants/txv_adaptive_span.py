@@ -44,6 +44,25 @@ def span_attention_bias(distances: torch.Tensor, spans: torch.Tensor, ramp: int,
     return log_mask.masked_fill(mask <= 0, minimum).to(dtype)
 
 
+def check_span_fields(config):
+    """Config-time checks of the adaptive-span fields every XL-family config has (each error names the field):
+    `attn_span` (None or >= 1; needed by `adapt_span_enabled`), `adapt_span_ramp` >= 1, `adapt_span_init` in [0, 1],
+    `adapt_span_loss` >= 0; the other `adapt_span_*` fields only mean something with `adapt_span_enabled`."""
+    if config.attn_span is not None and (isinstance(config.attn_span, bool) or not isinstance(config.attn_span, int)
+                                         or config.attn_span < 1):
+        raise ValueError(f"attn_span must be None or a positive integer, got {config.attn_span!r}")
+    if config.adapt_span_enabled and config.attn_span is None:
+        raise ValueError("adapt_span_enabled=True needs attn_span (the largest span S)")
+    if isinstance(config.adapt_span_ramp, bool) or not isinstance(config.adapt_span_ramp, int) or config.adapt_span_ramp < 1:
+        raise ValueError(f"adapt_span_ramp must be a positive integer, got {config.adapt_span_ramp!r}")
+    if not 0.0 <= config.adapt_span_init <= 1.0:
+        raise ValueError(f"adapt_span_init must be in [0, 1] (a fraction of attn_span), got {config.adapt_span_init}")
+    if config.adapt_span_loss < 0:
+        raise ValueError(f"adapt_span_loss must be >= 0, got {config.adapt_span_loss}")
+    if config.adapt_span_dynamic and not config.adapt_span_enabled:
+        raise ValueError("adapt_span_dynamic=True needs adapt_span_enabled=True")
+
+
 class AdaptiveSpan(nn.Module):
     """The learned spans of one attention layer.
 
@@ -108,4 +127,4 @@ class AdaptiveSpan(nn.Module):
             self.current_val.clamp_(0.0, 1.0)
 
 
-__all__ = ["AdaptiveSpan", "soft_span_mask", "span_attention_bias"]
+__all__ = ["AdaptiveSpan", "check_span_fields", "soft_span_mask", "span_attention_bias"]

@@ -10,6 +10,7 @@ attended to (padding and reset rows are masked out).
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree
 from transformers.cache_utils import Cache
 
 
@@ -56,6 +57,34 @@ class RowStateCache(Cache):
         return False
 
 
+class MemoryLayer:
+    """One layer's view of a `MemoryCache`, so that code walking `cache.layers` (transformers' generation utilities)
+    finds one object per layer. An XL memory holds the hidden states that entered the layer, not keys and values:
+    `keys` and `values` both give that memory, `[batch, memory_length, hidden]` (None before the first update)."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, cache: "MemoryCache", layer_idx: int):
+        self._cache, self.layer_idx = cache, layer_idx
+
+    @property
+    def memory(self) -> torch.Tensor | None:
+        return self._cache.layer_memory(self.layer_idx)
+
+    keys = values = memory
+
+    @property
+    def is_initialized(self) -> bool:
+        return self._cache.is_initialized
+
+    def get_seq_length(self) -> int:
+        return self._cache.get_seq_length()
+
+    def get_max_length(self) -> int:
+        return self._cache.mem_len
+
+
 class MemoryCache(RowStateCache):
     """Per-layer Transformer-XL memory.
 
@@ -64,6 +93,11 @@ class MemoryCache(RowStateCache):
         mem_len: number of positions kept after each update (0 disables memory).
         memories: optional list of `[batch, length, hidden]` tensors, one per layer.
         memory_mask: optional `[batch, length]` bool tensor, True where a memory slot may be attended to.
+        memory_init: what a fresh row starts with, "zeros" or "empty" (see `initial`); `reset_rows` uses it by
+            default, so a reset row is exactly a fresh row of the model that made the cache.
+        model_type: the `config.model_type` of the model that made the cache (None: any model may read it); a model
+            of another type refuses it (`check_compatible`).
+    `len(cache) == len(cache.layers) == num_layers` (one `MemoryLayer` view per layer).
     """
 
     def __init__(
@@ -73,13 +107,19 @@ class MemoryCache(RowStateCache):
         memories: list[torch.Tensor] | None = None,
         memory_mask: torch.Tensor | None = None,
         seen_tokens: int = 0,
+        memory_init: str = "empty",
+        model_type: str | None = None,
     ):
-        # `layers` stays empty: this cache does not hold key/value layers, it overrides what generation uses.
         super().__init__()
         if mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {mem_len}")
+        if memory_init not in ("zeros", "empty"):
+            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {memory_init!r}")
         self.num_layers = num_layers
         self.mem_len = mem_len
+        self.memory_init = memory_init
+        self.model_type = model_type
+        self.layers = [MemoryLayer(self, i) for i in range(num_layers)]
         self.memories: list[torch.Tensor] | None = None
         self.memory_mask: torch.Tensor | None = None
         self.seen_tokens = seen_tokens
@@ -89,10 +129,12 @@ class MemoryCache(RowStateCache):
     # ----------------------------------------------------------------------------------------------------------------
     # construction helpers
     @classmethod
-    def initial(cls, num_layers, mem_len, batch_size, hidden_size, memory_init, dtype, device) -> "MemoryCache":
+    def initial(
+        cls, num_layers, mem_len, batch_size, hidden_size, memory_init, dtype, device, model_type=None
+    ) -> "MemoryCache":
         """The memory a first segment starts with: `memory_init="zeros"` gives `mem_len` zero vectors that are attended
         to (TF code and transformers' legacy TransfoXL), `"empty"` gives no memory (the original PyTorch code)."""
-        cache = cls(num_layers, mem_len)
+        cache = cls(num_layers, mem_len, memory_init=memory_init, model_type=model_type)
         if memory_init == "zeros" and mem_len > 0:
             zeros = torch.zeros(batch_size, mem_len, hidden_size, dtype=dtype, device=device)
             cache._set([zeros] * num_layers, torch.ones(batch_size, mem_len, dtype=torch.bool, device=device))
@@ -103,7 +145,8 @@ class MemoryCache(RowStateCache):
         """Builds a cache from the legacy `mems` list (one time-major `[length, batch, hidden]` tensor per layer)."""
         if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) and m.dim() == 3 for m in mems):
             raise ValueError("`mems` must be a list with one [memory_length, batch, hidden_size] tensor per layer")
-        return cls(len(mems), mem_len, [m.transpose(0, 1) for m in mems])
+        memories = [m.transpose(0, 1) for m in mems]
+        return cls(len(mems), mem_len, memories, seen_tokens=memories[0].shape[1] if memories else 0)
 
     def to_legacy_mems(self) -> list[torch.Tensor] | None:
         """The memory in the legacy layout: a list of time-major `[length, batch, hidden]` tensors."""
@@ -138,8 +181,13 @@ class MemoryCache(RowStateCache):
     def layer_memory(self, layer_idx: int) -> torch.Tensor | None:
         return None if self.memories is None else self.memories[layer_idx]
 
-    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int):
+    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None):
         """Raises a ValueError naming the mismatch when this memory cannot be used with the given input."""
+        if model_type is not None and self.model_type is not None and self.model_type != model_type:
+            raise ValueError(
+                f"past_key_values is the memory of a {self.model_type!r} model, this model is {model_type!r}: "
+                "a memory is only valid for the model (and weights) that wrote it"
+            )
         if self.num_layers != num_layers:
             raise ValueError(f"past_key_values holds memory for {self.num_layers} layers, the model has {num_layers}")
         if self.memories is None:
@@ -156,8 +204,14 @@ class MemoryCache(RowStateCache):
 
     def key_mask(self, input_mask: torch.Tensor | None, query_length: int) -> torch.Tensor | None:
         """`[batch, memory_length + query_length]` bool, True where a key may be attended to (real memory slots and
-        real tokens of the segment, `input_mask` True = real), or None when every key may."""
-        memory_all_real = self.memory_mask is None or bool(self.memory_mask.all())
+        real tokens of the segment, `input_mask` True = real), or None when every key may. While compiling or
+        exporting, the mask is always built (the shortcut reads tensor values)."""
+        if self.memory_mask is None:
+            memory_all_real = True
+        elif torch.compiler.is_compiling():
+            memory_all_real = False
+        else:
+            memory_all_real = bool(self.memory_mask.all())
         if input_mask is None and memory_all_real:
             return None
         if input_mask is None:
@@ -183,11 +237,15 @@ class MemoryCache(RowStateCache):
                 mask = torch.cat([self.memory_mask, input_mask], dim=1)[:, -self.mem_len :]
             self._set(memories, mask)
 
-    def reset_rows(self, done: torch.Tensor, memory_init: str = "zeros"):
+    def reset_rows(self, done: torch.Tensor, memory_init: str | None = None):
         """Forgets the memory of the rows where `done` is True (e.g. an episode ended), in place.
 
         With `memory_init="zeros"` a reset row gets zero vectors that are attended to, like a fresh row; with
-        `"empty"` its memory slots are masked out, so it attends only to its new tokens, like a fresh row."""
+        `"empty"` its memory slots are masked out, so it attends only to its new tokens, like a fresh row. The
+        default is the cache's own `memory_init` (that of the model that made it): a reset row is then a fresh row."""
+        memory_init = memory_init or self.memory_init
+        if memory_init not in ("zeros", "empty"):
+            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {memory_init!r}")
         if self.memories is None:
             return
         done = done.to(device=self.memory_mask.device, dtype=torch.bool).view(-1)
@@ -201,7 +259,13 @@ class MemoryCache(RowStateCache):
             self.memory_mask = self.memory_mask & ~done[:, None]
 
     def clone(self) -> "MemoryCache":
-        copy = MemoryCache(self.num_layers, self.mem_len, seen_tokens=self.seen_tokens)
+        copy = MemoryCache(
+            self.num_layers,
+            self.mem_len,
+            seen_tokens=self.seen_tokens,
+            memory_init=self.memory_init,
+            model_type=self.model_type,
+        )
         if self.memories is not None:
             copy._set([m.clone() for m in self.memories], self.memory_mask.clone())
         return copy
@@ -227,8 +291,11 @@ class MemoryCache(RowStateCache):
     def reset(self):
         self.memories, self.memory_mask, self.seen_tokens = None, None, 0
 
-    def crop(self, tokens_to_remove: int):
-        raise NotImplementedError("A Transformer-XL memory cannot be cropped (assisted decoding is not supported)")
+    def crop(self, max_length: int):
+        raise NotImplementedError(
+            "A Transformer-XL memory cannot be cropped: it keeps only the last mem_len hidden states, so it cannot be "
+            "rolled back (assisted decoding is not supported)"
+        )
 
     def _row_tensors(self) -> dict:
         return {"memories": self.memories, "memory_mask": self.memory_mask}
@@ -254,7 +321,33 @@ class MemoryCache(RowStateCache):
         return [False] * self.num_layers
 
 
-def memory_for_input(past_key_values, new_memory, *, batch_size: int, hidden_size: int, num_layers: int) -> MemoryCache:
+def _flatten_memory(cache: MemoryCache):
+    context = (cache.num_layers, cache.mem_len, cache.seen_tokens, cache.memory_init, cache.model_type)
+    return [cache.memories, cache.memory_mask], context
+
+
+def _unflatten_memory(children, context) -> MemoryCache:
+    num_layers, mem_len, seen_tokens, memory_init, model_type = context
+    memories, memory_mask = children
+    return MemoryCache(num_layers, mem_len, memories, memory_mask, seen_tokens, memory_init, model_type)
+
+
+# A pytree node, so that `torch.export` and `torch.compile` can return (and take) the memory as `past_key_values`.
+torch.utils._pytree.register_pytree_node(
+    MemoryCache,
+    _flatten_memory,
+    _unflatten_memory,
+    serialized_type_name=f"{__name__}.MemoryCache",
+    flatten_with_keys_fn=lambda cache: (
+        [(torch.utils._pytree.GetAttrKey(k), v) for k, v in zip(("memories", "memory_mask"), _flatten_memory(cache)[0])],
+        _flatten_memory(cache)[1],
+    ),
+)
+
+
+def memory_for_input(
+    past_key_values, new_memory, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None
+) -> MemoryCache:
     """The memory a forward pass reads: `past_key_values` checked against the input, or `new_memory()` when None."""
     if past_key_values is None:
         return new_memory()
@@ -262,14 +355,21 @@ def memory_for_input(past_key_values, new_memory, *, batch_size: int, hidden_siz
         raise ValueError(
             f"past_key_values must be the MemoryCache returned by this model, got {type(past_key_values).__name__}"
         )
-    past_key_values.check_compatible(batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers)
+    past_key_values.check_compatible(
+        batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers, model_type=model_type
+    )
     return past_key_values
 
 
 class MemoryGenerationMixin:
     """For the causal LMs of the XL family, placed before `GenerationMixin`: `generate()` keeps the model's own
     `MemoryCache` (never a `DynamicCache`) and feeds one new token per step; a model without memory (`mem_len=0`)
-    gets the whole sequence at every step instead, since nothing else would carry the context."""
+    gets the whole sequence at every step instead, since nothing else would carry the context.
+
+    The models are stateful for transformers (`_is_stateful`): a memory trimmed to `mem_len` cannot be rolled back,
+    so assisted decoding gets transformers' own clear error instead of failing inside."""
+
+    _is_stateful = True
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import numbers
+import sys
+import types
+import typing
 
 
 def apply_paper_names(config, kwargs: dict) -> dict:
@@ -25,8 +29,75 @@ def default_head_dim(config):
         config.head_dim = config.hidden_size // config.num_attention_heads
 
 
+def _matches(value, annotation) -> bool:
+    """Whether `value` has the declared type: int (not bool), float (int or float, not NaN), bool, str, None,
+    Literal, unions, list[X] / tuple[X, ...]; anything else (dict, Any, classes) is not checked."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None) or annotation is None:
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        item = args[0] if args else typing.Any
+        return all(_matches(v, item) for v in value)
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
+    if annotation is str:
+        return isinstance(value, str)
+    return True
+
+
+def _own_field_types(config_class) -> dict:
+    """Declared types of the fields a variant's config adds (not transformers' base fields)."""
+    cached = config_class.__dict__.get("_txv_field_types")
+    if cached is not None:
+        return cached
+    own = {}
+    for klass in reversed(config_class.__mro__):
+        if klass.__module__.startswith("transformers") or klass is object:
+            continue
+        namespace = vars(sys.modules[klass.__module__]) if klass.__module__ in sys.modules else {}
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if isinstance(annotation, str):  # `from __future__ import annotations`
+                try:
+                    annotation = eval(annotation, dict(namespace))  # noqa: S307 - the class's own annotation text
+                except Exception:  # an annotation this check cannot resolve is not checked
+                    continue
+            if not name.startswith("_") and typing.get_origin(annotation) is not typing.ClassVar:
+                own[name] = annotation
+    config_class._txv_field_types = own
+    return own
+
+
+def _type_name(annotation) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def check_field_types(config):
+    """Every field the variant declares holds a value of its declared type (`n_layer="2"`, `mem_len="8"`,
+    `same_length="yes"`, `layer_norm_eps=nan` are refused, naming the field)."""
+    for name, annotation in _own_field_types(type(config)).items():
+        if not hasattr(config, name):
+            continue
+        value = getattr(config, name)
+        if not _matches(value, annotation):
+            raise ValueError(f"{name} must be of type {_type_name(annotation)}, got {value!r} "
+                             f"({type(value).__name__})")
+
+
 def check_positive(config, *names: str):
-    """Each named field must be a positive integer (a bool or a string is refused, naming the field)."""
+    """Each named field must be a positive integer (a bool or a string is refused, naming the field). Every call
+    first checks the types of all the config's declared fields (`check_field_types`): the configs call this at the
+    start of their validation, so a wrongly typed field is named before any comparison could fail on it."""
+    check_field_types(config)
     for name in names:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:

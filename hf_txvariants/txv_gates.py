@@ -18,6 +18,8 @@ With b_g > 0 the output, highway, sigmoid-tanh and GRU gates start close to the 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -113,6 +115,22 @@ GATES: dict[str, type[GatingLayer]] = {
 }
 
 
+# The residual forms an XL-family config can ask for (`gate_type`): TrXL (plain residual, layer norm after it), TrXL-I
+# (identity map reordering: layer norm on the sub-module input only, ReLU on its output, plain residual) and GTrXL
+# with one of the gates above.
+GATE_TYPES = ("trxl", "trxl_i", "input", "output", "highway", "sigmoid_tanh", "gru")
+
+
+def check_gate_fields(config):
+    """`gate_type` one of GATE_TYPES and `gate_bias` a finite number (config-time checks naming the field)."""
+    if config.gate_type not in GATE_TYPES:
+        raise ValueError(f"gate_type must be one of {list(GATE_TYPES)}, got {config.gate_type!r}")
+    if isinstance(config.gate_bias, bool) or not isinstance(config.gate_bias, (int, float)) or not math.isfinite(
+        config.gate_bias
+    ):
+        raise ValueError(f"gate_bias must be a finite number, got {config.gate_bias!r}")
+
+
 def build_gate(gate_type: str, hidden_size: int, gate_bias: float = 2.0) -> GatingLayer:
     if gate_type not in GATES:
         raise ValueError(f"gate_type must be one of {sorted(GATES)}, got {gate_type!r}")
@@ -121,6 +139,8 @@ def build_gate(gate_type: str, hidden_size: int, gate_bias: float = 2.0) -> Gati
 
 __all__ = [
     "GATES",
+    "GATE_TYPES",
+    "check_gate_fields",
     "GRUGate",
     "GatingLayer",
     "HighwayGate",

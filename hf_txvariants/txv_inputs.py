@@ -11,12 +11,21 @@ def check_token_ids(token_ids: torch.Tensor, vocab_size: int, name: str = "input
     """`token_ids` must be `[batch, length]` with values in `[0, vocab_size)`; the error names both."""
     if token_ids.dim() != 2:
         raise ValueError(f"{name} must be [batch, length], got shape {tuple(token_ids.shape)}")
+    check_not_empty(token_ids.shape, name)
+    if token_ids.is_floating_point() or token_ids.is_complex() or token_ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids, got dtype {token_ids.dtype}")
     if token_ids.numel() and not torch.compiler.is_compiling():
         low, high = int(token_ids.min()), int(token_ids.max())
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"{name} must be in [0, {vocab_size}) (config.{field}), found values from {low} to {high}"
             )
+
+
+def check_not_empty(shape, name: str = "input_ids"):
+    """A batch of sequences needs at least one row and one position: `(2, 0)` input is refused, naming it."""
+    if len(shape) >= 2 and (shape[0] == 0 or shape[1] == 0):
+        raise ValueError(f"{name} is empty (shape {tuple(shape)}): every batch needs at least one row and one token")
 
 
 def embed_inputs(
@@ -38,6 +47,7 @@ def embed_inputs(
             f"inputs_embeds must be [batch, length, {hidden_size}] (config.hidden_size), "
             f"got shape {tuple(inputs_embeds.shape)}"
         )
+    check_not_empty(inputs_embeds.shape, "inputs_embeds")
     return inputs_embeds
 
 

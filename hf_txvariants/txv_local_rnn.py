@@ -10,6 +10,8 @@ batch, so the only sequential loop is the RNN's own over the k steps of a window
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -50,5 +52,19 @@ class LocalRNN(nn.Module):
         """`prefix`: the `window - 1` inputs before `hidden_states` (cached generation); None = sequence start."""
         batch, length, width = hidden_states.shape
         windows = local_windows(hidden_states, self.window, prefix).reshape(batch * length, self.window, width)
-        outputs = self.rnn(windows)[0]
+        with self._rnn_kernel_context():
+            outputs = self.rnn(windows)[0]
         return outputs[:, -1].view(batch, length, width)
+
+    def _rnn_kernel_context(self):
+        """cuDNN runs an RNN in eval mode with its inference kernel, which has no backward ("cudnn RNN backward can
+        only be called in training mode"): an eval-mode forward that needs gradients (attribution, RL, evaluation
+        with a gradient penalty) runs the native kernel instead. Same maths; a no-op on CPU."""
+        if cudnn_rnn_lacks_backward(self.rnn.training, torch.is_grad_enabled()) and not torch.compiler.is_compiling():
+            return torch.backends.cudnn.flags(enabled=False)
+        return contextlib.nullcontext()
+
+
+def cudnn_rnn_lacks_backward(training: bool, grad_enabled: bool) -> bool:
+    """True when cuDNN's RNN kernel would run without a backward although gradients may be needed."""
+    return not training and grad_enabled

@@ -3,7 +3,8 @@
 Self-attention keys/values go into a `DynamicCache` (or the `self_attention_cache` of an `EncoderDecoderCache`);
 cross-attention keys/values are computed once from the encoder output and kept in the `cross_attention_cache` of an
 `EncoderDecoderCache` (what `generate()` builds for `EncoderDecoderModel`). The mask is the additive float mask of
-`txv_attention`; subclasses add their own terms to it (see `txv_shaw_attention`).
+`txv_attention`; subclasses add their own terms to it (see `txv_shaw_attention`). Where the only masking is causal,
+`fused_self_attention_mask` returns a `CausalMask` instead, which reaches SDPA's fused causal kernels.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, EncoderDecoderCache
 
-from .txv_attention import additive_mask, causal_allowed, get_attention_function
+from .txv_attention import CausalMask, additive_mask, all_tokens_real, attention_forward, causal_allowed
 
 
 def cache_past_length(past_key_values: Cache | None, layer_idx: int = 0) -> int:
@@ -29,7 +30,7 @@ class MultiHeadAttention(nn.Module):
 
     `key_value_size`: width of the cross-attention source (the encoder output); defaults to `hidden_size`."""
 
-    is_causal = False  # the mask is always explicit (transformers' sdpa must not add its own causal mask)
+    is_causal = False  # causality comes from the mask (a `CausalMask` asks for SDPA's is_causal explicitly)
 
     def __init__(
         self,
@@ -79,16 +80,18 @@ class MultiHeadAttention(nn.Module):
         return key, value
 
     def attend(self, query, key, value, attention_mask, output_attentions=False, need_weights=False):
-        """Runs the configured attention function (eager when the weights are needed)."""
-        attention = get_attention_function(self.config, output_attentions or need_weights)
-        return attention(
+        """Runs the configured attention function (eager when the weights are needed). `attention_mask`: an additive
+        mask, None, or a `CausalMask` (SDPA's fused causal kernel where exact)."""
+        return attention_forward(
             self,
+            getattr(self.config, "_attn_implementation", None),
             query,
             key,
             value,
             attention_mask,
             scaling=self.scaling,
             dropout=self.attention_dropout if self.training else 0.0,
+            output_attentions=output_attentions or need_weights,
         )
 
     def forward(
@@ -99,13 +102,33 @@ class MultiHeadAttention(nn.Module):
         past_key_values: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`attention_mask`: additive float mask broadcastable to `[batch, heads, q_len, k_len]`."""
+        """`attention_mask`: additive float mask broadcastable to `[batch, heads, q_len, k_len]`, None, or a
+        `CausalMask` (from `fused_self_attention_mask`)."""
         batch, query_length = hidden_states.shape[:2]
         query = self._heads(self.q_proj(hidden_states))
         key, value = self.keys_values(hidden_states, key_value_states, past_key_values)
         output, weights = self.attend(query, key, value, attention_mask, output_attentions)
         output = self.o_proj(output.reshape(batch, query_length, -1))
         return output, (weights if output_attentions else None)
+
+
+def key_padding_mask(attention_mask: torch.Tensor, batch: int, query_length: int, past_length: int) -> torch.Tensor:
+    """`attention_mask` checked and extended to `[batch, past_length + q_len]` (a `[batch, q_len]` mask: the past
+    counts as real)."""
+    key_length = past_length + query_length
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != batch:
+        raise ValueError(
+            f"attention_mask must be [batch={batch}, length] (1 = token, 0 = padding), "
+            f"got shape {tuple(attention_mask.shape)}"
+        )
+    if attention_mask.shape[1] == query_length and past_length > 0:
+        attention_mask = torch.cat([attention_mask.new_ones(batch, past_length), attention_mask], dim=1)
+    if attention_mask.shape[1] != key_length:
+        raise ValueError(
+            f"attention_mask must cover the cached and the new positions ({key_length}), "
+            f"got shape {tuple(attention_mask.shape)}"
+        )
+    return attention_mask
 
 
 def self_attention_mask(
@@ -120,30 +143,34 @@ def self_attention_mask(
     """Additive `[batch or 1, 1, q_len, past_length + q_len]` mask: causal (query i at position past_length + i)
     and padding. `attention_mask` is `[batch, past_length + q_len]` (or `[batch, q_len]`, the past then counts as
     real) with 1 = token, 0 = padding. None when nothing is masked."""
-    key_length = past_length + query_length
     allowed = None
     if causal:
         allowed = causal_allowed(query_length, past_length, device)[None, None]
     if attention_mask is not None:
-        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch:
-            raise ValueError(
-                f"attention_mask must be [batch={batch}, length] (1 = token, 0 = padding), "
-                f"got shape {tuple(attention_mask.shape)}"
-            )
-        if attention_mask.shape[1] == query_length and past_length > 0:
-            attention_mask = torch.cat(
-                [attention_mask.new_ones(batch, past_length), attention_mask], dim=1
-            )
-        if attention_mask.shape[1] != key_length:
-            raise ValueError(
-                f"attention_mask must cover the cached and the new positions ({key_length}), "
-                f"got shape {tuple(attention_mask.shape)}"
-            )
-        key_valid = attention_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
-        allowed = key_valid if allowed is None else allowed & key_valid
+        key_valid = key_padding_mask(attention_mask, batch, query_length, past_length).to(device=device, dtype=torch.bool)
+        allowed = key_valid[:, None, None, :] if allowed is None else allowed & key_valid[:, None, None, :]
     if allowed is None:
         return None
     return additive_mask(allowed, dtype)
+
+
+def fused_self_attention_mask(
+    attention_mask: torch.Tensor | None,
+    batch: int,
+    query_length: int,
+    past_length: int,
+    causal: bool,
+    dtype: torch.dtype,
+    device,
+) -> "torch.Tensor | CausalMask | None":
+    """`self_attention_mask` in the form that reaches the fused kernels: a `CausalMask` when the masking is causal
+    and nothing is padded, None when nothing is masked, else the same dense additive mask. The result goes to
+    `MultiHeadAttention` unchanged; code that adds terms to the mask (a relative bias) uses `self_attention_mask`."""
+    if all_tokens_real(attention_mask):
+        if attention_mask is not None:
+            key_padding_mask(attention_mask, batch, query_length, past_length)  # checks the shape
+        return CausalMask(past_length) if causal else None
+    return self_attention_mask(attention_mask, batch, query_length, past_length, causal, dtype, device)
 
 
 def cross_attention_mask(encoder_attention_mask, batch: int, encoder_length: int, dtype, device):

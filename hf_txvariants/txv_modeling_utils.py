@@ -18,18 +18,20 @@ WEIGHT_FILE_PATTERN = re.compile(r"^(model.*\.safetensors|pytorch_model.*\.bin)(
 
 
 @contextmanager
-def atomic_directory(target: str | os.PathLike):
-    """Yields a temporary folder next to `target` that replaces `target` only if the block succeeds.
+def atomic_directory(target: str | os.PathLike, keep_existing: bool = True):
+    """Yields a temporary folder next to `target` that replaces `target` only if the block succeeds (the one
+    atomic-folder helper of the project: model saving and the converters use it).
 
-    Files already in `target` that the block did not write are kept (e.g. a tokenizer saved before the model),
-    except stale weight files. On failure the temporary folder is removed and `target` is left as it was."""
+    With `keep_existing`, files already in `target` that the block did not write are kept (e.g. a tokenizer saved
+    before the model), except stale weight files; without it `target` is replaced as a whole. On failure the
+    temporary folder is removed and `target` is left as it was."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield staging
         if target.is_dir():
-            for old in target.iterdir():
+            for old in target.iterdir() if keep_existing else ():
                 if not (staging / old.name).exists() and not WEIGHT_FILE_PATTERN.match(old.name):
                     (shutil.copytree if old.is_dir() else shutil.copy2)(old, staging / old.name)
             backup = target.with_name(f".{target.name}.old-{os.getpid()}")

@@ -1,41 +1,54 @@
-"""Sparse attention patterns, each usable three ways that give equal results.
+"""Sparse attention patterns, each usable through several implementations that give equal results.
 
 A pattern is a predicate `allowed(q_idx, kv_idx, head)` on broadcastable integer tensors (True = query may attend to
 key). From it come:
 
+* `tiled_attention` ("blocked"): the pattern as tiles of dense attention, the way the papers compute it (Child et al.
+  2019 sec. 4; Parmar et al. 2018 sec. 3.2): the sequence is reshaped so that every factor is a batch of dense tiles
+  (a band of contiguous blocks for local / sliding-window attention, the transposed [L/l, l] grid for strided
+  columns, contiguous blocks for fixed blocks, the summary columns for fixed summaries), no gather, memory
+  O(L * keys per query). A single factor runs every tile through the fused SDPA kernel (`is_causal=True` where the
+  tile is plainly causal); a union of factors (merged mode) takes one softmax over all its tiles (their row maxima
+  and sums combined, flash-attention style), each key counted once. Plain tensor ops: it trains on CPU.
 * `dense_allowed`: the full `[heads or 1, q_len, k_len]` boolean mask, for the eager (or SDPA) reference;
-* `flex_block_mask`: a FlexAttention `BlockMask` (fused kernels on CUDA; on CPU torch 2.13 runs FlexAttention in
-  inference only, without gradients);
-* `blocked_attention`: queries are cut into blocks of `block_size`; each block gathers only the union of the keys its
-  queries may see (sorted by position) and attends to them with the element mask. Plain tensor ops, so it trains on
-  CPU, and its cost is O(L * keys-per-block) instead of O(L^2).
+* `flex_block_mask`: a FlexAttention `BlockMask`, built once per (pattern, lengths, device) and cached (fused kernels
+  on CUDA; on CPU torch 2.13 runs FlexAttention in inference only, without gradients).
 
-`pattern_attention` dispatches between them. Patterns (Child et al. 2019, Parmar et al. 2018):
+`pattern_attention` dispatches between them ("auto": the fastest exact path for the device). A query that may see no
+key at all (possible only in the paper's fixed summary set, or for padding) gets a zero output on every path.
+Patterns (Child et al. 2019, Parmar et al. 2018):
 
 * `Causal`, `SlidingWindow(w)`: k <= q (and q - k < w).
-* `StridedLocal(l)` / `StridedColumn(l)` and their union `Strided(l)`: the previous l positions / every l-th one.
+* `StridedLocal(w)` / `StridedColumn(l)` and their union `Strided(l)`: the previous w positions / every l-th one.
 * `FixedBlock(l)` / `FixedSummary(l, c)` and their union `Fixed(l, c)`: the own block of l / the last c positions
-  of every block.
+  of every block (and the query itself unless `include_query=False`).
 * `Local1D(b)`: a query block of b attends to itself and the previous block.
 * `Local2D(width, query_shape, memory_flange)`: positions in block-raster order (see `to_block_raster`); a query
   block of (bh, bw) attends to the keys of its memory block, which extends it by fh rows above and fw columns on
   either side, that precede it in block-raster order.
 * `Union(*patterns)`, `PerHead(patterns)` (head h uses patterns[h % n]).
-Every pattern is causal (the models here are autoregressive) and lets each query see at least itself.
+Every pattern is causal (the models here are autoregressive).
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from transformers.utils.import_utils import is_tracing
+
+from .txv_attention import additive_mask, attention_function, eager_attention_forward
+
 
 # ------------------------------------------------------------------------------------------------------ patterns
 class AttentionPattern:
     per_head = False
+    every_query_sees_a_key = True  # False: some queries may see no key (their output is zero)
+    causal_in_tiles = False  # its one tiling's tiles are plainly causal (SDPA's is_causal kernel runs them)
 
     def query_order(self, q_len: int, device=None) -> torch.Tensor | None:
         """A permutation of the queries that makes blocks of consecutive ones share keys (None = position order)."""
@@ -48,11 +61,20 @@ class AttentionPattern:
         """The parts a factorised pattern is made of (itself for a simple one)."""
         return [self]
 
+    def tilings(self) -> list["Tiling"] | None:
+        """Tilings whose tiles together hold every (query, key) pair the pattern allows (None: not tileable)."""
+        return None
+
 
 @dataclass(frozen=True)
 class Causal(AttentionPattern):
+    causal_in_tiles = True
+
     def allowed(self, q_idx, kv_idx, head=None):
         return kv_idx <= q_idx
+
+    def tilings(self):
+        return [WholeSequence()]
 
 
 @dataclass(frozen=True)
@@ -63,10 +85,14 @@ class SlidingWindow(AttentionPattern):
         distance = q_idx - kv_idx
         return (distance >= 0) & (distance < self.window)
 
+    def tilings(self):
+        return [Band(self.window)]
+
 
 @dataclass(frozen=True)
 class StridedLocal(SlidingWindow):
-    """Child et al. A^(1) of the strided pattern: the previous `window` (= stride l) positions."""
+    """Child et al. A^(1) of the strided pattern: the previous `window` positions (the reference code: window = l;
+    the paper's {max(0, i - l), ..., i}: window = l + 1)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +100,7 @@ class StridedColumn(AttentionPattern):
     """Child et al. A^(2) of the strided pattern: (q - k) mod l == 0."""
 
     stride: int
+    causal_in_tiles = True
 
     def allowed(self, q_idx, kv_idx, head=None):
         distance = q_idx - kv_idx
@@ -84,28 +111,47 @@ class StridedColumn(AttentionPattern):
         positions = torch.arange(q_len, device=device)
         return torch.argsort(torch.remainder(positions, self.stride) * q_len + positions)
 
+    def tilings(self):
+        return [Columns(self.stride)]
+
 
 @dataclass(frozen=True)
 class FixedBlock(AttentionPattern):
     """Child et al. A^(1) of the fixed pattern: floor(k / l) == floor(q / l)."""
 
     stride: int
+    causal_in_tiles = True
 
     def allowed(self, q_idx, kv_idx, head=None):
         return (kv_idx <= q_idx) & (torch.div(kv_idx, self.stride, rounding_mode="floor") == torch.div(q_idx, self.stride, rounding_mode="floor"))
 
+    def tilings(self):
+        return [Blocks(self.stride)]
+
 
 @dataclass(frozen=True)
 class FixedSummary(AttentionPattern):
-    """Child et al. A^(2) of the fixed pattern: k mod l >= l - c (the c summary positions of every block), and the
-    query itself so that no row is empty."""
+    """Child et al. A^(2) of the fixed pattern: k mod l >= l - c (the c summary positions of every block), k <= q;
+    with `include_query` (the reference code) also the query itself, so that no row is empty; without it (the paper)
+    a query before the first summary position sees nothing and gets a zero output."""
 
     stride: int
     summary: int
+    include_query: bool = True
+
+    @property
+    def every_query_sees_a_key(self):
+        return self.include_query
 
     def allowed(self, q_idx, kv_idx, head=None):
         summary = torch.remainder(kv_idx, self.stride) >= self.stride - self.summary
-        return (kv_idx <= q_idx) & (summary | (kv_idx == q_idx))
+        if self.include_query:
+            summary = summary | (kv_idx == q_idx)
+        return (kv_idx <= q_idx) & summary
+
+    def tilings(self):
+        tiles = [SummaryColumns(self.stride, self.summary)]
+        return tiles + [Diagonal()] if self.include_query else tiles
 
 
 @dataclass(frozen=True)
@@ -121,13 +167,20 @@ class Union(AttentionPattern):
     def factors(self):
         return list(self.parts)
 
+    def tilings(self):
+        tilings = [part.tilings() for part in self.parts]
+        return None if any(t is None for t in tilings) else [t for part in tilings for t in part]
 
-def Strided(stride: int) -> Union:
-    return Union((StridedLocal(stride), StridedColumn(stride)))
+
+def Strided(stride: int, paper: bool = False) -> Union:
+    """A^(1) the previous l positions (`paper`: l + 1 positions, {max(0, i - l), ..., i}) and A^(2) every l-th."""
+    return Union((StridedLocal(stride + 1 if paper else stride), StridedColumn(stride)))
 
 
-def Fixed(stride: int, summary: int) -> Union:
-    return Union((FixedBlock(stride), FixedSummary(stride, summary)))
+def Fixed(stride: int, summary: int, paper: bool = False) -> Union:
+    """A^(1) the own block and A^(2) the summary positions (`paper`: without the query itself; the union is the
+    same either way, the query being in its own block)."""
+    return Union((FixedBlock(stride), FixedSummary(stride, summary, include_query=not paper)))
 
 
 @dataclass(frozen=True)
@@ -140,6 +193,9 @@ class Local1D(AttentionPattern):
         q_block = torch.div(q_idx, self.block, rounding_mode="floor")
         k_block = torch.div(kv_idx, self.block, rounding_mode="floor")
         return (kv_idx <= q_idx) & (k_block >= q_block - 1)
+
+    def tilings(self):
+        return [Band(self.block)]
 
 
 @dataclass(frozen=True)
@@ -220,32 +276,314 @@ def dense_allowed(pattern: AttentionPattern, q_len: int, k_len: int, device=None
     return pattern.allowed(q_idx, kv_idx)[None]
 
 
+# ------------------------------------------------------------------------------------------------------ tilings
+def _pad_length(x: torch.Tensor, length: int) -> torch.Tensor:
+    """`x [B, H, L, D]` padded with zeros at the end of dim 2 to `length` positions."""
+    return x if x.shape[2] == length else nn.functional.pad(x, (0, 0, 0, length - x.shape[2]))
+
+
+class Tiling:
+    """A layout of a sequence in tiles: `tile_queries` / `tile_keys` turn `[B, H, L, D]` into `[B, H, T, tq, D]` /
+    `[B, H, T, tk, D]` (reshapes and slices, padded with zeros at the end), `query_positions` / `key_positions` give the
+    absolute position of every slot (`[T, tq]`, `[T, tk]`; out-of-sequence slots are < 0 or >= L), and `covers(q, k)` says whether
+    key k sits in a tile of query q."""
+
+    def size(self, length: int) -> int:
+        return length
+
+    def tile_queries(self, x: torch.Tensor) -> torch.Tensor:
+        size = self.size(x.shape[2])
+        x = _pad_length(x, math.ceil(x.shape[2] / size) * size)
+        return x.view(*x.shape[:2], -1, size, x.shape[-1])
+
+    def tile_keys(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tile_queries(x)
+
+    def untile_queries(self, y: torch.Tensor, length: int) -> torch.Tensor:
+        return y.reshape(*y.shape[:2], -1, y.shape[-1])[:, :, :length]
+
+    def query_positions(self, length: int, device) -> torch.Tensor:
+        size = self.size(length)
+        return torch.arange(math.ceil(length / size) * size, device=device).view(-1, size)
+
+    def key_positions(self, length: int, device) -> torch.Tensor:
+        return self.query_positions(length, device)
+
+    def covers(self, q_idx, kv_idx):
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class WholeSequence(Tiling):
+    """One tile: every query with every key (plain causal attention)."""
+
+
+    def covers(self, q_idx, kv_idx):
+        return torch.ones_like(q_idx - kv_idx, dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class Blocks(Tiling):
+    """Contiguous blocks of `block`: a query sees the keys of its own block."""
+
+    block: int
+
+    def size(self, length):
+        return self.block
+
+    def covers(self, q_idx, kv_idx):
+        return torch.div(q_idx, self.block, rounding_mode="floor") == torch.div(kv_idx, self.block, rounding_mode="floor")
+
+
+@dataclass(frozen=True)
+class Band(Blocks):
+    """Contiguous blocks of `block` queries; each sees the keys of its own and of the previous block (2 * block keys,
+    the first block's previous one being out of the sequence)."""
+
+    def tile_keys(self, x):
+        # Overlapping windows of 2 * block over the sequence padded by one block in front: a strided view.
+        tiles = math.ceil(x.shape[2] / self.block)
+        padded = nn.functional.pad(x, (0, 0, self.block, tiles * self.block - x.shape[2]))
+        return padded.unfold(2, 2 * self.block, self.block).transpose(-1, -2)
+
+    def key_positions(self, length, device):
+        own = self.query_positions(length, device)
+        return torch.cat([own - self.block, own], dim=1)
+
+    def covers(self, q_idx, kv_idx):
+        block = torch.div(q_idx, self.block, rounding_mode="floor")
+        return (kv_idx >= (block - 1) * self.block) & (kv_idx < (block + 1) * self.block)
+
+
+@dataclass(frozen=True)
+class Columns(Tiling):
+    """The transposed `[L / stride, stride]` grid: tile c holds positions c, c + stride, c + 2 stride, ..."""
+
+    stride: int
+
+    def tile_queries(self, x):
+        rows = math.ceil(x.shape[2] / self.stride)
+        x = _pad_length(x, rows * self.stride)
+        return x.view(*x.shape[:2], rows, self.stride, x.shape[-1]).transpose(2, 3)
+
+    def untile_queries(self, y, length):
+        return y.transpose(2, 3).reshape(*y.shape[:2], -1, y.shape[-1])[:, :, :length]
+
+    def query_positions(self, length, device):
+        rows = math.ceil(length / self.stride)
+        return torch.arange(rows * self.stride, device=device).view(rows, self.stride).t()
+
+    def covers(self, q_idx, kv_idx):
+        return torch.remainder(q_idx - kv_idx, self.stride) == 0
+
+
+@dataclass(frozen=True)
+class SummaryColumns(Tiling):
+    """One tile: every query with the last `summary` positions of every block of `stride` (a strided slice)."""
+
+    stride: int
+    summary: int
+
+    def tile_keys(self, x):
+        blocks = math.ceil(x.shape[2] / self.stride)
+        x = _pad_length(x, blocks * self.stride).view(*x.shape[:2], blocks, self.stride, x.shape[-1])
+        return x[:, :, :, self.stride - self.summary :].reshape(*x.shape[:2], 1, blocks * self.summary, x.shape[-1])
+
+    def key_positions(self, length, device):
+        blocks = math.ceil(length / self.stride)
+        starts = torch.arange(blocks, device=device)[:, None] * self.stride + self.stride - self.summary
+        return (starts + torch.arange(self.summary, device=device)[None]).view(1, -1)
+
+    def covers(self, q_idx, kv_idx):
+        return torch.remainder(kv_idx, self.stride) >= self.stride - self.summary
+
+
+@dataclass(frozen=True)
+class Diagonal(Blocks):
+    """Every query with its own key only."""
+
+    block: int = 1
+
+
+# ------------------------------------------------------------------------------------------------------ tiled
+class _LRU(OrderedDict):
+    """A small least-recently-used cache (masks and BlockMasks are built once per pattern, length and device)."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def get_or_build(self, key, build):
+        if is_tracing():
+            return build()  # torch.compile / torch.export: the traced graph holds it, the cache is left alone
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = self[key] = build()
+        if len(self) > self.capacity:
+            self.popitem(last=False)
+        return value
+
+
+_TILE_MASKS = _LRU(32)
+
+
+def tile_masks(pattern: AttentionPattern, length: int, device) -> list[tuple[Tiling, torch.Tensor, bool]]:
+    """For every tiling of `pattern`: its bool mask `[T, tq, tk]` (the pattern's pairs in this tiling and in no
+    earlier one: each pair is counted once) and whether the tiles are plainly causal (`causal_in_tiles`)."""
+
+    def build():
+        tilings = pattern.tilings()
+        result = []
+        for number, tiling in enumerate(tilings):
+            q_idx = tiling.query_positions(length, device)[:, :, None]
+            kv_idx = tiling.key_positions(length, device)[:, None, :]
+            in_tile = tiling.covers(q_idx, kv_idx) & (kv_idx >= 0)
+            mask = pattern.allowed(q_idx, kv_idx) & in_tile
+            for earlier in tilings[:number]:
+                mask = mask & ~earlier.covers(q_idx, kv_idx)
+            plain_causal = len(tilings) == 1 and pattern.causal_in_tiles
+            result.append((tiling, mask & (kv_idx < length), plain_causal))
+        return result
+
+    return _TILE_MASKS.get_or_build((pattern, length, str(device)), build)
+
+
+def _tile_padding(tiling: Tiling, key_padding_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`key_padding_mask [B, L]` (True = real) in the tiling's key layout, `[B, 1, T, 1, tk]`."""
+    if key_padding_mask is None:
+        return None
+    tiled = tiling.tile_keys(key_padding_mask[:, None, :, None].to(torch.float32))
+    return tiled.squeeze(-1)[:, :, :, None, :] > 0.5
+
+
+def tiled_attention(query, key, value, pattern, scaling, key_padding_mask=None, dropout=0.0, training=False):
+    """`pattern` as tiles of dense attention (see the module docstring). `query`/`key`/`value [B, H, L, D]` (same
+    length, no cache), `key_padding_mask [B, L]` bool (True = real). Returns `[B, L, H, D]`."""
+    if pattern.per_head:
+        parts = len(pattern.parts)
+        output = query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
+        for number, part in enumerate(pattern.parts):
+            heads = slice(number, None, parts)
+            output[:, :, heads] = tiled_attention(
+                query[:, heads], key[:, heads], value[:, heads], part, scaling, key_padding_mask, dropout, training
+            )
+        return output
+    dropout = dropout if training else 0.0
+    tiles = tile_masks(pattern, query.shape[2], query.device)
+    bias_key = (pattern, query.shape[2], str(query.device), query.dtype)  # the additive masks, cached like the masks
+    if len(tiles) == 1:
+        output = _single_tiling_attention(
+            query, key, value, *tiles[0], pattern.every_query_sees_a_key, bias_key, scaling, key_padding_mask, dropout
+        )
+    else:
+        output = _merged_tilings_attention(query, key, value, tiles, bias_key, scaling, key_padding_mask, dropout)
+    return output.transpose(1, 2).contiguous()
+
+
+def _sdpa_layout(tiled: torch.Tensor) -> torch.Tensor:
+    """`[B, H, T, t, D]` -> `[B * T, H, t, D]`: tiles join the batch (a view when the heads are a view of
+    `[B, L, H, D]`, as projected states are)."""
+    batch, heads, tiles, length, dim = tiled.shape
+    return tiled.transpose(1, 2).reshape(batch * tiles, heads, length, dim)
+
+
+_TILE_BIASES = _LRU(32)
+
+
+def _single_tiling_attention(
+    query, key, value, tiling, mask, plain_causal, pattern_sees_keys, bias_key, scaling, key_padding_mask, dropout
+):
+    """Every tile through the fused SDPA kernel: `is_causal=True` when the tile is plainly causal and nothing is
+    padded, else with the tile mask (a 4-D additive mask: torch's fused CPU kernel takes no 3-D one and no bool one
+    without falling back to the math kernel); queries that see no key get zeros."""
+    batch, heads, length, dim = query.shape
+    tiled_query = tiling.tile_queries(query)
+    tiles, tile_length = tiled_query.shape[2:4]
+    tiled_query, tiled_key, tiled_value = (
+        _sdpa_layout(tiled_query), _sdpa_layout(tiling.tile_keys(key)), _sdpa_layout(tiling.tile_keys(value))
+    )
+    sdpa = nn.functional.scaled_dot_product_attention
+    if plain_causal and key_padding_mask is None:
+        output = sdpa(tiled_query, tiled_key, tiled_value, dropout_p=dropout, is_causal=True, scale=scaling)
+    else:
+        padding = _tile_padding(tiling, key_padding_mask)
+        if padding is None:
+            bias = _TILE_BIASES.get_or_build(bias_key, lambda: additive_mask(mask[:, None], query.dtype))
+            bias = bias if batch == 1 else bias.repeat(batch, 1, 1, 1)
+        else:
+            mask = (mask & padding).transpose(1, 2).reshape(batch * tiles, 1, *mask.shape[-2:])
+            bias = additive_mask(mask, query.dtype)
+        output = sdpa(tiled_query, tiled_key, tiled_value, attn_mask=bias, dropout_p=dropout, scale=scaling)
+        if padding is not None or not pattern_sees_keys:
+            output = output * mask.any(-1, keepdim=True).reshape(-1, 1, tile_length, 1).to(output.dtype)
+    output = output.view(batch, tiles, heads, tile_length, -1).transpose(1, 2)
+    return tiling.untile_queries(output, length)
+
+
+def _merged_tilings_attention(query, key, value, tiles, bias_key, scaling, key_padding_mask, dropout):
+    """One softmax over the tiles of several tilings (a union pattern): each tiling's scores `[.., T, tq, tk]` are
+    laid out in query order `[.., L, tk]` (untiled like queries), joined along the keys and normalised by one softmax,
+    then split and tiled back to weight each tiling's values. Each key is in one tiling only (see `tile_masks`), so
+    this is the pattern's softmax exactly; memory O(L * keys per query)."""
+    length = query.shape[2]
+    scores = []
+    for tiling, _, _ in tiles:
+        tile_scores = torch.matmul(tiling.tile_queries(query), tiling.tile_keys(key).transpose(-1, -2))
+        scores.append(tiling.untile_queries(tile_scores, length))
+    widths = [part.shape[-1] for part in scores]
+    scores = torch.cat(scores, dim=-1).float() * scaling
+
+    def allowed(padding_mask=None):  # [1 or B, 1, L, sum of tk]
+        parts = []
+        for tiling, mask, _ in tiles:
+            padding = _tile_padding(tiling, padding_mask)
+            mask = mask[None, None] if padding is None else mask & padding
+            parts.append(tiling.untile_queries(mask, length))
+        return torch.cat(parts, dim=-1)
+
+    if key_padding_mask is None:
+        bias = _TILE_BIASES.get_or_build(bias_key, lambda: additive_mask(allowed(), torch.float32))
+        weights = torch.softmax(scores + bias, dim=-1)
+    else:
+        mask = allowed(key_padding_mask)
+        weights = torch.softmax(scores + additive_mask(mask, torch.float32), dim=-1)
+        weights = weights * mask.any(-1, keepdim=True)  # queries that see no key get zeros
+    weights = nn.functional.dropout(weights, p=dropout) if dropout else weights
+    output = 0.0
+    for (tiling, _, _), tile_weights in zip(tiles, weights.split(widths, dim=-1)):
+        values = tiling.tile_keys(value)
+        tile_output = torch.matmul(tiling.tile_queries(tile_weights).to(values.dtype), values)
+        output = output + tiling.untile_queries(tile_output, length)
+    return output
+
+
 # ------------------------------------------------------------------------------------------------------ flex
-def flex_block_mask(pattern, batch, num_heads, q_len, k_len, device, q_offset=0, key_padding_mask=None, block_size=128):
+_BLOCK_MASKS = _LRU(16)
+FLEX_MIN_HEAD_DIM = 16  # FlexAttention's kernels need head_dim >= 16: smaller heads are zero-padded (exact)
+
+
+def flex_block_mask(pattern, num_heads, q_len, k_len, device, q_offset=0, block_size=128):
+    """The pattern's FlexAttention `BlockMask`, built once per (pattern, heads, lengths, offset, device) and kept in a
+    small LRU cache (padding is applied as a score modification, so it does not enter the mask)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        allowed = pattern.allowed(q_idx + q_offset, kv_idx, h)
-        if key_padding_mask is not None:
-            allowed = allowed & key_padding_mask[b, kv_idx]
-        return allowed
+    def build():
+        def mask_mod(b, h, q_idx, kv_idx):
+            return pattern.allowed(q_idx + q_offset, kv_idx, h)
 
-    return create_block_mask(
-        mask_mod,
-        batch if key_padding_mask is not None else None,
-        num_heads if pattern.per_head else None,
-        q_len,
-        k_len,
-        device=device,
-        BLOCK_SIZE=block_size,
-    )
+        heads = num_heads if pattern.per_head else None
+        return create_block_mask(mask_mod, None, heads, q_len, k_len, device=device, BLOCK_SIZE=block_size)
+
+    key = (pattern, num_heads if pattern.per_head else None, q_len, k_len, q_offset, str(device), block_size)
+    return _BLOCK_MASKS.get_or_build(key, build)
 
 
 _compiled_flex = None
 
 
 def flex_pattern_attention(query, key, value, pattern, scaling, key_padding_mask=None, q_offset=0, compile=None):
-    """FlexAttention with the pattern's block mask. Returns `[batch, q_len, heads, head_dim]`."""
+    """FlexAttention with the pattern's cached block mask. Returns `[batch, q_len, heads, head_dim]`."""
     from torch.nn.attention.flex_attention import flex_attention
 
     global _compiled_flex
@@ -253,19 +591,28 @@ def flex_pattern_attention(query, key, value, pattern, scaling, key_padding_mask
         raise ValueError(
             "FlexAttention has no backward on CPU in torch 2.13: use pattern_implementation='blocked' to train on CPU"
         )
-    batch, heads, q_len = query.shape[:3]
-    block_mask = flex_block_mask(pattern, batch, heads, q_len, key.shape[2], query.device, q_offset, key_padding_mask)
+    heads, q_len, head_dim = query.shape[1:]
+    block_mask = flex_block_mask(pattern, heads, q_len, key.shape[2], query.device, q_offset)
+    if head_dim < FLEX_MIN_HEAD_DIM:
+        query, key, value = (nn.functional.pad(t, (0, FLEX_MIN_HEAD_DIM - head_dim)) for t in (query, key, value))
+    score_mod = None
+    if key_padding_mask is not None:
+        minimum = torch.finfo(query.dtype).min  # not -inf: a row with only padded keys stays finite
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.where(key_padding_mask[b, kv_idx], score, minimum)
+
     function = flex_attention
     if compile if compile is not None else query.device.type == "cuda":
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
         function = _compiled_flex
-    output = function(query, key, value, block_mask=block_mask, scale=scaling)
-    return output.transpose(1, 2).contiguous()
+    output = function(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    return output[..., :head_dim].transpose(1, 2).contiguous()
 
 
-# ------------------------------------------------------------------------------------------------------ blocked
-_INDEX_CACHE: dict = {}
+# ------------------------------------------------------------------------------------------------------ gathered
+_INDEX_CACHE = _LRU(32)
 
 
 def gather_index(pattern, q_len, k_len, block_size, device, q_offset=0):
@@ -276,7 +623,7 @@ def gather_index(pattern, q_len, k_len, block_size, device, q_offset=0):
     Cached per (pattern, lengths, block size, offset, device) like a FlexAttention BlockMask."""
     cache_key = (pattern, q_len, k_len, block_size, q_offset, str(device))
     if cache_key in _INDEX_CACHE:
-        return _INDEX_CACHE[cache_key]
+        return _INDEX_CACHE.get_or_build(cache_key, None)
     blocks = math.ceil(q_len / block_size)
     order = pattern.query_order(q_len, device)
     positions = order if order is not None else torch.arange(q_len, device=device)
@@ -294,16 +641,14 @@ def gather_index(pattern, q_len, k_len, block_size, device, q_offset=0):
     index = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices[:, :width]
     valid = torch.gather(seen, 1, index)
     mask = pattern.allowed(positions.view(blocks, block_size, 1), index[:, None, :]) & valid[:, None, :]
-    if len(_INDEX_CACHE) > 64:
-        _INDEX_CACHE.clear()
-    _INDEX_CACHE[cache_key] = (order, index, mask)
-    return order, index, mask
+    return _INDEX_CACHE.get_or_build(cache_key, lambda: (order, index, mask))
 
 
-def blocked_attention(
+def gathered_attention(
     query, key, value, pattern, scaling, block_size=64, key_padding_mask=None, dropout=0.0, training=False, q_offset=0
 ):
-    """Block-sparse attention with plain tensor ops (trains on CPU). `query [B, H, Lq, D]`, `key`/`value
+    """Block-sparse attention by gathering, for patterns without tiles (Local2D: a query block's keys are its memory
+    block, so the gather is O(L * keys per query)) and queries at an offset. `query [B, H, Lq, D]`, `key`/`value
     [B, H, Lk, D]`, `key_padding_mask [B, Lk]` bool (True = real). Returns `[B, Lq, H, D]` (and no weights)."""
     if pattern.per_head:
         heads = query.shape[1]
@@ -311,7 +656,7 @@ def blocked_attention(
         for number, part in enumerate(pattern.parts):
             group = list(range(number, heads, len(pattern.parts)))
             if group:
-                output[:, :, group] = blocked_attention(
+                output[:, :, group] = gathered_attention(
                     query[:, group], key[:, group], value[:, group], part, scaling, block_size,
                     key_padding_mask, dropout, training, q_offset,
                 )
@@ -344,7 +689,26 @@ def blocked_attention(
 
 
 # ------------------------------------------------------------------------------------------------------ dispatch
-IMPLEMENTATIONS = ("blocked", "flex", "eager", "sdpa")
+IMPLEMENTATIONS = ("auto", "blocked", "flex", "dense", "eager", "sdpa")
+
+
+def choose_implementation(pattern, implementation, dense_implementation, device, full_sequence, training_dropout):
+    """The implementation that runs: "dense" is the dense mask through `dense_implementation` (eager or sdpa); "auto"
+    is the fastest exact path for the device: tiles on CPU (FlexAttention has no CPU backward and its CPU kernels are
+    slower), and on CUDA tiles where every tile is plainly causal (fused flash kernels), FlexAttention with its
+    cached BlockMask otherwise. Decoding with a cache (queries after the first position) uses the dense mask."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    if implementation == "auto":
+        if device.type == "cuda" and not training_dropout and not pattern.causal_in_tiles:
+            implementation = "flex"
+        else:
+            implementation = "blocked"
+    if implementation == "blocked" and not full_sequence:
+        implementation = "dense"
+    if implementation == "dense":
+        implementation = "sdpa" if dense_implementation == "sdpa" else "eager"
+    return implementation
 
 
 def pattern_attention(
@@ -353,26 +717,31 @@ def pattern_attention(
     key,
     value,
     pattern,
-    implementation="blocked",
+    implementation="auto",
     scaling=None,
     key_padding_mask=None,
     dropout=0.0,
     block_size=64,
     q_offset=0,
     output_attentions=False,
+    dense_implementation="eager",
 ):
-    """Attention restricted to `pattern`. `implementation`: "blocked" (trains on CPU), "flex" (FlexAttention),
-    "eager" or "sdpa" (dense masks: the reference). Returns `([B, Lq, H, D], weights or None)`; weights (dense,
-    `[B, H, Lq, Lk]`) only come from the eager path, which `output_attentions` selects."""
-    from .txv_attention import additive_mask, eager_attention_forward, get_attention_function
-
+    """Attention restricted to `pattern`. `implementation`: "auto" (the fastest exact path for the device), "blocked"
+    (tiles of dense attention: trains on CPU), "flex" (FlexAttention), "dense" (a dense mask through
+    `dense_implementation`), "eager" or "sdpa" (dense masks: the reference). Returns `([B, Lq, H, D], weights or
+    None)`; weights (dense, `[B, H, Lq, Lk]`) only come from the eager path, which `output_attentions` selects.
+    `block_size`: query block of the gathered path (patterns without tiles: Local2D)."""
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+    full_sequence = q_offset == 0 and query.shape[2] == key.shape[2]
+    implementation = choose_implementation(
+        pattern, implementation, dense_implementation, query.device, full_sequence, module.training and dropout > 0
+    )
     if output_attentions:
         implementation = "eager"
     if implementation == "blocked":
-        output = blocked_attention(
+        if pattern.tilings() is not None or (pattern.per_head and all(p.tilings() for p in pattern.parts)):
+            return tiled_attention(query, key, value, pattern, scaling, key_padding_mask, dropout, module.training), None
+        output = gathered_attention(
             query, key, value, pattern, scaling, block_size, key_padding_mask, dropout, module.training, q_offset
         )
         return output, None
@@ -383,12 +752,10 @@ def pattern_attention(
     allowed = dense_allowed(pattern, query.shape[2], key.shape[2], query.device, q_offset, query.shape[1])[None]
     if key_padding_mask is not None:
         allowed = allowed & key_padding_mask[:, None, None, :]
-    mask = additive_mask(allowed, query.dtype)
-    if implementation == "eager":
-        return eager_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout)
-
-    class _Config:
-        _attn_implementation = implementation
-
-    function = get_attention_function(_Config())
-    return function(module, query, key, value, mask, scaling=scaling, dropout=dropout if module.training else 0.0)
+    function = eager_attention_forward if implementation == "eager" else attention_function(implementation)
+    output, weights = function(
+        module, query, key, value, additive_mask(allowed, query.dtype), scaling=scaling,
+        dropout=dropout if module.training else 0.0,
+    )
+    sees_a_key = allowed.any(-1).transpose(1, 2)[..., None]  # [B or 1, Lq, H or 1, 1]: rows with no key give zeros
+    return output * sees_a_key.to(output.dtype), weights

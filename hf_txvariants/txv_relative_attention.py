@@ -36,20 +36,22 @@ def relative_shift(position_scores: torch.Tensor, key_length: int) -> torch.Tens
     """Moves the position scores from "by distance" to "by key" layout without a copy (the paper's appendix B trick).
 
     `position_scores[..., i, m]` is the score of query i for distance `key_length - 1 - m` (the table of
-    `relative_distances`: key_length - 1 down to 0, optionally one more row for -1; R rows in all). Query i sits at
-    absolute position `M + i` (M = memory length, Q = query length, key_length = M + Q), so key j needs distance
-    `M + i - j`, i.e. m = j + (Q - 1 - i): element `i * (R - 1) + j + (Q - 1)` of the row-major `[Q, R]` block, a
-    strided view. Entries for future keys (j > M + i) read neighbouring values and must be masked by the caller.
-    With R = key_length + 1 the view does not overlap itself (cheap backward)."""
-    scores = position_scores.contiguous()
-    *batch, query_length, rows = scores.shape
+    `relative_distances`: key_length - 1 down to 0, then one more row for -1; R = key_length + 1 rows). Query i sits
+    at absolute position `M + i` (M = memory length, Q = query length, key_length = K = M + Q), so key j needs
+    distance `M + i - j`, i.e. m = j + (Q - 1 - i): element `i * (R - 1) + j + (Q - 1) = (Q - 1) + i * K + j` of the
+    row-major `[Q, R]` block. So the shifted scores are the flattened block from element Q - 1 on, read as `[Q, K]`:
+    a slice and two views (no as_strided, so torch.compile traces and fuses it). Entries for future keys (j > M + i)
+    read neighbouring values and must be masked by the caller. A table without the row for -1 (R = K) gets a zero
+    column appended first (a copy)."""
+    *batch, query_length, rows = position_scores.shape
     if rows not in (key_length, key_length + 1):
         raise ValueError(f"position scores have {rows} distances, expected {key_length} or {key_length + 1}")
-    return scores.as_strided(
-        (*batch, query_length, key_length),
-        (*scores.stride()[:-2], rows - 1, 1),
-        scores.storage_offset() + query_length - 1,
-    )
+    if rows == key_length:
+        position_scores = nn.functional.pad(position_scores, (0, 1))
+        rows += 1
+    flat = position_scores.reshape(*batch, query_length * rows)
+    shifted = flat[..., query_length - 1 : query_length - 1 + query_length * key_length]
+    return shifted.view(*batch, query_length, key_length)
 
 
 class RelativePositionAttention(nn.Module):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hf_txvariants.txv_act import AdaptiveComputationTime, act_halting_step
+from hf_txvariants.txv_act import AdaptiveComputationTime, act_halting_step, add_ponder_cost
 
 
 def logit(p):
@@ -101,6 +101,10 @@ def test_padding_positions_halt_at_once():
     mask = torch.tensor([[True, True, False]])
     result = act(torch.randn(1, 3, 4), lambda s, n: (s, s + 1), position_mask=mask)
     assert result.n_updates[0].tolist() == [5.0, 5.0, 1.0]
+    assert result.ponder_cost[0, 2] == 0  # padding costs nothing
+    # the loss term: weight * mean of N + R over the real positions only
+    loss = add_ponder_cost(torch.tensor(1.0), result.ponder_cost, 0.5, mask.long())
+    torch.testing.assert_close(loss, 1.0 + 0.5 * result.ponder_cost[0, :2].mean())
 
 
 @pytest.mark.parametrize("field,kwargs", [("max_steps", {"max_steps": 0}), ("threshold", {"max_steps": 2, "threshold": 1.5})])

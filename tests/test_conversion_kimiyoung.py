@@ -1,6 +1,7 @@
 """Conversion of the original kimiyoung/transformer-xl checkpoints (issue 3), on fixtures in the exact original
 formats made by the original code (tests/fixtures/kimiyoung/make_*_fixtures.py). Offline, CPU, no TensorFlow."""
 import io
+import json
 import os
 import pickle
 import shutil
@@ -318,10 +319,13 @@ def test_evaluate_helper_reproduces_reference_loss(tmp_path, capsys):
     rows = [np.concatenate([ref["inputs"][:, :, b].reshape(-1), ref["targets"][-1, -1:, b]]) for b in range(2)]
     ids = tmp_path / "ids.txt"
     ids.write_text(" ".join(str(int(t)) for t in np.concatenate(rows)))
-    res = conv_eval.main(["--model", str(out), "--ids", str(ids), "--batch-size", "2",
-                          "--tgt-len", str(int(ref["tgt_len"])), "--no-progress"])
+    capsys.readouterr()
+    assert conv_eval.main(["--model", str(out), "--ids", str(ids), "--batch-size", "2",
+                           "--tgt-len", str(int(ref["tgt_len"])), "--no-progress"]) == 0
+    out_lines = capsys.readouterr().out.splitlines()
+    res = json.loads(out_lines[0])
     assert abs(res["loss"] - float(ref["nll"].mean())) < TOL
-    assert "ppl" in capsys.readouterr().out
+    assert "ppl" in out_lines[1]
 
 
 def test_tf_convert_with_vocab_end_to_end(tmp_path):
@@ -345,3 +349,48 @@ def test_tf_convert_with_vocab_end_to_end(tmp_path):
     assert enc["input_ids"].tolist() == [[2, 3, 39, 0, 4]]
     gen = model.generate(**enc, max_new_tokens=3, do_sample=False)
     assert gen.shape == (1, 8)
+
+
+# ---------------------------------------------------------------------------------------------- resource bounds
+class _HugeBytes:
+    def __reduce__(self):
+        return (bytes, (10**13,))
+
+
+def _rewrite_torch_zip(path, out, edit_pickle=lambda data: data, compress=zipfile.ZIP_STORED):
+    """A copy of a torch.save zip with its data.pkl edited (or every entry compressed)."""
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w", compression=compress) as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            dst.writestr(name, edit_pickle(data) if name.endswith("data.pkl") else data)
+    return out
+
+
+def test_safe_pickle_refuses_huge_allocations(tmp_path):
+    """bytes(10**13) from an allow-listed constructor is refused before anything is allocated; a huge memo index
+    costs nothing (the pure-Python unpickler's memo is a dict)."""
+    path = tmp_path / "huge.pkl"
+    path.write_bytes(pickle.dumps(_HugeBytes(), protocol=2))
+    with pytest.raises(UnsafePickleError, match=r"refusing bytes\(10000000000000\)"):
+        load_plain_pickle(path)
+    path.write_bytes(b"\x80\x02N\x72\xff\xff\xff\x7f.")  # LONG_BINPUT 2**31 - 1
+    assert load_plain_pickle(path) is None
+
+
+def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.arange(4.0)}, good)
+    assert torch.equal(load_torch_file(good, classes={})["w"], torch.arange(4.0))
+    # the size (4,) of the tensor's view becomes (1000,): as_strided would read past the 4-element storage
+    grown = _rewrite_torch_zip(good, tmp_path / "grown.pt", lambda d: d.replace(b"K\x04\x85", b"M\xe8\x03\x85", 1))
+    with pytest.raises(UnsafePickleError, match="reaches past its storage of 4 elements"):
+        load_torch_file(grown, classes={})
+    # offset 3 with size (2,) ends one element past the storage
+    shifted = _rewrite_torch_zip(good, tmp_path / "shifted.pt",
+                                 lambda d: d.replace(b"K\x00K\x04\x85", b"K\x03K\x02\x85", 1))
+    with pytest.raises(UnsafePickleError, match="reaches past its storage"):
+        load_torch_file(shifted, classes={})
+    # a compressed archive could declare more bytes than the file holds
+    deflated = _rewrite_torch_zip(good, tmp_path / "deflated.pt", compress=zipfile.ZIP_DEFLATED)
+    with pytest.raises(UnsafePickleError, match="compressed"):
+        load_torch_file(deflated, classes={})

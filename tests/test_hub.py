@@ -131,7 +131,7 @@ def test_push_uploads_the_complete_repo_without_network(tiny):
     model, tokenizer = tiny
     uploaded = {}
 
-    def upload_folder(*, repo_id, folder_path, repo_type, commit_message):
+    def upload_folder(*, repo_id, folder_path, repo_type, commit_message, revision=None, create_pr=False):
         uploaded["repo_id"] = repo_id
         uploaded["files"] = {str(p.relative_to(folder_path)) for p in Path(folder_path).rglob("*") if p.is_file()}
         uploaded["config"] = json.loads((Path(folder_path) / "config.json").read_text())
@@ -158,8 +158,12 @@ def test_push_uploads_the_complete_repo_without_network(tiny):
         hf_api.assert_called_once_with(token="hf_fake")
 
 
-def test_txv_push_command(tiny, tmp_path, capsys):
+def test_txv_push_command(tiny, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
     from hf_txvariants.cli import main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # HfApi is mocked: nothing leaves the machine
 
     model, tokenizer = tiny
     model.save_pretrained(tmp_path / "model")
@@ -167,14 +171,50 @@ def test_txv_push_command(tiny, tmp_path, capsys):
     (tmp_path / "model" / "eval_results.json").write_text(json.dumps({"valid_bpc": 1.5}))
     seen = {}
 
-    def upload_folder(*, repo_id, folder_path, repo_type, commit_message):
+    def upload_folder(*, repo_id, folder_path, repo_type, commit_message, revision, create_pr):
+        seen.update(message=commit_message, revision=revision, create_pr=create_pr)
         seen["files"] = {p.name for p in Path(folder_path).iterdir()}
         seen["card"] = ModelCard.load(Path(folder_path) / "README.md")
-        return mock.Mock(commit_url="https://huggingface.co/me/m/commit/1")
+        return mock.Mock(commit_url="https://huggingface.co/me/m/commit/1", pr_url="https://huggingface.co/me/m/discussions/1")
 
     with mock.patch("huggingface_hub.HfApi") as hf_api:
         hf_api.return_value.upload_folder.side_effect = upload_folder
-        assert main(["push", "--model", str(tmp_path / "model"), "--repo-id", "me/m", "--dataset", "toy"]) == 0
-    assert "pushed to https://huggingface.co/me/m/commit/1" in capsys.readouterr().out
+        assert main(["push", "--model", str(tmp_path / "model"), "--repo-id", "me/m", "--dataset", "toy", "--token",
+                     "hf_x", "--revision", "dev", "--commit-message", "first", "--create-pr"]) == 0
+    hf_api.assert_called_with(token="hf_x")
+    assert seen["message"] == "first" and seen["revision"] == "dev" and seen["create_pr"] is True
+    assert "pushed to https://huggingface.co/me/m/discussions/1" in capsys.readouterr().out
     assert EXPECTED <= seen["files"]
     assert seen["card"].data.eval_results[0].metric_value == 1.5
+
+
+def test_txv_push_offline_is_one_clear_line(tiny, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    from hf_txvariants.cli import main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(["push", "--model", str(tmp_path / "model"), "--repo-id", "me/m"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "txv: error: cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)"
+
+
+def test_transformers_push_to_hub_uploads_the_remote_code_too(tiny):
+    """What the README says: `model.push_to_hub` (transformers) uploads the remote-code payload as well (it calls our
+    `save_pretrained`); `hf_txvariants.hub.push_to_hub` adds the tokenizer and the card with the Hub metadata."""
+    model, _ = tiny
+    uploaded = {}
+
+    def upload(folder, *args, **kwargs):
+        uploaded["files"] = {p.name for p in Path(folder).iterdir()}
+        return mock.Mock()
+
+    with mock.patch("transformers.utils.hub.hf_api") as hf_api, \
+            mock.patch("transformers.utils.hub.create_and_tag_model_card", return_value=ModelCard("")), \
+            mock.patch.object(type(model), "_upload_modified_files", side_effect=upload):
+        hf_api.return_value.create_repo.return_value.repo_id = "me/m"
+        model.push_to_hub("me/m")
+    files = uploaded["files"]
+    assert f"{type(model).__module__.rsplit('.', 1)[-1]}.py" in files  # the variant's modeling file
+    assert f"{type(model.config).__module__.rsplit('.', 1)[-1]}.py" in files
+    assert any(f.startswith("txv_") for f in files)

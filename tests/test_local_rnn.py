@@ -73,3 +73,27 @@ def test_chunks_with_prefix_equal_one_pass(window):
         outputs.append(module(chunk, prefix))
         prefix = next_prefix(prefix, chunk, window)
     torch.testing.assert_close(torch.cat(outputs, 1), module(x), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "training, grad_enabled, cudnn_disabled", [(True, True, False), (False, False, False), (False, True, True)]
+)
+def test_eval_mode_with_gradients_runs_the_rnn_without_cudnn(monkeypatch, training, grad_enabled, cudnn_disabled):
+    """cuDNN's eval-mode RNN kernel has no backward ("cudnn RNN backward can only be called in training mode" on
+    CUDA): the RNN must run with cuDNN off exactly when the module is in eval mode and gradients are enabled."""
+    flag_calls = []
+    original_flags = torch.backends.cudnn.flags
+
+    def recording_flags(*args, **kwargs):
+        flag_calls.append(kwargs)
+        return original_flags(*args, **kwargs)
+
+    monkeypatch.setattr(torch.backends.cudnn, "flags", recording_flags)
+    module = LocalRNN(6, "GRU", 3).train(training)
+    x = torch.randn(2, 5, 6, requires_grad=grad_enabled)
+    with torch.set_grad_enabled(grad_enabled):
+        output = module(x)
+        if grad_enabled:
+            output.sum().backward()
+            assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert flag_calls == ([{"enabled": False}] if cudnn_disabled else [])

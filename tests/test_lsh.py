@@ -124,3 +124,82 @@ def test_local_attention_matches_dense_mask():
 def test_lengths_not_multiple_of_chunk_raise():
     with pytest.raises(ValueError, match="lsh_attn_chunk_length"):
         lsh_attention(torch.randn(1, 1, 10, 4), torch.randn(1, 1, 10, 4), 1, 4, 4)
+
+
+def _padded(x, padded_length):
+    return torch.nn.functional.pad(x, (0, 0, 0, padded_length - x.shape[2]))
+
+
+@pytest.mark.parametrize("num_hashes, num_buckets, before, after", [(1, 4, 1, 0), (2, 4, 1, 0), (4, [2, 4], 1, 1), (2, 8, 2, 0)])
+@pytest.mark.parametrize("length", [3, 9, 12, 17])
+def test_lsh_step_equals_full_attention_at_the_last_position(num_hashes, num_buckets, before, after, length):
+    """The incremental step (cached buckets, one chunk window) gives the last position exactly what `lsh_attention`
+    over the whole (padded) sequence gives it, whether the past's buckets are cached or hashed in the step."""
+    from hf_txvariants.txv_lsh import lsh_attention_step, raw_buckets
+
+    chunk = 4
+    generator = torch.Generator().manual_seed(length)
+    qk, v = torch.randn(2, 2, length, 8, generator=generator), torch.randn(2, 2, length, 8, generator=generator)
+    padded_length = length if length <= chunk else -(-length // chunk) * chunk + (chunk if length == 12 else 0)
+    valid = torch.ones(2, length, dtype=torch.bool)
+    valid[1, 1] = False  # a padding position inside the past
+    full_valid = torch.nn.functional.pad(valid, (0, padded_length - length), value=False)
+    reference = lsh_attention(
+        _padded(qk, padded_length), _padded(v, padded_length), num_hashes, num_buckets, chunk, before, after, True,
+        full_valid, seed=3,
+    )[:, :, length - 1 : length]
+    past = raw_buckets(qk[:, :, :-1], num_hashes, num_buckets, seed=3)
+    for past_buckets in (None, past):
+        output, buckets, _ = lsh_attention_step(
+            qk, v, past_buckets, valid, padded_length, num_hashes, num_buckets, chunk, before, after, seed=3
+        )
+        torch.testing.assert_close(output, reference, atol=1e-6, rtol=1e-5)
+        if padded_length > chunk:
+            assert torch.equal(buckets, raw_buckets(qk, num_hashes, num_buckets, seed=3))
+
+
+@pytest.mark.parametrize("length", [3, 12, 14])
+def test_local_step_equals_full_attention_at_the_last_position(length):
+    from hf_txvariants.txv_lsh import local_attention_step
+
+    generator = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(1, 2, length, 8, generator=generator) for _ in range(3))
+    padded_length = length if length <= 4 else -(-length // 4) * 4
+    valid = torch.ones(1, length, dtype=torch.bool)
+    full_valid = torch.nn.functional.pad(valid, (0, padded_length - length), value=False)
+    reference = local_attention(
+        _padded(q, padded_length), _padded(k, padded_length), _padded(v, padded_length), 4, 1, 0, True, full_valid
+    )[:, :, length - 1 : length]
+    output, weights = local_attention_step(q[:, :, -1:], k, v, valid, padded_length, 4, 1, output_attentions=True)
+    torch.testing.assert_close(output, reference, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(weights @ v, output, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_hashes", [1, 3])
+def test_attention_weights_are_what_the_output_is_made_of(num_hashes):
+    """The returned weights are each query's distribution over the key positions: rows sum to 1, the output is
+    weights @ values, and no query weighs a later position."""
+    generator = torch.Generator().manual_seed(0)
+    qk, v = torch.randn(2, 2, 16, 8, generator=generator), torch.randn(2, 2, 16, 8, generator=generator)
+    output, weights = lsh_attention(qk, v, num_hashes, 4, 4, seed=1, output_attentions=True)
+    assert weights.shape == (2, 2, 16, 16)
+    # Within float32's resolution of the rounds' log-normalisers near -1e5 (see naive_lsh): a query that sees only
+    # itself sums to 2 x 0.4989 with several rounds.
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 16), atol=5e-3, rtol=0)
+    torch.testing.assert_close(weights @ v, output, atol=1e-5, rtol=1e-5)
+    assert float(weights.triu(1).abs().max()) < 1e-6
+    local_output, local_weights = local_attention(qk, qk, v, 4, output_attentions=True)
+    torch.testing.assert_close(local_weights @ v, local_output, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_scores_do_not_overflow(dtype):
+    """-1e9 does not fit in float16 (issue 12): scores are masked and normalised in float32 whatever the dtype."""
+    generator = torch.Generator().manual_seed(0)
+    qk, v = torch.randn(1, 2, 16, 8, generator=generator), torch.randn(1, 2, 16, 8, generator=generator)
+    valid = torch.ones(1, 16, dtype=torch.bool)
+    valid[0, -3:] = False
+    reference = lsh_attention(qk, v, 2, 4, 4, key_valid=valid, seed=1)
+    output = lsh_attention(qk.to(dtype), v.to(dtype), 2, 4, 4, key_valid=valid, seed=1)
+    assert output.dtype == dtype and torch.isfinite(output).all()
+    torch.testing.assert_close(output.float(), reference, atol=3e-2, rtol=3e-2)

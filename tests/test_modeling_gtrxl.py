@@ -98,7 +98,7 @@ def test_residual_forms_build_the_paper_blocks():
 def test_trxl_i_is_identity_map_reordering_by_hand():
     """TrXL-I layer: E' = E + ReLU(MHA(LN([M, E]))), out = E' + ReLU(FF(LN(E'))), checked by recomputing it from
     the layer's own sub-modules."""
-    model = build("trxl_i", num_hidden_layers=1)
+    model = build("trxl_i", num_hidden_layers=1, final_layer_norm=False)  # the bare layer
     layer = model.layers[0]
     embeds = observations(2, 4)
     with torch.no_grad():
@@ -113,12 +113,12 @@ def test_trxl_i_is_identity_map_reordering_by_hand():
 
 def test_gated_model_starts_close_to_identity():
     """With b_g > 0 every GRU gate starts near the identity map (z ~ sigma(-b_g)); the larger b_g, the closer the
-    whole GTrXL is to the identity at initialisation."""
+    whole GTrXL layer stack (without the final layer norm) is to the identity at initialisation."""
     embeds = observations(3, 6)
     deviation = {}
     for gate_bias in (0.0, 2.0, 12.0):
         with torch.no_grad():
-            out = build("gru", gate_bias=gate_bias)(inputs_embeds=embeds).last_hidden_state
+            out = build("gru", gate_bias=gate_bias, final_layer_norm=False)(inputs_embeds=embeds).last_hidden_state
         deviation[gate_bias] = (out - embeds).abs().max()
     assert deviation[0.0] > deviation[2.0] > deviation[12.0]
     assert deviation[12.0] < 1e-3
@@ -272,3 +272,37 @@ def test_rl_example_gtrxl_remembers_the_cue_and_the_baseline_cannot():
     assert gtrxl["parameters"] == baseline["parameters"]
     assert gtrxl["success"] >= 0.9, gtrxl
     assert baseline["success"] <= 0.7, baseline
+
+
+def test_reset_rows_by_default_is_exactly_a_fresh_start():
+    """RL: `reset_rows(done)` with no other argument (the memory's own memory_init, "empty" for GTrXL) makes the
+    reset row bit-for-bit a fresh row, and so does an episode start."""
+    model = build(mem_len=5, gate_bias=0.0, initializer_range=0.5)
+    assert model.config.memory_init == "empty"
+    embeds = observations(3, 10)
+    with torch.no_grad():
+        memory = model(inputs_embeds=embeds[:, :6]).past_key_values
+        memory.reset_rows(torch.tensor([False, True, False]))
+        after_reset = model(inputs_embeds=embeds[:, 6:], past_key_values=memory).last_hidden_state
+        fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
+        starts = torch.zeros(3, 4, dtype=torch.bool)
+        starts[1, 0] = True
+        memory = model(inputs_embeds=embeds[:, :6]).past_key_values
+        episode_start = model(inputs_embeds=embeds[:, 6:], past_key_values=memory, episode_starts=starts)
+    torch.testing.assert_close(after_reset[1], fresh[0], atol=0, rtol=0)
+    torch.testing.assert_close(episode_start.last_hidden_state[1], fresh[0], atol=0, rtol=0)
+
+
+def test_final_layer_norm_normalises_what_the_lm_head_reads():
+    """The default GTrXL normalises its last hidden state (the gated stack never does): the tied LM head then reads
+    unit-scale vectors at initialisation, not vectors of the embeddings' scale (what made a char LM learn slowly)."""
+    ids = torch.randint(0, 13, (2, 6))
+    with torch.no_grad():
+        torch.manual_seed(0)
+        normed = GTrXLModel(GTrXLConfig(**TINY)).eval()(ids).last_hidden_state
+        torch.manual_seed(0)
+        bare_model = GTrXLModel(GTrXLConfig(**TINY, final_layer_norm=False)).eval()
+        bare = bare_model(ids).last_hidden_state
+    assert normed.std(-1, unbiased=False).min() > 0.9  # (eps 1e-5 against a variance of ~4e-4)
+    assert bare.std() < 0.1
+    torch.testing.assert_close(normed, torch.nn.functional.layer_norm(bare, (16,), eps=1e-5), atol=1e-5, rtol=0)

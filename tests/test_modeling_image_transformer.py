@@ -2,6 +2,7 @@
 conditioning, image generation and PNG output."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +13,8 @@ from hf_txvariants.modeling_image_transformer import (
     generation_order,
     images_to_input_ids,
     input_ids_to_images,
-    save_png,
 )
+from hf_txvariants.training.images import save_png
 
 TINY = dict(
     image_size=[4, 4],
@@ -155,3 +156,117 @@ def test_bad_input_names_tensor():
         images_to_input_ids(torch.zeros(1, 4, 4, 1), config)
     with pytest.raises(ValueError, match="longer than an image"):
         _model()(torch.zeros(1, 50, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------------------------ local 1D memory
+@pytest.mark.parametrize("memory_length", [0, 3, 13])
+def test_local_1d_memory_length_is_the_papers(memory_length):
+    """Parmar et al. 3.2: a query block of l_q positions attends to itself and the l_m positions generated before it.
+    One layer: changing step s moves the logits of step t exactly when the paper's set, written here from the text,
+    contains s."""
+    model = _model(attention_type="local_1d", num_hidden_layers=1, memory_length=memory_length)
+    assert model.config.block_length == 8
+    ids = images_to_input_ids(_images(1, 4), model.config)
+    with torch.no_grad():
+        base = model(ids).logits[0]
+    query = 21
+    block_start = (query // 8) * 8
+    paper_set = set(range(max(0, block_start - memory_length), query + 1))
+    for key in range(query + 1):
+        changed = ids.clone()
+        changed[0, key] = (changed[0, key] + 77) % 256
+        with torch.no_grad():
+            moved = not torch.allclose(model(changed).logits[0, query], base[query], atol=1e-6)
+        assert moved == (key in paper_set), (key, moved)
+
+
+def test_local_1d_memory_length_defaults_to_the_block():
+    config = ImageTransformerConfig(**{**TINY, "attention_type": "local_1d"})
+    assert config.memory_length == config.block_length == 8
+    with pytest.raises(ValueError, match="memory_length"):
+        ImageTransformerConfig(**{**TINY, "memory_length": -1})
+
+
+# ------------------------------------------------------------------------------------------------ generation cache
+GREEDY = dict(do_sample=False, output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+
+
+def _sharp(model):
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(attention_type="local_1d"),
+        dict(attention_type="local_1d", memory_length=5),
+        dict(attention_type="local_2d", num_classes=3),
+        dict(attention_type="local_2d", pattern_implementation="dense"),
+    ],
+)
+def test_cached_generation_equals_recomputing_the_prefix(overrides):
+    """Generated with the key/value cache (5 local 1D blocks, or 2.5 block rows of local 2D), the greedy intensities
+    and every step's logits equal those of recomputing the prefix at every step."""
+    model = _sharp(_model(**overrides))
+    start = torch.full((2, 1), 256)
+    kwargs = dict(max_new_tokens=40, **GREEDY)
+    if model.config.num_classes:
+        kwargs["class_labels"] = torch.tensor([0, 2])
+    cached = model.generate(start, use_cache=True, **kwargs)
+    full = model.generate(start, use_cache=False, **kwargs)
+    assert cached.past_key_values.get_seq_length() == 40
+    assert torch.equal(cached.sequences, full.sequences)
+    for step, (a, b) in enumerate(zip(cached.logits, full.logits)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")
+
+
+def test_generate_returns_attentions_and_hidden_states_at_every_step():
+    model = _model(attention_type="local_1d")
+    out = model.generate(
+        torch.full((1, 1), 256), max_new_tokens=3, output_attentions=True, output_hidden_states=True, **GREEDY
+    )
+    assert all(step is not None and step[0] is not None for step in out.attentions)
+    assert all(step is not None and step[0] is not None for step in out.hidden_states)
+
+
+def test_assisted_decoding_gives_the_greedy_tokens():
+    model = _sharp(_model(attention_type="local_1d"))
+    assistant = _model(attention_type="local_1d", num_hidden_layers=1)
+    start = torch.full((1, 1), 256)
+    greedy = model.generate(start, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assisted = model.generate(
+        start, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0, assistant_model=assistant
+    )
+    assert torch.equal(assisted, greedy)
+
+
+def test_shift_labels_are_honoured():
+    model = _model()
+    ids = images_to_input_ids(_images(2, 5), model.config)
+    shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=-100)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, shift_labels=shifted).loss, model(ids, labels=ids).loss)
+
+
+@pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
+def test_export_and_compile_trace_the_model(attention_type):
+    model = _model(attention_type=attention_type, use_cache=False)
+    ids = images_to_input_ids(_images(2, 6), model.config)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        reference = model(ids, attention_mask=mask).logits
+        exported = torch.export.export(model, (), {"input_ids": ids, "attention_mask": mask})
+        torch.testing.assert_close(exported.module()(input_ids=ids, attention_mask=mask).logits, reference)
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(ids, attention_mask=mask).logits, reference)
+
+
+def test_png_writer_lives_outside_the_model_file():
+    """Issue 15: image I/O is not model code (it would ship in every Hub repo)."""
+    import hf_txvariants.modeling_image_transformer as modeling
+
+    assert not hasattr(modeling, "save_png")
+    assert "zlib" not in Path(modeling.__file__).read_text()

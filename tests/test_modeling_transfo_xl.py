@@ -356,3 +356,40 @@ def test_generate_without_memory_recomputes_the_whole_context():
         for _ in range(5):
             expected = torch.cat([expected, model(expected).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(output, expected)
+
+
+def test_labels_keep_the_logits_unless_the_caller_opts_out():
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY)).eval()
+    ids = torch.randint(0, 40, (2, 6))
+    with torch.no_grad():
+        with_labels = model(ids, labels=ids)
+        plain = model(ids)
+        without_logits = model(ids, labels=ids, return_logits=False)
+    torch.testing.assert_close(with_labels.logits, plain.logits, atol=0, rtol=0)
+    assert without_logits.logits is None
+    torch.testing.assert_close(without_logits.loss, with_labels.loss, atol=0, rtol=0)
+
+
+def test_resize_token_embeddings_keeps_the_shared_rows():
+    torch.manual_seed(0)
+    config = TransfoXLConfig(**{**TINY, "cutoffs": [], "div_val": 1, "d_embed": 12})
+    model = TransfoXLLMHeadModel(config).eval()
+    ids = torch.randint(0, 40, (2, 6))
+    with torch.no_grad():
+        before = model(ids, output_hidden_states=True)
+    model.resize_token_embeddings(45)
+    assert model.config.vocab_size == 45
+    assert model.crit.out_layers[0].weight is model.transformer.word_emb.emb_layers[0].weight  # still tied
+    with torch.no_grad():
+        after = model(ids, output_hidden_states=True)
+        new_tokens = model(torch.tensor([[41, 44, 3]]), labels=torch.tensor([[41, 44, 3]]))
+    torch.testing.assert_close(after.hidden_states[-1], before.hidden_states[-1], atol=0, rtol=0)
+    assert after.logits.shape[-1] == 45 and torch.isfinite(new_tokens.loss)
+    model.resize_token_embeddings(30)
+    assert model.transformer.word_emb.emb_layers[0].weight.shape[0] == 30
+
+
+def test_resize_token_embeddings_with_cutoffs_names_the_reason():
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY))
+    with pytest.raises(ValueError, match="cutoffs"):
+        model.resize_token_embeddings(50)

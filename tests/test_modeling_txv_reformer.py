@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from txv_tester import TxvModelTesterMixin
 
 from hf_txvariants import (
+    TxvReformerCache,
     TxvReformerConfig,
     TxvReformerForCausalLM,
     TxvReformerForSequenceClassification,
@@ -132,3 +133,140 @@ def test_bad_input_names_tensor():
         model(torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="is_decoder"):
         TxvReformerForCausalLM(TxvReformerConfig(**{**TINY, "is_decoder": False}))
+
+
+# ------------------------------------------------------------------------------------------------ generation cache
+GREEDY = dict(do_sample=False, output_logits=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+
+
+def _trained_like(model):
+    """Larger weights than the initialisation, so that attention is far from uniform and differences show."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("attn_layers", [["local", "lsh"], ["local", "local"], ["lsh"]])
+def test_cached_generation_equals_recomputing_the_sequence(attn_layers):
+    """Greedy tokens and every step's logits with the cache equal those of recomputing the whole sequence, past
+    several chunks (padded lengths 4 to 28), for the layer stacks where the cache is exact (up to the first LSH
+    layer: see the module docstring)."""
+    model = _trained_like(_model(attn_layers=attn_layers)).eval()
+    ids = torch.randint(0, 31, (2, 3), generator=torch.Generator().manual_seed(1))
+    cached = model.generate(ids, max_new_tokens=24, use_cache=True, **GREEDY)
+    full = model.generate(ids, max_new_tokens=24, use_cache=False, **GREEDY)
+    assert isinstance(cached.past_key_values, TxvReformerCache) and cached.past_key_values.seen_tokens == 26
+    assert torch.equal(cached.sequences, full.sequences)
+    for step, (a, b) in enumerate(zip(cached.logits, full.logits)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+
+
+def test_cached_step_equals_the_layers_on_the_cached_states():
+    """Where the cache is the incremental model (LSH after LSH), each step still equals the model's own layers run
+    over the cached past states: the model's hidden state entering the second LSH layer, recomputed with one full
+    forward of the first layer, gives the step's output."""
+    model = _trained_like(_model(attn_layers=["lsh", "lsh"], num_hashes=2)).eval()
+    ids = torch.randint(0, 31, (1, 14), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model(ids[:, :-1], use_cache=True)
+        step = model(ids[:, -1:], past_key_values=out.past_key_values, output_hidden_states=True)
+        full = model(ids, output_hidden_states=True, use_cache=False)
+    # Layer 0 (the first LSH layer) sees the same inputs either way: its output at the new position is exact.
+    torch.testing.assert_close(step.hidden_states[1][:, -1], full.hidden_states[1][:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_cache_reorders_rows_for_beam_search():
+    model = _trained_like(_model(attn_layers=["local", "lsh"])).eval()
+    ids = torch.randint(0, 31, (2, 3), generator=torch.Generator().manual_seed(3))
+    kwargs = dict(max_new_tokens=10, num_beams=3, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(model.generate(ids, use_cache=True, **kwargs), model.generate(ids, use_cache=False, **kwargs))
+
+
+def test_cache_takes_one_token_per_step_and_refuses_training():
+    model = _model().eval()
+    with torch.no_grad():
+        cache = model(torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
+    with pytest.raises(ValueError, match="one new token"):
+        model(torch.tensor([[4, 5]]), past_key_values=cache)
+    model.train()
+    with pytest.raises(ValueError, match="eval"):
+        model(torch.tensor([[4]]), past_key_values=cache)
+
+
+# ------------------------------------------------------------------------------------------------ issue 13
+def test_attentions_are_returned():
+    model = _trained_like(_model()).eval()
+    ids = torch.randint(0, 31, (2, 13), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        out = model(ids, output_attentions=True)
+    assert len(out.attentions) == 2
+    for weights in out.attentions:
+        assert weights.shape == (2, 2, 13, 13)
+        assert float(weights.triu(1).abs().max()) < 1e-6  # causal
+        assert float((weights.sum(-1) - 1).abs().max()) < 5e-3
+
+
+def test_generate_returns_attentions_and_hidden_states_at_every_step():
+    model = _model().eval()
+    ids = torch.tensor([[1, 2, 3]])
+    for use_cache in (True, False):
+        out = model.generate(
+            ids, max_new_tokens=3, use_cache=use_cache, output_attentions=True, output_hidden_states=True, **GREEDY
+        )
+        assert len(out.attentions) == 3 and all(step is not None and step[0] is not None for step in out.attentions)
+        assert all(step is not None and step[0] is not None for step in out.hidden_states)
+        assert out.attentions[-1][0].shape[-1] == 5  # the last step's query sees the 5 positions before it
+
+
+def test_left_padded_generation_is_refused():
+    model = _model().eval()
+    ids = torch.tensor([[0, 0, 5, 6], [3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="left-padded"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+
+def test_shift_labels_are_honoured():
+    model = _model().eval()
+    ids = torch.randint(0, 31, (2, 9), generator=torch.Generator().manual_seed(5))
+    shifted = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=-100)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, shift_labels=shifted).loss, model(ids, labels=ids).loss)
+        other = model(ids, shift_labels=torch.roll(shifted, 1, 1)).loss
+    assert not torch.allclose(other, model(ids, labels=ids).loss)
+
+
+def test_export_and_compile_trace_the_model():
+    model = _model(use_cache=False).eval()
+    ids = torch.randint(0, 31, (2, 13), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    reference = model(ids, attention_mask=mask).logits  # eager first: draws the seeded rotations
+    exported = torch.export.export(model, (), {"input_ids": ids, "attention_mask": mask})
+    torch.testing.assert_close(exported.module()(input_ids=ids, attention_mask=mask).logits, reference)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(ids, attention_mask=mask).logits, reference)
+
+
+# ------------------------------------------------------------------------------------------------ issue 12
+@pytest.mark.parametrize("mode", ["autocast_fp16", "autocast_bf16", "model_bf16"])
+def test_mixed_precision_forward_and_backward_are_finite(mode):
+    """Under fp16 / bf16 autocast and with the model cast to bf16, the loss and every gradient are finite and the
+    loss is close to float32's (the masks at -1e9 overflowed float16 before)."""
+    model = _model(attn_layers=["local", "lsh", "lsh"]).train()
+    ids = torch.randint(1, 31, (2, 13), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0
+    reference = model(ids, attention_mask=mask, labels=ids).loss.item()
+    if mode == "model_bf16":
+        model = model.to(torch.bfloat16)
+        loss = model(ids, attention_mask=mask, labels=ids).loss
+    else:
+        dtype = torch.float16 if mode == "autocast_fp16" else torch.bfloat16
+        with torch.autocast("cpu", dtype=dtype):
+            loss = model(ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert abs(loss.item() - reference) < 0.05
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is None or torch.isfinite(parameter.grad).all(), name

@@ -20,6 +20,7 @@ from hf_txvariants import (
     UniversalTransformerForSequenceClassification,
     UniversalTransformerModel,
 )
+from hf_txvariants.modeling_universal import UniversalStepCache
 from hf_txvariants.txv_positions import sinusoid_table
 
 TINY = dict(
@@ -96,10 +97,21 @@ def test_act_outputs_ponder_cost_and_updates_and_adds_it_to_the_loss():
     output = model(ids, labels=ids)
     assert output.n_updates.shape == (2, 6)
     assert ((output.n_updates >= 1) & (output.n_updates <= 4)).all()
-    expected = output.lm_loss + model.config.act_loss_weight * output.ponder_cost
+    assert output.ponder_cost.shape == (2, 6)  # rho = N + R per position, 1 <= rho <= max_steps + 1
+    assert ((output.ponder_cost >= 1.0) & (output.ponder_cost <= 5.0)).all()
+    expected = output.lm_loss + model.config.act_loss_weight * output.ponder_cost.mean()
     torch.testing.assert_close(output.loss, expected)
-    # ponder cost = mean over positions of N + R, with 1 <= N + R <= max_steps + 1
-    assert 1.0 <= float(output.ponder_cost.detach()) <= 5.0
+
+
+def test_ponder_cost_in_the_loss_is_the_mean_over_real_positions():
+    model = build()
+    ids = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    output = model(ids, attention_mask=mask, labels=ids)
+    assert (output.ponder_cost[1, :2] == 0).all()
+    expected = output.lm_loss + model.config.act_loss_weight * output.ponder_cost.sum() / mask.sum()
+    torch.testing.assert_close(output.loss, expected)
 
 
 def test_act_positions_halt_per_position_and_halted_states_are_copied():
@@ -283,3 +295,265 @@ def test_foreign_cache_is_a_clear_error():
     model = build()
     with pytest.raises(ValueError, match="use_cache=False"):
         model(torch.tensor([[1, 2]]), past_key_values=DynamicCache())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the paper's post-LN layer and separable-convolution transition, against the equations written out here
+
+
+def naive_layer_norm(x, layer_norm):
+    mean = x.mean(-1, keepdim=True)
+    variance = (x - mean).pow(2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(variance + layer_norm.eps) * layer_norm.weight + layer_norm.bias
+
+
+def naive_attention(attention, x, allowed):
+    """MultiHead(x) = Concat_h(softmax(Q_h K_h^T / sqrt(d_head)) V_h) W_O, Q_h = x W_Q^h (Vaswani et al. eq. 1)."""
+    batch, length, _ = x.shape
+    heads, head_dim = attention.num_heads, attention.head_dim
+
+    def project(linear):
+        return (x @ linear.weight.T + linear.bias).view(batch, length, heads, head_dim).transpose(1, 2)
+
+    query, key, value = project(attention.q_proj), project(attention.k_proj), project(attention.v_proj)
+    scores = (query @ key.transpose(-1, -2) / head_dim**0.5).masked_fill(~allowed, float("-inf"))
+    mixed = (scores.softmax(-1) @ value).transpose(1, 2).reshape(batch, length, heads * head_dim)
+    return mixed @ attention.o_proj.weight.T + attention.o_proj.bias
+
+
+def naive_feed_forward(x, transition):
+    first, second = transition.CoreNet[0], transition.CoreNet[3]
+    return torch.relu(x @ first.weight.T + first.bias) @ second.weight.T + second.bias
+
+
+def naive_separable_conv(x, conv, causal):
+    """Depthwise: z_{i,c} = sum_m w_{c,m} x_{i - offset + m, c} (zeros outside the sequence); pointwise: z W_p + b."""
+    kernel = conv.depthwise.weight[:, 0, :]  # [channels, kernel_size]
+    offset = kernel.shape[1] - 1 if causal else (kernel.shape[1] - 1) // 2
+    z = torch.zeros_like(x)
+    for i in range(x.shape[1]):
+        for m in range(kernel.shape[1]):
+            j = i - offset + m
+            if 0 <= j < x.shape[1]:
+                z[:, i] += kernel[:, m] * x[:, j]
+    return z @ conv.pointwise.weight.T + conv.pointwise.bias
+
+
+def naive_separable_conv_transition(x, transition, real, causal):
+    """SepConv_2(ReLU(SepConv_1(x))), padding positions zeroed before each convolution."""
+    keep = real[..., None].float()
+    inner = torch.relu(naive_separable_conv(x * keep, transition.first, causal))
+    return naive_separable_conv(inner * keep, transition.second, causal)
+
+
+def naive_universal_transformer(model, input_ids, real, causal):
+    """Dehghani et al. 2019, eq. 4-5 with T fixed steps: x^t = H^{t-1} + P + T_t;
+    post: A^t = LN(x^t + MHA(x^t)), H^t = LN(A^t + Transition(A^t)), output H^T;
+    pre:  A^t = x^t + MHA(LN(x^t)), H^t = A^t + Transition(LN(A^t)), output LN(H^T)."""
+    config, inner = model.config, model.model
+    layer = inner.layer
+    length = input_ids.shape[1]
+    allowed = real[:, None, None, :]
+    if causal:
+        allowed = allowed & torch.tril(torch.ones(length, length, dtype=torch.bool))
+    if config.transition == "separable_conv":
+        transition = lambda a: naive_separable_conv_transition(a, layer.transition, real, causal)  # noqa: E731
+    else:
+        transition = lambda a: naive_feed_forward(a, layer.transition)  # noqa: E731
+    position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)
+    positions = sinusoid_table(position_ids.reshape(-1), config.hidden_size).view(*position_ids.shape, -1)
+    h = inner.embed_tokens.weight[input_ids] * config.hidden_size**0.5
+    for t in range(1, config.num_hidden_layers + 1):
+        x = h + positions + sinusoid_table(torch.tensor([float(t)]), config.hidden_size)
+        if config.layer_norm_position == "post":
+            a = naive_layer_norm(x + naive_attention(layer.self_attn, x, allowed), layer.self_attn_layer_norm)
+            h = naive_layer_norm(a + transition(a), layer.transition_layer_norm)
+        else:
+            a = x + naive_attention(layer.self_attn, naive_layer_norm(x, layer.self_attn_layer_norm), allowed)
+            h = a + transition(naive_layer_norm(a, layer.transition_layer_norm))
+    if config.layer_norm_position == "pre":
+        h = naive_layer_norm(h, inner.final_layer_norm)
+    return h @ model.lm_head.weight.T
+
+
+@pytest.mark.parametrize("layer_norm_position", ["post", "pre"])
+@pytest.mark.parametrize("transition", ["feed_forward", "separable_conv"])
+@pytest.mark.parametrize("head", [UniversalTransformerForCausalLM, UniversalTransformerForMaskedLM])
+def test_layer_equals_the_paper_equations(layer_norm_position, transition, head):
+    config = UniversalTransformerConfig(
+        **{**TINY, "use_act": False, "initializer_range": 0.3},
+        layer_norm_position=layer_norm_position,
+        transition=transition,
+        separable_conv_kernel_sizes=[3, 2],
+    )
+    torch.manual_seed(0)
+    model = head(config).eval()
+    ids = torch.randint(1, 37, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # right padding
+    causal = head is UniversalTransformerForCausalLM
+    with torch.no_grad():
+        expected = naive_universal_transformer(model, ids, mask.bool(), causal)
+        logits = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(logits[mask.bool()], expected[mask.bool()], atol=1e-4, rtol=0)
+    if layer_norm_position == "post":
+        assert isinstance(model.model.final_layer_norm, nn.Identity)
+
+
+class TestUniversalTransformerPaperLayer(TestUniversalTransformerACT):
+    """The shared tester on the paper's options: post-LN with the (causal) separable-convolution transition."""
+
+    tiny_config_kwargs = {**TINY, "layer_norm_position": "post", "transition": "separable_conv"}
+
+    @pytest.mark.slow  # the same files as the ACT variant; a third subprocess load is slow
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
+
+def test_separable_conv_generation_recomputes_the_sequence_and_keeps_left_padding_exact():
+    model = build(transition="separable_conv", layer_norm_position="post")
+    rows = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]])]
+    kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)
+    alone = [model.generate(r, **kwargs)[0, -3:] for r in rows]
+    batch = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
+    together = model.generate(batch, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]), **kwargs)
+    assert torch.equal(together[0, -3:], alone[0]) and torch.equal(together[1, -3:], alone[1])
+    ids = rows[0]
+    with torch.no_grad():  # greedy by hand: a full pass per token
+        for _ in range(3):
+            ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(ids[0, -3:], alone[0])
+    with pytest.raises(ValueError, match="separable_conv"):
+        model(rows[0], use_cache=True)
+
+
+@pytest.mark.parametrize(
+    "field,kwargs",
+    [
+        ("layer_norm_position", {"layer_norm_position": "middle"}),
+        ("transition", {"transition": "conv"}),
+        ("separable_conv_kernel_sizes", {"separable_conv_kernel_sizes": [3]}),
+        ("separable_conv_kernel_sizes", {"separable_conv_kernel_sizes": [3, 0]}),
+    ],
+)
+def test_bad_paper_option_names_the_field(field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        UniversalTransformerConfig(**{**TINY, **kwargs})
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# behaving like a transformers decoder (issue 13)
+
+
+def test_generate_uses_the_step_cache_by_default():
+    model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    out = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None,
+                         return_dict_in_generate=True)
+    assert isinstance(out.past_key_values, UniversalStepCache)
+    assert out.past_key_values.past_length == 6  # the prompt and every token fed back (not the last one)
+
+
+def test_generate_from_inputs_embeds_equals_generate_from_input_ids():
+    model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
+    prompt = torch.tensor([[5, 6, 7, 8], [3, 9, 10, 11]])
+    kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    from_ids = model.generate(prompt, **kwargs)
+    embeddings = model.get_input_embeddings()(prompt).detach()
+    from_embeddings = model.generate(inputs_embeds=embeddings, **kwargs)  # decoder-only: the new tokens only
+    assert torch.equal(from_embeddings, from_ids[:, 4:])
+    other = model.generate(inputs_embeds=model.get_input_embeddings()(prompt.flip(0)).detach(), **kwargs)
+    assert torch.equal(other, from_ids.flip(0)[:, 4:])  # the embeddings are read, not ignored
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_returns_attentions_and_hidden_states_of_every_step(use_cache):
+    model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    out = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None,
+                         use_cache=use_cache, output_attentions=True, output_hidden_states=True,
+                         return_dict_in_generate=True)
+    assert len(out.attentions) == 3 and len(out.hidden_states) == 3
+    for token, (attentions, states) in enumerate(zip(out.attentions, out.hidden_states)):
+        assert attentions is not None and all(a is not None for a in attentions)
+        assert states is not None and all(s is not None for s in states)
+        query_length = 1 if use_cache and token else 4 + token
+        assert attentions[0].shape[-2:] == (query_length, 4 + token)
+
+
+def test_batched_pipelines_equal_one_row_at_a_time():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, pipeline
+
+    words = ["[PAD]", "[MASK]"] + [f"w{i}" for i in range(35)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", mask_token="[MASK]", unk_token="w0")
+    config = UniversalTransformerConfig(**{**TINY, "is_decoder": False, "halting_bias_init": 0.0}, num_labels=2)
+    torch.manual_seed(0)
+    tasks = [
+        ("text-classification", UniversalTransformerForSequenceClassification(config), ["w1 w2 w3", "w4 w5", "w6"]),
+        ("fill-mask", UniversalTransformerForMaskedLM(config), ["w1 [MASK] w3", "w4 [MASK]", "[MASK] w9 w2"]),
+    ]
+    for task, model, texts in tasks:
+        batched = pipeline(task, model=model.eval(), tokenizer=tokenizer, batch_size=2)(texts)
+        single = pipeline(task, model=model, tokenizer=tokenizer, batch_size=1)(texts)
+        assert len(batched) == len(texts)
+        for a, b in zip(batched, single):
+            a, b = (a if isinstance(a, list) else [a]), (b if isinstance(b, list) else [b])
+            assert [x.get("label", x.get("token")) for x in a] == [x.get("label", x.get("token")) for x in b]
+            assert [x["score"] for x in a] == pytest.approx([x["score"] for x in b], abs=1e-5)
+
+
+def test_crop_removes_the_last_positions_exactly():
+    model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
+    tokens = torch.randint(1, 37, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(torch.cat([tokens[:, :4], tokens[:, 7:]], dim=1)).logits
+        first = model(tokens[:, :4], use_cache=True)
+        cache = model(tokens[:, 4:7], past_key_values=first.past_key_values, use_cache=True).past_key_values
+        cache.crop(-3)  # forget the 3 rejected tokens
+        assert cache.past_length == 4
+        last = model(tokens[:, 7:], past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(torch.cat([first.logits, last], dim=1), full, atol=ATOL, rtol=0)
+
+
+def test_assisted_decoding_gives_the_greedy_tokens():
+    model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
+    assistant = build(seed=1, halting_bias_init=0.0, initializer_range=0.5)  # proposes other tokens: crops happen
+    prompt = torch.tensor([[5, 6, 7, 8, 5, 6]])
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    greedy = model.generate(prompt, **kwargs)
+    assert torch.equal(model.generate(prompt, assistant_model=assistant, **kwargs), greedy)
+    assert torch.equal(model.generate(prompt, prompt_lookup_num_tokens=2, **kwargs), greedy)
+
+
+def test_shift_labels_are_the_targets_when_given():
+    model = build()
+    ids = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(1))
+    output = model(ids, labels=ids, shift_labels=targets)
+    expected = nn.functional.cross_entropy(output.logits.reshape(-1, 37), targets.reshape(-1))
+    torch.testing.assert_close(output.lm_loss, expected)
+
+
+@pytest.mark.parametrize("use_act", [True, False])
+def test_torch_export_and_compile_fullgraph_trace_the_model(use_act):
+    model = build(seed=0, use_act=use_act, halting_bias_init=0.0, initializer_range=0.5)
+    ids = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(ids).logits
+        exported = torch.export.export(model, (ids,)).module()(ids)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")(ids)
+    torch.testing.assert_close(exported.logits, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(compiled.logits, expected, atol=ATOL, rtol=0)
+    # ACT runs every step when traced (no data-dependent stop); the halted positions are unchanged by them
+    torch.testing.assert_close(compiled.n_updates, model(ids).n_updates)
+
+
+def test_halting_bias_init_is_the_initial_halting_bias():
+    """The generic Linear initialisation used to claim the halting unit's bias first, leaving it at 0."""
+    for bias in (-1.0, 2.0):
+        model = build(halting_bias_init=bias)
+        torch.testing.assert_close(model.model.act.halting.bias, torch.tensor([bias]))

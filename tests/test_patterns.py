@@ -17,10 +17,12 @@ from hf_txvariants.txv_patterns import (
     Strided,
     StridedColumn,
     StridedLocal,
-    blocked_attention,
+    tiled_attention,
     dense_allowed,
     from_block_raster,
+    choose_implementation,
     pattern_attention,
+    tile_masks,
     to_block_raster,
 )
 
@@ -28,17 +30,30 @@ L = 48
 
 
 def naive_allowed(name, q, k, stride=6, c=2, block=8, window=5):
-    """Set definitions from Child et al. 2019 (sec. 4.2) and Parmar et al. 2018 (sec. 3.2), written as loops."""
+    """Set definitions from Child et al. 2019 (sec. 4.2) and Parmar et al. 2018 (sec. 3.2), written as loops; every
+    set is intersected with the causal k <= q."""
     if k > q:
         return False
     if name == "causal":
         return True
     if name == "window":
         return q - k < window
-    if name == "strided":  # A(1) = {t, t+1, ..., i} with t = max(0, i - l); A(2) = {j : (i - j) mod l = 0}
-        return k >= max(0, q - stride + 1) or (q - k) % stride == 0
-    if name == "fixed":  # A(1) = {j : floor(j/l) = floor(i/l)}; A(2) = {j : j mod l in {l-c, ..., l-1}}
-        return k // stride == q // stride or k % stride in range(stride - c, stride) or k == q
+    if name == "strided":  # the union of A(1) and A(2) below (either convention gives the same union)
+        return naive_allowed("strided_a1_paper", q, k, stride) or naive_allowed("strided_a2", q, k, stride)
+    if name == "strided_a1_paper":  # "A(1)_i = {t, t+1, ..., i} for t = max(0, i - l)": l + 1 keys
+        return k in range(max(0, q - stride), q + 1)
+    if name == "strided_a1_reference":  # the reference code's reading: the previous l positions
+        return k in range(max(0, q - stride + 1), q + 1)
+    if name == "strided_a2":  # "A(2)_i = {j : (i - j) mod l = 0}"
+        return (q - k) % stride == 0
+    if name == "fixed":
+        return naive_allowed("fixed_a1", q, k, stride) or naive_allowed("fixed_a2_paper", q, k, stride, c)
+    if name == "fixed_a1":  # "A(1)_i = {j : (floor(j/l) = floor(i/l))}"
+        return k // stride == q // stride
+    if name == "fixed_a2_paper":  # "A(2)_i = {j : j mod l in {t, t+1, ..., l}}, where t = l - c"
+        return k % stride in range(stride - c, stride + 1)
+    if name == "fixed_a2_reference":  # the reference code's reading: the summary positions and the query itself
+        return naive_allowed("fixed_a2_paper", q, k, stride, c) or k == q
     if name == "local1d":
         return k // block in (q // block, q // block - 1)
     raise KeyError(name)
@@ -50,14 +65,31 @@ PATTERNS = {
     "strided": Strided(6),
     "fixed": Fixed(6, 2),
     "local1d": Local1D(8),
+    "strided_a1_paper": Strided(6, paper=True).parts[0],
+    "strided_a1_reference": Strided(6).parts[0],
+    "strided_a2": Strided(6).parts[1],
+    "fixed_a1": Fixed(6, 2).parts[0],
+    "fixed_a2_paper": Fixed(6, 2, paper=True).parts[1],
+    "fixed_a2_reference": Fixed(6, 2).parts[1],
 }
 
 
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_pattern_matches_paper_definition(name):
+    """Each pattern, and each factor of both conventions on its own (not only their union), equals its set."""
     mask = dense_allowed(PATTERNS[name], L, L)[0]
     expected = torch.tensor([[naive_allowed(name, q, k) for k in range(L)] for q in range(L)])
     assert torch.equal(mask, expected)
+
+
+def test_conventions_differ_only_in_the_factors():
+    assert dense_allowed(Strided(6, paper=True), L, L).sum(-1).max() > 0
+    assert torch.equal(dense_allowed(Strided(6, paper=True), L, L), dense_allowed(Strided(6), L, L))
+    assert torch.equal(dense_allowed(Fixed(6, 2, paper=True), L, L), dense_allowed(Fixed(6, 2), L, L))
+    paper_a1, reference_a1 = Strided(6, paper=True).parts[0], Strided(6).parts[0]
+    assert dense_allowed(paper_a1, L, L)[0, 20].sum() == 7 and dense_allowed(reference_a1, L, L)[0, 20].sum() == 6
+    paper_a2 = Fixed(6, 2, paper=True).parts[1]
+    assert not dense_allowed(paper_a2, L, L)[0, :4].any()  # before the first summary position: no key at all
 
 
 def test_local2d_matches_paper_definition():
@@ -93,7 +125,16 @@ def test_factors_and_per_head():
     assert torch.equal(mask[2], mask[0])
 
 
-ALL = {**PATTERNS, "local2d": Local2D(8, (2, 4), (2, 2)), "per_head": PerHead((StridedLocal(6), StridedColumn(6))), "column": StridedColumn(5)}
+ALL = {
+    **PATTERNS,
+    "local2d": Local2D(8, (2, 4), (2, 2)),
+    "column": StridedColumn(5),
+    "per_head_strided": PerHead(tuple(Strided(6).parts)),
+    "per_head_strided_paper": PerHead(tuple(Strided(6, paper=True).parts)),
+    "per_head_fixed": PerHead(tuple(Fixed(6, 2).parts)),
+    "per_head_fixed_paper": PerHead(tuple(Fixed(6, 2, paper=True).parts)),
+    "fixed_odd_length_blocks": Fixed(7, 3),  # L = 48 is no multiple of 7: the last tiles are padded
+}
 
 
 class _Module(nn.Module):
@@ -117,9 +158,14 @@ def test_three_implementations_agree(name, block_size):
         sdpa, _ = pattern_attention(module, q, k, v, pattern, "sdpa", key_padding_mask=padding)
         blocked, _ = pattern_attention(module, q, k, v, pattern, "blocked", key_padding_mask=padding, block_size=block_size)
         flex, _ = pattern_attention(module, q, k, v, pattern, "flex", key_padding_mask=padding)
+        auto, _ = pattern_attention(module, q, k, v, pattern, "auto", key_padding_mask=padding)
     real = padding[:, None, :, None].transpose(1, 2).expand_as(eager)
-    for other in (sdpa, blocked, flex):
+    for other in (sdpa, blocked, flex, auto):
         torch.testing.assert_close(other[real], eager[real], atol=1e-5, rtol=0)
+    with torch.no_grad():  # and without padding, where single tiles take SDPA's is_causal kernel
+        eager, _ = pattern_attention(module, q, k, v, pattern, "eager")
+        blocked, _ = pattern_attention(module, q, k, v, pattern, "blocked")
+    torch.testing.assert_close(blocked, eager, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", sorted(ALL))
@@ -146,17 +192,65 @@ def test_offset_queries_equal_full():
         torch.testing.assert_close(tail, full[:, 40:], atol=1e-5, rtol=0)
 
 
-def test_blocked_is_sparse():
-    """The blocked path gathers only the keys a block may see (not all L)."""
-    q, k, v = _inputs(length=256, heads=1)
-    from hf_txvariants.txv_patterns import gather_index
+@pytest.mark.parametrize("name", sorted(n for n in ALL if n != "local2d"))
+def test_tiles_without_gathers(name, monkeypatch):
+    """The tiled path never gathers keys, and its masks hold O(L * keys per query) entries, not O(L^2)."""
+    import hf_txvariants.txv_patterns as patterns
 
-    _, index, _ = gather_index(Local1D(16), 256, 256, 16, torch.device("cpu"))
-    assert index.shape == (16, 32)
-    _, index, _ = gather_index(StridedLocal(16), 256, 256, 16, torch.device("cpu"))
-    assert index.shape == (16, 31)
-    order, index, _ = gather_index(StridedColumn(16), 256, 256, 16, torch.device("cpu"))
-    assert index.shape == (16, 16) and order is not None
+    monkeypatch.setattr(patterns, "gather_index", lambda *a, **k: pytest.fail("the tiled path gathered keys"))
+    q, k, v = _inputs(length=L)
+    with torch.no_grad():
+        pattern_attention(_Module().eval(), q, k, v, ALL[name], "blocked")
+    length = 1024
+    for part in ALL[name].parts if ALL[name].per_head else [ALL[name]]:
+        entries = sum(mask.numel() for _, mask, _ in tile_masks(part, length, "cpu"))
+        keys_per_query = int(dense_allowed(part, length, length)[0].sum(-1).max())
+        assert entries <= 2 * length * (keys_per_query + 1), (name, entries, keys_per_query)
+
+
+def test_tile_shapes_follow_the_paper():
+    """Strided rows: contiguous blocks of l (each with the previous one); columns: the transposed [L/l, l] grid;
+    fixed: blocks of l, then the summary columns (c per block) shared by every query."""
+    length, stride = 256, 16
+    (band, band_mask, _), (columns, column_mask, column_causal) = tile_masks(Strided(stride), length, "cpu")
+    assert band_mask.shape == (16, 16, 32) and column_mask.shape == (16, 16, 16) and not column_causal
+    assert tile_masks(StridedColumn(stride), length, "cpu")[0][2]  # alone: plainly causal tiles (is_causal)
+    (_, block_mask, _), (_, summary_mask, _), = tile_masks(Fixed(stride, 2, paper=True), length, "cpu")
+    assert block_mask.shape == (16, 16, 16) and summary_mask.shape == (1, length, 16 * 2)
+
+
+def test_block_mask_built_once(monkeypatch):
+    import torch.nn.attention.flex_attention as flex
+
+    calls = []
+    original = flex.create_block_mask
+    monkeypatch.setattr(flex, "create_block_mask", lambda *a, **k: calls.append(1) or original(*a, **k))
+    q, k, v = _inputs(seed=3)
+    pattern = Strided(4)
+    with torch.no_grad():
+        first, _ = pattern_attention(_Module().eval(), q, k, v, pattern, "flex")
+        second, _ = pattern_attention(_Module().eval(), q, k, v, pattern, "flex", key_padding_mask=torch.ones(2, L, dtype=torch.bool))
+    assert len(calls) == 1
+    torch.testing.assert_close(second, first)
+
+
+def test_auto_picks_the_fastest_exact_path():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert choose_implementation(Strided(4), "auto", "sdpa", cpu, True, False) == "blocked"
+    assert choose_implementation(Strided(4), "auto", "sdpa", cuda, True, False) == "flex"
+    assert choose_implementation(StridedColumn(4), "auto", "sdpa", cuda, True, False) == "blocked"
+    assert choose_implementation(Strided(4), "auto", "sdpa", cuda, True, True) == "blocked"  # dropout: no flex
+    assert choose_implementation(Strided(4), "auto", "sdpa", cpu, False, False) == "sdpa"  # decoding with a cache
+    assert choose_implementation(Strided(4), "dense", "eager", cpu, True, False) == "eager"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's head_dim limit is a GPU kernel's")
+def test_flex_small_heads_on_gpu():
+    q, k, v = [t.cuda() for t in _inputs()]  # head_dim 8 < 16: zero-padded
+    with torch.no_grad():
+        flex, _ = pattern_attention(_Module().eval(), q, k, v, Strided(6), "flex")
+        eager, _ = pattern_attention(_Module().eval(), q, k, v, Strided(6), "eager")
+    torch.testing.assert_close(flex, eager, atol=1e-4, rtol=0)
 
 
 def test_flex_refuses_cpu_training():
@@ -164,4 +258,4 @@ def test_flex_refuses_cpu_training():
     with pytest.raises(ValueError, match="blocked"):
         pattern_attention(_Module().train(), q, k, v, Causal(), "flex")
     with pytest.raises(ValueError, match="implementation"):
-        pattern_attention(_Module(), q, k, v, Causal(), "dense")
+        pattern_attention(_Module(), q, k, v, Causal(), "sparse")

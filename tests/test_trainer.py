@@ -105,6 +105,57 @@ def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
     assert without["eval_loss"] != pytest.approx(first["eval_loss"], abs=1e-4)
 
 
+class LossRecorder(MemoryTrainer):
+    """Records the exact training loss of every step (Trainer's logs round it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.losses = []
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if model.training:
+            self.losses.append(float(loss.detach()))
+        return loss
+
+
+def _memory_trainer_run(tmp_path, **kwargs):
+    tokenizer = build_char_tokenizer(TEXT)
+    train_set = segment_dataset(encode(tokenizer, TEXT)[:1200], batch_size=2, seg_len=16)
+    torch.manual_seed(0)
+    model = build_model(build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16,
+                                     dropout=0.2))
+    return LossRecorder(model=model, args=_args(tmp_path, max_steps=6, save_strategy="steps", save_steps=3, **kwargs),
+                        train_dataset=train_set)
+
+
+def test_memory_trainer_resumes_exactly(tmp_path):
+    """Resumed from checkpoint-3, steps 4-6 give the losses of the run that was never interrupted: the checkpoint
+    carries the training memory (and Trainer's RNG state drives the dropout)."""
+    reference = _memory_trainer_run(tmp_path / "run")
+    reference.train()
+    checkpoint = tmp_path / "run" / "checkpoint-3"
+    assert (checkpoint / "txv_memory_rank0.pt").exists() and len(reference.losses) == 6
+    resumed = _memory_trainer_run(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.losses == reference.losses[3:]  # bit-exact
+    # without the memory the resumed steps differ (the test above is not vacuous), and a warning says why
+    (checkpoint / "txv_memory_rank0.pt").unlink()
+    no_memory = _memory_trainer_run(tmp_path / "no-memory")
+    no_memory.train(resume_from_checkpoint=str(checkpoint))
+    assert no_memory.losses[0] != reference.losses[3]
+
+
+def test_memory_trainer_refuses_a_torn_memory_file(tmp_path):
+    run = _memory_trainer_run(tmp_path / "run", )
+    run.args.max_steps = 3
+    run.train()
+    memory_file = tmp_path / "run" / "checkpoint-3" / "txv_memory_rank0.pt"
+    memory_file.write_bytes(memory_file.read_bytes()[:100])
+    with pytest.raises(ValueError, match="cannot read the training memory .*txv_memory_rank0.pt"):
+        _memory_trainer_run(tmp_path / "again").train(resume_from_checkpoint=str(memory_file.parent))
+
+
 def _classification_data(tokenizer, n=48):
     rng = np.random.default_rng(0)
     words = ["memory", "segment", "relative", "position", "attention", "layer", "cache", "token"]

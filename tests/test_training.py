@@ -35,9 +35,19 @@ def _one_thread():
 
 
 def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("TXV_TEST_KILL_AT_STEP", None)
-    return env
+    return dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+
+# A training process that SIGKILLs itself right after step KILL_AT (the test's own hook: no test switch lives in the
+# production loop).
+KILLED_RUN = """
+import os, sys
+from hf_txvariants.cli import build_parser, _train_args
+from hf_txvariants.training.loop import train
+kill_at = int(sys.argv[1])
+args = build_parser().parse_args(["train", *sys.argv[2:]])
+train(_train_args(args), on_step=lambda step: step == kill_at and os.kill(os.getpid(), 9))
+"""
 
 
 def _losses(folder) -> dict[int, float]:
@@ -138,10 +148,10 @@ def test_killed_and_resumed_run_gives_the_same_losses(tmp_path):
     reference = tmp_path / "reference"
     assert main(["train", "--output-dir", str(reference)] + flags) == 0
     killed = tmp_path / "killed"
-    env = dict(_env(), TXV_TEST_KILL_AT_STEP="5")  # dies (SIGKILL) after step 5; the last checkpoint is step 3
-    run = subprocess.run([sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(killed)] + flags,
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0
+    # dies (SIGKILL) after step 5; the last checkpoint is step 3
+    run = subprocess.run([sys.executable, "-c", KILLED_RUN, "5", "--output-dir", str(killed)] + flags,
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == -9, run.stderr[-2000:]
     assert max(_losses(killed)) == 5 and not (killed / "model").exists()
     assert main(["train", "--output-dir", str(killed), "--resume", "latest"] + flags) == 0
     a, b = _losses(reference), _losses(killed)
@@ -210,3 +220,68 @@ def test_causal_variants_plug_into_the_loop(variant):
         assert torch.isfinite(loss)
         if uses_memory(model):
             assert memory.memory_length == 8  # carried into the next segment
+
+
+def _run_with_checkpoints(folder, steps=4, crash_after=None):
+    """A run of `steps` steps with checkpoints every 2; `crash_after`: the run dies (an exception) after that step."""
+
+    class Crash(Exception):
+        pass
+
+    def crash(step):
+        if step == crash_after:
+            raise Crash
+
+    args = TrainArgs(output_dir=str(folder), max_steps=steps, dropout=0.1, save_every=2, save_model=False, **TINY)
+    try:
+        train(args, on_step=crash)
+    except Crash:
+        pass
+    return TINY_FLAGS + ["--max-steps", str(steps), "--dropout", "0.1", "--save-every", "2", "--no-save-model"]
+
+
+def test_resume_falls_back_from_a_torn_checkpoint(tmp_path, capsys, caplog):
+    """A torn optimizer.bin in the newest checkpoint: `--resume latest` warns, naming it, and resumes from the one
+    before, giving the losses of the run that was never interrupted."""
+    reference = tmp_path / "reference"
+    _run_with_checkpoints(reference, steps=6)
+    crashed = tmp_path / "crashed"
+    flags = _run_with_checkpoints(crashed, steps=6, crash_after=5)  # checkpoints at steps 2 and 4
+    torn = crashed / "checkpoints" / "step-4" / "optimizer.bin"
+    torn.write_bytes(torn.read_bytes()[:200])
+    with caplog.at_level("WARNING"):
+        assert main(["train", "--output-dir", str(crashed), "--resume", "latest"] + flags) == 0
+    assert "skipping checkpoint" in caplog.text and "step-4" in caplog.text and "step-2" in caplog.text
+    assert "Removed shared tensor" not in caplog.text  # the tied LM head is dropped quietly before saving
+    a, b = _losses(reference), _losses(crashed)
+    assert list(b) == list(range(1, 7))
+    assert all(a[step] == b[step] for step in a), (a, b)  # bit-exact: steps 3-6 were retrained from step 2
+    # asked for by name, a torn checkpoint is an error that names it
+    torn_again = crashed / "checkpoints" / "step-2" / "optimizer.bin"
+    torn_again.write_bytes(torn_again.read_bytes()[:200])
+    err = _error_line(capsys, ["train", "--output-dir", str(crashed), "--resume",
+                               str(crashed / "checkpoints" / "step-2")] + flags)
+    assert "cannot resume from" in err and "step-2" in err and "does not load" in err
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_resume_refuses_an_unsafe_or_torn_rng_state(tmp_path, capsys):
+    """Accelerate swallows errors reading random_states_0.pkl; the loop checks it first: a booby-trapped or torn RNG
+    state is an error naming the file, and nothing in it runs."""
+    import pickle
+
+    run = tmp_path / "run"
+    flags = _run_with_checkpoints(run, steps=4, crash_after=3)
+    rng = run / "checkpoints" / "step-2" / "random_states_0.pkl"
+    good = rng.read_bytes()
+    rng.write_bytes(pickle.dumps({"random_state": _Boom()}))
+    err = _error_line(capsys, ["train", "--output-dir", str(run), "--resume", "latest"] + flags)
+    assert "random_states_0.pkl" in err and "cannot be read safely" in err
+    rng.write_bytes(good[: len(good) // 2])
+    err = _error_line(capsys, ["train", "--output-dir", str(run), "--resume", "latest"] + flags)
+    assert "random_states_0.pkl" in err
+    assert max(_losses(run)) == 3  # nothing more was trained

@@ -1,67 +1,105 @@
-"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`. Bad input ends with one line
-`txv: error: ...` and exit status 2, not a traceback."""
+"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`.
+
+Every expected failure (a bad argument, a missing, corrupt or unsafe file, an offline Hub, a bad number) ends with one
+line `txv: error: <what and where>` and exit status 2; `--debug` (anywhere on the line) shows the traceback instead."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
+from pathlib import Path
+
+from .errors import UsageError, run_guarded
 
 
-def add_train_arguments(parser):
-    """One flag per `TrainArgs` field (`--d-model`, `--mem-len`, `--resume latest`, ...)."""
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hf-txvariants")
+    except PackageNotFoundError:  # a checkout that was not installed
+        return "unknown (not installed)"
+
+
+def _int_at_least(low: int, what: str):
+    """An argparse type: an integer >= `low`, else an error that says what was expected and what was given."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _train_args(args):
+    import dataclasses
+
     from ..training.loop import TrainArgs
 
-    for f in dataclasses.fields(TrainArgs):
-        if f.name == "extra_config":
-            parser.add_argument("--extra-config", type=json.loads, default={},
-                                help="JSON dict of extra config fields, e.g. '{\"clamp_len\": 400}'")
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default
-        if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-            continue
-        kind = {int: int, float: float}.get(type(default), str)
-        if f.name in ("d_inner", "max_chars", "eval_segments"):
-            kind = int
-        parser.add_argument(flag, type=kind, default=default, help=f"default: {default}")
+    return TrainArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainArgs)})
 
 
 def _train(args):
-    from ..training.loop import TrainArgs, train
+    train_args = _train_args(args)  # validated (a bad number names its flag) before anything is loaded
+    if args.trainer:
+        from ..training.trainer import train_with_trainer
 
-    fields = {f.name for f in dataclasses.fields(TrainArgs)}
-    result = train(TrainArgs(**{k: v for k, v in vars(args).items() if k in fields}))
+        metrics = train_with_trainer(train_args)
+        print(f"validation: {metrics['eval_bpc']:.4f} bits per token, perplexity {metrics['eval_perplexity']:.3f}"
+              + (f"; model saved to {train_args.output_dir}/model" if train_args.save_model else ""))
+        return
+    from ..training.loop import train
+
+    result = train(train_args)
     if result["eval"] and result["history"]:  # printed by the main process only
         final = result["eval"][-1]
         print(f"validation: {final['bpc']:.4f} bits per token, perplexity {final['perplexity']:.3f} "
               f"({final['tokens']} tokens)" + (f"; model saved to {result['model_dir']}" if args.save_model else ""))
 
 
-def _eval(args):
+def _load_tokenizer(path):
     from transformers import AutoTokenizer
 
-    from ..training import encode, evaluate_sliding_window, evaluate_text, load_model, load_text
-    from ..training.models import ModelError, uses_memory
+    from ..training.models import ModelError
 
-    model = load_model(args.model)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
-        raise ModelError(f"no tokenizer in {args.model}: {str(error).splitlines()[0]}") from None
+        raise ModelError(f"no tokenizer in {path}: {str(error).splitlines()[0]}") from None
+
+
+def _eval(args):
+    from ..training import encode, evaluate_sliding_window, evaluate_text, load_model, load_text
+    from ..training.models import uses_memory
+
+    if args.no_progress:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # the "Loading weights" bar too
+    model = load_model(args.model)
+    tokenizer = _load_tokenizer(args.model)
     text = load_text(args.data, args.text_column)
     if args.max_chars:
         text = text[: args.max_chars]
     tokens = encode(tokenizer, text)
     if args.mem_len is not None and hasattr(model, "reset_memory_length"):
         model.reset_memory_length(args.mem_len)
+    progress = not args.no_progress
     if args.window:
-        result = evaluate_sliding_window(model, tokens, args.window, args.batch_size)
+        result = evaluate_sliding_window(model, tokens, args.window, args.batch_size, progress=progress)
         how = f"sliding window {args.window}"
     else:
-        result = evaluate_text(model, tokens, args.batch_size, args.seg_len)
+        result = evaluate_text(model, tokens, args.batch_size, args.seg_len, progress=progress)
         how = f"segments of {args.seg_len}" + (f", memory {model.config.mem_len}" if uses_memory(model) else "")
     print(f"{result['bpc']:.4f} bits per token, perplexity {result['perplexity']:.3f}, {result['tokens']} tokens "
           f"({how}), {result['tokens_per_second']:,.0f} tokens/s")
@@ -69,20 +107,28 @@ def _eval(args):
 
 
 def _push(args):
-    from transformers import AutoTokenizer
+    from huggingface_hub import constants
 
     from ..hub import push_to_hub
     from ..training import load_model
 
+    if constants.HF_HUB_OFFLINE:
+        raise UsageError("cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)")
+    if args.card is not None and not Path(args.card).is_file():
+        raise UsageError(f"model card not found: {args.card}")
     model = load_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = _load_tokenizer(args.model)
     metrics = {}
-    results = __import__("pathlib").Path(args.model) / "eval_results.json"
+    results = Path(args.model) / "eval_results.json"
     if results.exists():
-        metrics = json.loads(results.read_text())
+        try:
+            metrics = json.loads(results.read_text())
+        except json.JSONDecodeError as error:
+            raise UsageError(f"{results} is not valid JSON ({error})") from None
     info = push_to_hub(model, args.repo_id, tokenizer, metrics, private=args.private, dataset=args.dataset,
-                       base_card=args.card)
-    print(f"pushed to {getattr(info, 'commit_url', info)}")
+                       base_card=args.card, token=args.token, revision=args.revision,
+                       commit_message=args.commit_message, create_pr=args.create_pr)
+    print(f"pushed to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
 
 
 def _demo(args):
@@ -91,51 +137,106 @@ def _demo(args):
     run(args)
 
 
+def _convert(args):
+    from .convert import run
+
+    return run(args.converter, args.converter_args)  # the converter printed its own `error:` line
+
+
+class TxvParser(argparse.ArgumentParser):
+    """argparse with `transformers.HfArgumentParser`'s dataclass support (used for `txv train`), whose usage errors
+    become one `txv: error:` line like every other error."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}" if " " in self.prog else message)
+
+
+def _hf_parser_class():
+    from transformers import HfArgumentParser
+
+    class TxvDataclassParser(HfArgumentParser):
+        error = TxvParser.error
+
+    return TxvDataclassParser
+
+
+def _add_train_parser(sub):
+    from ..training.loop import TrainArgs
+    from ..training.models import text_variant_names
+
+    train = sub.add_parser(
+        "train", help="train a causal LM with Accelerate (works under `accelerate launch`) or Trainer (--trainer)",
+        description="Train a causal language model of any text variant. Every flag is a field of "
+                    "hf_txvariants.training.TrainArgs.", dataclass_types=[TrainArgs])
+    train.add_argument("--trainer", action="store_true",
+                       help="train with transformers' Trainer (MemoryTrainer: memory carried, one process) instead "
+                            "of the Accelerate loop")
+    # the registered text variants are known only once the package is imported, after TrainArgs was defined
+    train._option_string_actions["--variant"].help = f"model variant, one of: {', '.join(text_variant_names())}"
+    return train
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(prog="txv", description="hf-txvariants: train, evaluate, share, demo")
-    sub = parser.add_subparsers(dest="command", required=True)
+    hf_parser = _hf_parser_class()
+    parser = TxvParser(prog="txv", description="hf-txvariants: train, evaluate, share, convert, demo. "
+                                               "Add --debug anywhere to see a traceback on error.")
+    parser.add_argument("--version", action="version", version=f"txv (hf-txvariants) {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=hf_parser)
     from .demo import add_arguments
 
     demo = sub.add_parser("demo", help="Transformer-XL vs a same-size baseline without memory, on CPU")
     add_arguments(demo)
     demo.set_defaults(func=_demo)
 
-    train = sub.add_parser("train", help="train a causal LM with Accelerate (works under `accelerate launch`)")
-    add_train_arguments(train)
-    train.set_defaults(func=_train)
+    _add_train_parser(sub).set_defaults(func=_train)
 
-    ev = sub.add_parser("eval", help="bits per token / perplexity of a saved model on a text")
+    ev = sub.add_parser("eval", help="bits per token / perplexity of a saved model on a text",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--model", required=True, help="saved model folder or Hub repo id")
     ev.add_argument("--data", help="text file / folder / saved dataset (default: the embedded corpus)")
-    ev.add_argument("--text-column", default="text")
-    ev.add_argument("--max-chars", type=int)
-    ev.add_argument("--seg-len", type=int, default=64)
-    ev.add_argument("--mem-len", type=int, help="memory length at evaluation (memory models)")
-    ev.add_argument("--batch-size", type=int, default=1)
-    ev.add_argument("--window", type=int, help="score with a sliding window of this length instead (no memory)")
+    ev.add_argument("--text-column", default="text", help="column of a saved `datasets` folder that holds the text")
+    ev.add_argument("--max-chars", type=positive_int, help="use only the first N characters")
+    ev.add_argument("--seg-len", type=positive_int, default=64, help="tokens per evaluation segment")
+    ev.add_argument("--mem-len", type=non_negative_int, help="memory length at evaluation (memory models)")
+    ev.add_argument("--batch-size", type=positive_int, default=1, help="rows evaluated in parallel")
+    ev.add_argument("--window", type=positive_int,
+                    help="score with a sliding window of this length instead (no memory)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_eval)
 
-    push = sub.add_parser("push", help="upload a saved model with its model card to the Hub")
-    push.add_argument("--model", required=True)
-    push.add_argument("--repo-id", required=True)
-    push.add_argument("--dataset", help="dataset name for the model card")
+    push = sub.add_parser("push", help="upload a saved model with its code and model card to the Hub",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    push.add_argument("--model", required=True, help="saved model folder (with its tokenizer)")
+    push.add_argument("--repo-id", required=True, help="Hub repo, e.g. user/transfo-xl-char")
+    push.add_argument("--dataset", help="dataset name for the model card's metadata")
     push.add_argument("--card", help="a model_cards/*.md to use as the card's body")
-    push.add_argument("--private", action="store_true")
+    push.add_argument("--private", action="store_true", help="create the repo as private")
+    push.add_argument("--token", help="Hub token (default: the one saved by `hf auth login` or HF_TOKEN)")
+    push.add_argument("--revision", help="branch to push to (default: main)")
+    push.add_argument("--commit-message", default="Upload hf-txvariants model", help="commit message")
+    push.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
     push.set_defaults(func=_push)
+
+    from .convert import CONVERTERS
+
+    convert = sub.add_parser("convert", help="convert an original checkpoint (kimiyoung/transformer-xl), or "
+                                             "evaluate a converted one; `txv convert NAME --help`", add_help=True)
+    convert.add_argument("converter", choices=sorted(CONVERTERS), help="which converter")
+    convert.add_argument("converter_args", nargs=argparse.REMAINDER, help="the converter's own flags")
+    convert.set_defaults(func=_convert)
     return parser
 
 
 def main(argv=None) -> int:
-    from ..training.data import DataError
-    from ..training.models import ModelError
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
 
-    args = build_parser().parse_args(argv)
-    try:
-        args.func(args)
-    except (DataError, ModelError, FileNotFoundError) as error:
-        print(f"txv: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    def command():
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+
+    return run_guarded(command, "txv: error: ", debug)
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "positive_int", "non_negative_int"]

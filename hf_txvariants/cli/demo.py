@@ -22,28 +22,28 @@ def add_arguments(parser):
                         "(default: the embedded corpus, Python standard-library docstrings)")
     parser.add_argument("--out", default="txv-demo", help="output folder (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=800, help="training steps per model (default: %(default)s)")
-    parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=128, help="hidden size of both models")
+    parser.add_argument("--n-layer", type=int, default=4, help="layers of both models")
+    parser.add_argument("--n-head", type=int, default=4, help="attention heads per layer")
     parser.add_argument("--d-inner", type=int, default=None, help="default: 4 x d-model")
     parser.add_argument("--seg-len", type=int, default=64, help="Transformer-XL segment length")
     parser.add_argument("--mem-len", type=int, default=64, help="Transformer-XL memory length")
     parser.add_argument("--batch-size", type=int, default=16, help="Transformer-XL rows per step; the baseline gets "
                         "the same number of tokens per step in rows of seg-len + mem-len")
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    parser.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
     parser.add_argument("--max-chars", type=int, default=None, help="use only the first N characters of the text")
     parser.add_argument("--eval-chars", type=int, default=3000,
                         help="held-out characters both models are scored on (default: %(default)s)")
     parser.add_argument("--eval-batch", type=int, default=8, help="windows per forward pass for the baseline")
     parser.add_argument("--baseline", default="auto", help="baseline variant: 'auto' (txv_vanilla if registered, "
                         "else Transformer-XL with mem_len=0), or a registered variant name")
-    parser.add_argument("--prompt", default="Return the ")
-    parser.add_argument("--sample-chars", type=int, default=200)
+    parser.add_argument("--prompt", default="Return the ", help="text the sample continues")
+    parser.add_argument("--sample-chars", type=int, default=200, help="characters to generate")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1; the default models "
                         "are too small to gain from more, and several threads slow to a crawl on a busy machine)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--seed", type=int, default=0, help="random seed")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def baseline_variant(name: str) -> tuple[str, dict]:

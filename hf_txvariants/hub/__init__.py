@@ -13,14 +13,14 @@ from pathlib import Path
 
 TEMPLATE = Path(__file__).with_name("model_card_template.md")
 
-# metric name -> (model-index metric type, display name)
+# metric name -> (model-index metric type, display name, the `metrics:` id: the plugin's metric of that name)
 METRIC_TYPES = {
-    "valid_bpc": ("bpc", "validation bits per character"),
-    "test_bpc": ("bpc", "test bits per character"),
-    "valid_perplexity": ("perplexity", "validation perplexity"),
-    "test_perplexity": ("perplexity", "test perplexity"),
-    "accuracy": ("accuracy", "accuracy"),
-    "eval_accuracy": ("accuracy", "evaluation accuracy"),
+    "valid_bpc": ("bpc", "validation bits per character", "bits_per_character"),
+    "test_bpc": ("bpc", "test bits per character", "bits_per_character"),
+    "valid_perplexity": ("perplexity", "validation perplexity", "perplexity"),
+    "test_perplexity": ("perplexity", "test perplexity", "perplexity"),
+    "accuracy": ("accuracy", "accuracy", "accuracy"),
+    "eval_accuracy": ("accuracy", "evaluation accuracy", "accuracy"),
 }
 
 CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
@@ -30,7 +30,11 @@ CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers",
 
 def _pipeline_tag(model) -> str:
     name = type(model).__name__
-    return "text-classification" if "SequenceClassification" in name else "text-generation"
+    if "SequenceClassification" in name:
+        return "text-classification"
+    if name.startswith("ImageTransformer"):
+        return "unconditional-image-generation"
+    return "text-generation"
 
 
 def build_model_card(model, repo_id: str, metrics: dict | None = None, dataset: str | None = None,
@@ -52,13 +56,17 @@ def build_model_card(model, repo_id: str, metrics: dict | None = None, dataset: 
     tags = ["hf-txvariants", config.model_type, "custom_code"]
     if config.model_type == "transfo-xl":
         tags.append("transformer-xl")
+    metric_ids = sorted({METRIC_TYPES[key][2] for key in metrics if key in METRIC_TYPES})
     data = ModelCardData(library_name="transformers", license=license, tags=tags, pipeline_tag=task,
-                         model_name=name, eval_results=eval_results or None)
+                         model_name=name, eval_results=eval_results or None, datasets=[dataset] if dataset else None,
+                         metrics=metric_ids or None)
     if base_card is not None:
         base = ModelCard.load(str(base_card))
         merged = base.data.to_dict()
         merged.update({k: v for k, v in data.to_dict().items() if v is not None and k != "tags"})
         merged["tags"] = sorted(set(base.data.to_dict().get("tags") or []) | set(tags))
+        for key in ("datasets", "metrics"):  # the base card's lists, and what this upload adds
+            merged[key] = sorted(set(base.data.to_dict().get(key) or []) | set(data.to_dict().get(key) or [])) or None
         return ModelCard(f"---\n{ModelCardData(**merged).to_yaml()}\n---\n{base.text}")
     metrics_table = "\n".join(
         ["| metric | value |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in metrics.items()]
@@ -87,10 +95,13 @@ def save_for_hub(model, folder: str | Path, repo_id: str, tokenizer=None, metric
 
 
 def push_to_hub(model, repo_id: str, tokenizer=None, metrics: dict | None = None, private: bool = False,
-                token: str | None = None, commit_message: str = "Upload hf-txvariants model", api=None, **card_kwargs):
-    """Creates `repo_id` (if needed) and uploads the folder of `save_for_hub` in one commit. Returns the commit info.
+                token: str | None = None, commit_message: str = "Upload hf-txvariants model", api=None,
+                revision: str | None = None, create_pr: bool = False, **card_kwargs):
+    """Creates `repo_id` (if needed) and uploads the folder of `save_for_hub` in one commit (or one pull request with
+    `create_pr`) with `huggingface_hub.HfApi.upload_folder`. Returns the commit info.
 
-    `model.push_to_hub` from transformers would skip the remote-code payload and the card; use this instead."""
+    `model.push_to_hub` from transformers uploads the weights, the config and the remote-code payload too, but not
+    this model card with its Hub metadata (and measured metrics) nor the tokenizer; this does all in one commit."""
     from huggingface_hub import HfApi
 
     api = api or HfApi(token=token)
@@ -99,7 +110,7 @@ def push_to_hub(model, repo_id: str, tokenizer=None, metrics: dict | None = None
         save_for_hub(model, folder, repo_id, tokenizer, metrics, **card_kwargs)
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                 commit_message=commit_message)
+                                 commit_message=commit_message, revision=revision, create_pr=create_pr)
 
 
 def snapshot_into_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str = "main",

@@ -8,61 +8,135 @@ the step) resume to the same subsequent losses as a run that was never interrupt
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
 import json
 import math
-import os
+import warnings
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from . import distributed
 from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
 from .evaluation import evaluate_stream, summarize
-from .models import ModelError, build_config, build_model, init_memory, lm_forward, load_model, uses_memory
+from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory, lm_forward, load_model, memory_state,
+                     uses_memory)
 
 # Fields of the run that must not change on resume (the data order and memory layout depend on them).
 RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction")
 
 
+class JsonError(argparse.ArgumentTypeError, ValueError):
+    """Bad JSON for `--extra-config` (argparse prints an ArgumentTypeError's own message; callers of the Python API
+    catch it as a ValueError)."""
+
+
+class JsonDict(dict):
+    """A dict that parses itself from a JSON string (the type of `--extra-config` on the command line)."""
+
+    def __init__(self, value=None):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise JsonError(f"not valid JSON ({error}): {value!r}") from None
+            if not isinstance(value, dict):
+                raise JsonError(f"expected a JSON object such as '{{\"clamp_len\": 400}}', got {value!r}")
+        super().__init__(value or {})
+
+
+def _arg(default=None, help: str = "", **metadata):
+    """A TrainArgs field with its `--help` text (read by transformers.HfArgumentParser)."""
+    if isinstance(default, dict):
+        return field(default_factory=lambda: JsonDict(default), metadata={"help": help, **metadata})
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass
 class TrainArgs:
-    output_dir: str = "txv-run"
-    data: str | None = None  # text file, folder of text files or saved `datasets` folder; None: embedded corpus
-    valid_data: str | None = None  # held-out text; None: the last `valid_fraction` of `data`
-    valid_fraction: float = 0.05
-    text_column: str = "text"
-    max_chars: int | None = None  # use only the first max_chars characters of `data`
-    variant: str = "transfo-xl"
-    model: str | None = None  # start from this saved model (and its tokenizer) instead of a new config
-    d_model: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    d_inner: int | None = None
-    mem_len: int = 64
-    seg_len: int = 64
-    dropout: float = 0.1
-    batch_size: int = 16  # global: over all processes and accumulation chunks
-    grad_accum: int = 1
-    lr: float = 1e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    clip_norm: float = 0.25
-    max_steps: int = 200
-    eval_every: int = 50
-    eval_batch_size: int = 8
-    eval_segments: int | None = None  # evaluate on the first N segments of each validation row (None: all)
-    save_every: int = 0  # checkpoint every N steps (0: only at the end)
-    resume: str | None = None  # "latest" or a checkpoint folder
-    seed: int = 0
-    mixed_precision: str | None = None  # "no", "bf16" (or "fp16" without FSDP); None: the Accelerate config's, else "no"
-    cpu: bool = False  # train on CPU even with GPUs (CPU processes use gloo; so do more processes than GPUs)
-    tensorboard: bool = True
-    progress: bool = True
-    save_model: bool = True
-    extra_config: dict = field(default_factory=dict)
+    """Every setting of a training run; each field is a `txv train` flag (`--d-model`, `--resume latest`, ...)."""
+
+    output_dir: str = _arg("txv-run", "folder for metrics.jsonl, TensorBoard logs, checkpoints/ and model/")
+    data: str | None = _arg(None, "training text: a text file, a folder of text files or a saved `datasets` folder "
+                                  "(default: the embedded corpus)")
+    valid_data: str | None = _arg(None, "held-out text (default: the last --valid-fraction of --data)")
+    valid_fraction: float = _arg(0.05, "fraction of the characters held out for validation when --valid-data is not given")
+    text_column: str = _arg("text", "column of a saved `datasets` folder that holds the text")
+    max_chars: int | None = _arg(None, "use only the first N characters of --data")
+    variant: str = _arg("transfo-xl", "model variant (a registered text variant, see `txv train --help`)")
+    model: str | None = _arg(None, "start from this saved model folder or Hub repo id (and its tokenizer) instead of "
+                                   "a new config")
+    d_model: int = _arg(128, "hidden size")
+    n_layer: int = _arg(4, "number of layers")
+    n_head: int = _arg(4, "attention heads per layer")
+    d_inner: int | None = _arg(None, "feed-forward inner size (default: 4 x d-model)")
+    mem_len: int = _arg(64, "memory length of the memory variants (0: no memory)")
+    seg_len: int = _arg(64, "tokens per training segment")
+    dropout: float = _arg(0.1, "dropout rate in [0, 1)")
+    batch_size: int = _arg(16, "global batch: rows over all processes and accumulation chunks")
+    grad_accum: int = _arg(1, "gradient accumulation chunks per step (each with its own memory)")
+    lr: float = _arg(1e-3, "peak learning rate (AdamW, cosine schedule)")
+    warmup_steps: int = _arg(20, "linear warm-up steps")
+    weight_decay: float = _arg(0.0, "AdamW weight decay of the matrices")
+    clip_norm: float = _arg(0.25, "gradient-norm clipping (0: none)")
+    max_steps: int = _arg(200, "optimizer steps")
+    eval_every: int = _arg(50, "validate every N steps (0: only at the end)")
+    eval_batch_size: int = _arg(8, "validation rows")
+    eval_segments: int | None = _arg(None, "validate on the first N segments of each row (default: all)")
+    save_every: int = _arg(0, "write a checkpoint every N steps (0: only at the end)")
+    resume: str | None = _arg(None, "'latest' (the newest complete, loadable checkpoint of --output-dir) or a "
+                                    "checkpoint folder")
+    seed: int = _arg(0, "random seed")
+    mixed_precision: Literal["no", "bf16", "fp16"] | None = _arg(
+        None, "autocast precision (default: the Accelerate config's mixed_precision under `accelerate launch`, else "
+              "no); under FSDP, no or bf16")
+    cpu: bool = _arg(False, "train on CPU even with GPUs (so do all processes when there are more than GPUs: gloo)")
+    tensorboard: bool = _arg(True, "log to TensorBoard in OUTPUT_DIR/logs")
+    progress: bool = _arg(True, "show a progress bar")
+    save_model: bool = _arg(True, "save the final model and tokenizer to OUTPUT_DIR/model")
+    extra_config: JsonDict = _arg({}, "JSON object of extra config fields, e.g. '{\"clamp_len\": 400}'")
+
+    def __post_init__(self):
+        """Every bad setting is a ValueError naming the flag, before anything is loaded or trained."""
+        self.extra_config = JsonDict(self.extra_config)
+        positive = ("d_model", "n_layer", "n_head", "seg_len", "batch_size", "grad_accum", "max_steps",
+                    "eval_batch_size")
+        optional_positive = ("d_inner", "max_chars", "eval_segments")
+        non_negative = ("mem_len", "warmup_steps", "eval_every", "save_every", "seed")
+        for name in positive + optional_positive + non_negative:
+            value = getattr(self, name)
+            if value is None and name in optional_positive:
+                continue
+            low = 0 if name in non_negative else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise DataError(f"--{_flag(name)} must be an integer >= {low}, got {value!r}")
+        for name, low, high in (("lr", 0.0, None), ("dropout", 0.0, 1.0), ("weight_decay", 0.0, None),
+                                ("clip_norm", 0.0, None), ("valid_fraction", 0.0, 1.0)):
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            ok = ok and value >= low and (high is None or value < high) and (name != "lr" or value > 0)
+            ok = ok and (name != "valid_fraction" or value > 0)
+            if not ok:
+                bounds = f"in [{low}, {high})" if high is not None else ("> 0" if name == "lr" else f">= {low}")
+                raise DataError(f"--{_flag(name)} must be a finite number {bounds}, got {value!r}")
+        if self.mixed_precision is not None and self.mixed_precision not in ("no", "bf16", "fp16"):
+            raise DataError(f"--mixed-precision must be one of no, bf16, fp16, got {self.mixed_precision!r}")
+        if self.resume is not None and not self.resume:
+            raise DataError("--resume must be 'latest' or a checkpoint folder, got an empty string")
+
+
+def _size_fields(args: TrainArgs) -> dict:
+    return dict(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head, d_inner=args.d_inner,
+                mem_len=args.mem_len, seg_len=args.seg_len, dropout=args.dropout)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def _log_path(output_dir: Path) -> Path:
@@ -80,21 +154,89 @@ def _config_fingerprint(config) -> dict:
     return json.loads(json.dumps({k: v for k, v in config.to_dict().items() if k not in skip}, default=str))
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The checkpoints/step-N folders of a run whose `run_state.json` (written last) exists, newest first."""
     folder = Path(output_dir) / "checkpoints"
-    steps = sorted((int(p.name.split("-")[1]), p) for p in folder.glob("step-*") if (p / "run_state.json").exists())
-    return steps[-1][1] if steps else None
+    steps = [(int(p.name.split("-")[1]), p) for p in folder.glob("step-*")
+             if p.name.split("-")[1].isdigit() and (p / "run_state.json").exists()]
+    return [p for _, p in sorted(steps, reverse=True)]
 
 
-def _memory_state(memories):
-    return [None if m is None or m.memories is None else (m.memories, m.memory_mask, m.seen_tokens) for m in memories]
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    checkpoints = complete_checkpoints(output_dir)
+    return checkpoints[0] if checkpoints else None
 
 
-def _restore_memory(memories, states):
-    for memory, state in zip(memories, states):
-        if memory is not None and state is not None:
-            memory._set([t for t in state[0]], state[1])
-            memory.seen_tokens = state[2]
+def _check_rng_state(checkpoint: Path, rank: int):
+    """Accelerate's `load_state` swallows any error reading the RNG state and goes on with other random numbers (so a
+    resumed run silently stops matching the interrupted one); read it first, with the same weights-only loader,
+    and make a torn or unsafe file an error. Nothing in the file is run."""
+    from accelerate.utils import load
+    from accelerate.utils.constants import RNG_STATE_NAME
+
+    path = checkpoint / f"{RNG_STATE_NAME}_{rank}.pkl"
+    try:
+        with warnings.catch_warnings():  # torch warns about a foreign pickle protocol before refusing it: one line
+            warnings.simplefilter("ignore")
+            states = load(path, map_location="cpu")
+    except Exception as error:  # torch raises several types for a missing, torn or unsafe file
+        raise ModelError(f"cannot resume from {checkpoint}: the RNG state {path.name} cannot be read safely "
+                         f"({type(error).__name__}: {_first_line(error)}); nothing in it was run") from None
+    expected = {"random_state", "numpy_random_seed", "torch_manual_seed"}
+    if not isinstance(states, dict) or not expected <= set(states):
+        raise ModelError(f"cannot resume from {checkpoint}: {path.name} is not an RNG state saved by Accelerate")
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
+def _drop_tied_weights(models, weights, output_dir):
+    """Accelerate's `save_state` hook: remove the weights tied to another (the LM head tied to the embeddings, as the
+    model's `all_tied_weights_keys` declares; `from_pretrained` and `load_state` tie them again). Accelerate's
+    safetensors writer would drop them anyway, but warns "Removed shared tensor ..." at every checkpoint."""
+    for model, state in zip(models, weights):
+        tied = getattr(getattr(model, "module", model), "all_tied_weights_keys", None) or {}
+        for key in list(state):
+            for target, source in tied.items():
+                if not key.endswith(target):
+                    continue
+                source_key = key[: len(key) - len(target)] + source  # keeps a wrapper's prefix ("module.")
+                if source_key in state and state[source_key].data_ptr() == state[key].data_ptr():
+                    del state[key]
+
+
+def _load_checkpoint(accelerator, candidates: list[Path], args, config, memories) -> tuple[Path, dict]:
+    """Loads the first of `candidates` (newest first) that loads completely: model, optimizer, scheduler, RNG state
+    and memory. A checkpoint whose files are torn is skipped with a warning naming it (the run resumes from the one
+    before); a config or run mismatch, or a torn or unsafe RNG state, is an error."""
+    import logging
+
+    from .models import restore_memory
+
+    rank = accelerator.process_index
+    for index, checkpoint in enumerate(candidates):
+        state = _check_resume(checkpoint, args, config, accelerator.num_processes)
+        _check_rng_state(checkpoint, rank)
+        failure = None
+        try:
+            accelerator.load_state(str(checkpoint))
+            memory_file = checkpoint / f"memory_rank{rank}.pt"
+            for memory, saved in zip(memories, torch.load(memory_file, weights_only=True)):
+                restore_memory(memory, saved, str(memory_file))
+        except Exception as error:  # a torn file raises whatever its reader raises (miniz, unpickling, EOF ...)
+            failure = f"{type(error).__name__}: {_first_line(error)}"
+        # every rank must resume from the same checkpoint
+        failed = accelerator.reduce(torch.tensor(float(failure is not None), device=accelerator.device), "sum")
+        if float(failed) == 0:
+            return checkpoint, state
+        if index + 1 == len(candidates):
+            raise ModelError(f"cannot resume from {checkpoint}: it does not load ({failure or 'on another process'})"
+                             + ("; no older complete checkpoint is left" if len(candidates) > 1 else ""))
+        logging.getLogger(__name__).warning(
+            f"skipping checkpoint {checkpoint}: it does not load ({failure or 'on another process'}); "
+            f"resuming from {candidates[index + 1]} instead")
+    raise ModelError("no checkpoint to resume from")
 
 
 def _check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
@@ -114,15 +256,14 @@ def _check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
     return state
 
 
-def train(args: TrainArgs, accelerator=None) -> dict:
-    """Trains, evaluates and saves; returns {"history": [...], "eval": [...], "model_dir": ..., "config": ...}."""
+def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
+    """Trains, evaluates and saves; returns {"history": [...], "eval": [...], "model_dir": ..., "config": ...}.
+    `on_step(step)`, if given, is called after each optimizer step (tests use it to interrupt a run)."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
 
     output_dir = Path(args.output_dir)
-    if args.batch_size < 1 or args.seg_len < 1 or args.max_steps < 1 or args.grad_accum < 1:
-        raise DataError("batch_size, seg_len, max_steps and grad_accum must be positive")
     fsdp = distributed.fsdp_settings_from_environment()  # set by `accelerate launch` with an FSDP config
     mixed_precision = distributed.resolve_mixed_precision(args.mixed_precision, fsdp is not None)
     if accelerator is None:
@@ -153,11 +294,17 @@ def train(args: TrainArgs, accelerator=None) -> dict:
             f"batch_size ({args.batch_size}) must be divisible by processes x grad_accum ({world} x {args.grad_accum})"
         )
 
-    checkpoint = None
+    candidates = []  # checkpoints to resume from, newest first
     if args.resume:
-        checkpoint = latest_checkpoint(output_dir) if args.resume == "latest" else Path(args.resume)
-        if checkpoint is None or not (checkpoint / "run_state.json").exists():
+        candidates = complete_checkpoints(output_dir) if args.resume == "latest" else [Path(args.resume)]
+        if not candidates or not (candidates[0] / "run_state.json").exists():
             raise DataError(f"no checkpoint to resume from at {args.resume if args.resume != 'latest' else output_dir}")
+    checkpoint = candidates[0] if candidates else None
+    if args.model:
+        check_model_source(args.model)
+    else:
+        check_text_variant(args.variant)
+        build_config(args.variant, 1 << 30, **{**_size_fields(args), **args.extra_config})  # bad fields fail before any work
 
     # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer)
     text = load_text(args.data, args.text_column)
@@ -187,13 +334,11 @@ def train(args: TrainArgs, accelerator=None) -> dict:
         if config.vocab_size < len(tokenizer):
             raise ModelError(f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {config.vocab_size}")
     else:
-        config = build_config(
-            args.variant, len(tokenizer), d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
-            d_inner=args.d_inner, mem_len=args.mem_len, seg_len=args.seg_len, dropout=args.dropout, **args.extra_config,
-        )
+        config = build_config(args.variant, len(tokenizer), **{**_size_fields(args), **args.extra_config})
         config.eos_token_id = tokenizer.eos_token_id
         model = build_model(config)
-    state = _check_resume(checkpoint, args, config, world) if checkpoint else None
+    if checkpoint:
+        _check_resume(checkpoint, args, config, world)  # a mismatch is refused before anything is built
     sharded = None
     if fsdp is not None:  # shard before the optimizer is built: it must hold the sharded parameters
         sharded = distributed.ShardedModel(model, fsdp, accelerator.device, world, mixed_precision)
@@ -210,15 +355,16 @@ def train(args: TrainArgs, accelerator=None) -> dict:
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     else:  # no DDP wrapper; the model and optimizer shards are checkpointed by the hooks below
         scheduler = accelerator.prepare(scheduler)
+    accelerator.register_save_state_pre_hook(_drop_tied_weights)
     distributed.register_checkpoint_hooks(accelerator, sharded, optimizer)
 
     chunk_rows = local_rows // args.grad_accum
     memories = [init_memory(model, chunk_rows) for _ in range(args.grad_accum)]
+    progress = None
     start_step = 0
     if checkpoint:
-        accelerator.load_state(str(checkpoint))
+        checkpoint, state = _load_checkpoint(accelerator, candidates, args, config, memories)
         start_step = state["step"]
-        _restore_memory(memories, torch.load(checkpoint / f"memory_rank{rank}.pt", weights_only=True))
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         history = [m for m in read_metrics(output_dir) if m["step"] <= start_step] if checkpoint else []
@@ -241,10 +387,11 @@ def train(args: TrainArgs, accelerator=None) -> dict:
         model.train()
         log({"step": step, "split": "valid", "valid_loss": result["nats"], "valid_bpc": result["bpc"],
              "valid_perplexity": result["perplexity"]})
+        if accelerator.is_main_process and step != args.max_steps:  # the final one is printed by the caller
+            line = f"step {step}: validation {result['bpc']:.4f} bits per token, perplexity {result['perplexity']:.3f}"
+            (progress.write if progress else print)(line)  # tqdm.write keeps the progress bar intact
         return result
 
-    kill_at = int(os.environ.get("TXV_TEST_KILL_AT_STEP", "0"))  # tests: simulates a crash (SIGKILL) mid-run
-    progress = None
     if args.progress and accelerator.is_local_main_process:
         from tqdm.auto import tqdm
 
@@ -257,7 +404,7 @@ def train(args: TrainArgs, accelerator=None) -> dict:
         total = torch.zeros((), device=accelerator.device)
         for chunk in range(args.grad_accum):
             rows = slice(chunk * chunk_rows, (chunk + 1) * chunk_rows)
-            sync = accelerator.no_sync(model) if chunk < args.grad_accum - 1 else _nullcontext()
+            sync = accelerator.no_sync(model) if chunk < args.grad_accum - 1 else contextlib.nullcontext()
             with sync, accelerator.autocast():
                 loss, memories[chunk] = lm_forward(model, inputs[rows], targets[rows], memories[chunk])
                 accelerator.backward(loss / args.grad_accum)
@@ -280,8 +427,8 @@ def train(args: TrainArgs, accelerator=None) -> dict:
         if progress:
             progress.update(1)
             progress.set_postfix(loss=f"{mean_loss:.3f}", bpc=f"{mean_loss / math.log(2):.3f}")
-        if kill_at and step == kill_at:
-            os.kill(os.getpid(), 9)
+        if on_step is not None:
+            on_step(step)
         if args.eval_every and step % args.eval_every == 0 and step != args.max_steps:
             evals.append(run_eval(step))
         if args.save_every and step % args.save_every == 0 and step != args.max_steps:
@@ -314,20 +461,12 @@ def train(args: TrainArgs, accelerator=None) -> dict:
     }
 
 
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def save_checkpoint(accelerator, output_dir: Path, step: int, args: TrainArgs, config, tokenizer, memories):
     """`accelerator.save_state` (model, optimizer, scheduler, RNG of every process) plus each rank's memory, the
     step, the config and the tokenizer, written to checkpoints/step-N."""
     folder = output_dir / "checkpoints" / f"step-{step}"
     accelerator.save_state(str(folder))
-    torch.save(_memory_state(memories), folder / f"memory_rank{accelerator.process_index}.pt")
+    torch.save([memory_state(m) for m in memories], folder / f"memory_rank{accelerator.process_index}.pt")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder / "tokenizer")

@@ -19,6 +19,21 @@ def variant_names() -> list[str]:
     return sorted(hf_txvariants.VARIANTS)
 
 
+# Variants registered for another modality: `txv train` / `txv eval` (character and word text) refuse them.
+NON_TEXT_VARIANTS = {"txv_image_transformer": "an image model (pixels); see examples/train_image_transformer.py"}
+
+
+def text_variant_names() -> list[str]:
+    return [name for name in variant_names() if name not in NON_TEXT_VARIANTS]
+
+
+def check_text_variant(variant: str):
+    config_class(variant)  # unknown names first
+    if variant in NON_TEXT_VARIANTS:
+        raise ModelError(f"variant {variant!r} is {NON_TEXT_VARIANTS[variant]}, not a text language model; "
+                         f"text variants: {', '.join(text_variant_names())}")
+
+
 def has_variant(name: str) -> bool:
     return name in variant_names()
 
@@ -85,17 +100,60 @@ def build_model(config):
     return AutoModelForCausalLM.from_config(config)
 
 
-def load_model(path: str | Path):
-    """A causal LM and its config from a saved folder (or Hub repo id), with a clear message when it cannot."""
+def _looks_like_a_path(name: str) -> bool:
+    """A Hub repo id is `name` or `owner/name`; anything else that does not exist is a missing folder."""
+    return Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_source(name: str | Path):
+    """A saved-model folder must exist and hold a readable config.json of a registered model type (a name that is
+    not a folder is taken as a Hub repo id)."""
+    import json
+
+    from transformers import CONFIG_MAPPING
+
+    name = str(name)
+    folder = Path(name)
+    if not folder.exists():
+        if _looks_like_a_path(name):
+            raise ModelError(f"model folder not found: {name}")
+        return
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelError(f"{name} is not a saved model (no config.json)")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelError(f"{config_file} is not valid JSON ({error})") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type is None or model_type not in CONFIG_MAPPING:
+        raise ModelError(f"{config_file}: unknown model_type {model_type!r} (hf-txvariants registers "
+                         f"{', '.join(variant_names())})")
+
+
+def load_model(path: str | Path, **kwargs):
+    """A causal LM and its config from a saved folder (or Hub repo id), with a clear message when it cannot: a missing
+    folder, a folder without config.json, an unsafe pickle (refused by the weights-only loader, never run), a torn
+    weights file, an offline Hub. `kwargs` go to `from_pretrained` (e.g. dtype)."""
+    import pickle
+
     import hf_txvariants  # noqa: F401  (registers the variants)
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
-    if Path(str(path)).exists() and not (Path(path) / "config.json").exists():
-        raise ModelError(f"{path} is not a saved model (no config.json)")
+    name = str(path)
+    check_model_source(name)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path))
-    except (OSError, ValueError, KeyError) as error:
-        raise ModelError(f"could not load a causal LM from {path}: {str(error).splitlines()[0]}") from None
+        return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
+        raise ModelError(f"could not load a causal LM from {name}: {_first_line(error)}") from None
+    except RuntimeError as error:  # torch's readers raise RuntimeError for a torn file (e.g. a truncated zip)
+        raise ModelError(f"could not load a causal LM from {name}: the weights are unreadable "
+                         f"({_first_line(error)})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
 def _memory_owner(model):
@@ -116,6 +174,28 @@ def uses_memory(model) -> bool:
 def init_memory(model, batch_size: int):
     owner = _memory_owner(model)
     return owner.init_memory(batch_size) if owner is not None else None
+
+
+def memory_state(memory):
+    """What a checkpoint keeps of a memory cache: (per-layer memories, key mask, tokens seen), or None when the
+    memory is absent or still empty. Plain tensors and ints, so that `torch.load(weights_only=True)` reads it."""
+    if memory is None or memory.memories is None:
+        return None
+    return list(memory.memories), memory.memory_mask, memory.seen_tokens
+
+
+def restore_memory(memory, state, source: str = "the checkpoint"):
+    """Puts a `memory_state` back into `memory` (a fresh cache of the same model); checks the layout first."""
+    if memory is None or state is None:
+        return
+    try:
+        memories, mask, seen = state
+        memory.check_compatible(batch_size=memories[0].shape[0], hidden_size=memories[0].shape[-1],
+                                num_layers=len(memories))
+    except (TypeError, ValueError, IndexError, AttributeError) as error:
+        raise ModelError(f"the memory saved in {source} does not fit this model: {error}") from None
+    memory._set(list(memories), mask)
+    memory.seen_tokens = int(seen)
 
 
 def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, reduction: str = "mean"):

@@ -1,22 +1,31 @@
 """`Trainer` for memory models: transformers 5 removed `TrainingArguments.past_index`, the only way Trainer carried a
 Transformer-XL memory between steps. `MemoryTrainer` keeps the memory itself: the training memory is passed to every
 training step and replaced by the one the model returns; evaluation starts from an empty memory of its own (and leaves
-the training memory untouched). `OrderedSegmentSampler` reads the examples in order, so with a dataset made by
+the training memory untouched). Checkpoints carry the training memory (`txv_memory_rank<N>.pt` next to Trainer's RNG
+state), so `train(resume_from_checkpoint=...)` continues with the same losses as a run never interrupted.
+`OrderedSegmentSampler` reads the examples in order, so with a dataset made by
 `segment_dataset` each batch continues the rows of the previous one. Models without memory train as with `Trainer`."""
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 
 import torch
 from torch.utils.data import Sampler
 from transformers import Trainer
 
-from .models import init_memory, uses_memory
+from .models import ModelError, init_memory, memory_state, restore_memory, uses_memory
+
+logger = logging.getLogger(__name__)
+MEMORY_FILE = "txv_memory_rank{rank}.pt"
 
 
 class OrderedSegmentSampler(Sampler):
-    """Indices 0..n-1 in order, cut to a whole number of batches (a partial batch would break the rows' memory)."""
+    """Indices 0..n-1 in order, cut to a whole number of batches (a partial batch would break the rows' memory).
+    Trainer's own samplers shuffle or deal round-robin; `SequentialSampler` keeps a last partial batch, and
+    `drop_last` would drop it only at the DataLoader, after Trainer has sized the epoch, so this stays."""
 
     def __init__(self, data_source, batch_size: int = 1):
         self.length = (len(data_source) // batch_size) * batch_size
@@ -79,6 +88,35 @@ class MemoryTrainer(Trainer):
             loss = self.compute_loss(model, inputs).detach()
         return loss, None, None
 
+    # Checkpoints: the memory is saved and restored with the RNG state (Trainer calls these two hooks exactly when a
+    # checkpoint is written and when a resumed run reaches the step it was saved at).
+    def _memory_file(self, checkpoint: str) -> str:
+        return os.path.join(checkpoint, MEMORY_FILE.format(rank=self.args.process_index))
+
+    def _save_rng_state(self, output_dir: str) -> None:
+        super()._save_rng_state(output_dir)
+        if uses_memory(self.model):
+            torch.save([memory_state(self.train_memory)], self._memory_file(output_dir))
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        super()._load_rng_state(checkpoint)
+        if checkpoint is None or not uses_memory(self.model):
+            return
+        path = self._memory_file(checkpoint)
+        if not os.path.isfile(path):
+            logger.warning(f"{checkpoint} holds no training memory ({os.path.basename(path)}): resuming with an empty "
+                           "memory, so the next losses differ from an uninterrupted run")
+            self.train_memory = None
+            return
+        try:
+            (state,) = torch.load(path, weights_only=True)
+        except Exception as error:  # torch raises several types for a torn or unsafe file
+            raise ModelError(f"cannot read the training memory {path}: {str(error).splitlines()[0]}") from None
+        self.train_memory = None
+        if state is not None:
+            self.train_memory = init_memory(self.model, state[0][0].shape[0])
+            restore_memory(self.train_memory, state, path)
+
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         self.eval_memory = None  # every evaluation starts from an empty memory
         try:
@@ -91,3 +129,57 @@ class MemoryTrainer(Trainer):
             metrics.update(extra)
             self.log(extra)
         return metrics
+
+
+def train_with_trainer(args) -> dict:
+    """`txv train --trainer`: the run of a `TrainArgs` with transformers' Trainer (MemoryTrainer, one process) instead
+    of the Accelerate loop; the model and tokenizer are saved to OUTPUT_DIR/model. Returns the final metrics."""
+    from transformers import AutoTokenizer, TrainingArguments
+
+    from .data import build_char_tokenizer, encode, load_text, segment_dataset, split_text
+    from .distributed import fsdp_requested
+    from .models import build_config, build_model, check_text_variant, load_model
+
+    if args.resume:
+        raise ModelError("--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
+                         "`train(resume_from_checkpoint=...)`")
+    if fsdp_requested():  # Trainer would hand FSDP to Accelerate, which runs DDP on CPU: refuse rather than pretend
+        raise ModelError("--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an "
+                         "FSDP config")
+    text = load_text(args.data, args.text_column)[: args.max_chars or None]
+    if args.valid_data:
+        train_text, valid_text = text, load_text(args.valid_data, args.text_column)
+    else:
+        train_text, valid_text = split_text(text, args.valid_fraction)
+    if args.model:
+        model = load_model(args.model)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+        except (OSError, ValueError) as error:
+            raise ModelError(f"no tokenizer in {args.model}: {str(error).splitlines()[0]}") from None
+    else:
+        check_text_variant(args.variant)
+        tokenizer = build_char_tokenizer(train_text)
+        model = build_model(build_config(args.variant, len(tokenizer), d_model=args.d_model, n_layer=args.n_layer,
+                                         n_head=args.n_head, d_inner=args.d_inner, mem_len=args.mem_len,
+                                         seg_len=args.seg_len, dropout=args.dropout, **args.extra_config))
+    train_set = segment_dataset(encode(tokenizer, train_text), args.batch_size, args.seg_len, name="the training text")
+    valid_set = segment_dataset(encode(tokenizer, valid_text), args.eval_batch_size, args.seg_len,
+                                name="the validation text")
+    training_args = TrainingArguments(
+        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, max_steps=args.max_steps,
+        warmup_steps=args.warmup_steps, lr_scheduler_type="cosine", max_grad_norm=args.clip_norm,
+        weight_decay=args.weight_decay, eval_strategy="steps" if args.eval_every else "no",
+        eval_steps=args.eval_every or None, logging_steps=10, save_strategy="steps" if args.save_every else "no",
+        save_steps=args.save_every or 500, report_to=["tensorboard"] if args.tensorboard else [], seed=args.seed,
+        bf16=args.mixed_precision == "bf16", fp16=args.mixed_precision == "fp16", use_cpu=args.cpu,
+        disable_tqdm=not args.progress, dataloader_pin_memory=torch.cuda.is_available(),
+    )
+    trainer = MemoryTrainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=valid_set)
+    trainer.train()
+    metrics = trainer.evaluate()
+    if args.save_model:
+        trainer.save_model(f"{args.output_dir}/model")
+        tokenizer.save_pretrained(f"{args.output_dir}/model")
+    return metrics

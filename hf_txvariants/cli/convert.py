@@ -1,0 +1,21 @@
+"""`txv convert NAME ...`: the converters of the repository's conversion/ folder, as installed in the wheel.
+
+The wheel installs conversion/ as `hf_txvariants.converters` (pyproject.toml maps the package to that folder), so
+`txv convert` works from an installed package without a generic top-level `conversion` module in site-packages;
+from a checkout, `python -m conversion.<name>` runs the very same files."""
+
+from __future__ import annotations
+
+import importlib
+
+# txv convert NAME -> module of conversion/ (installed as hf_txvariants.converters)
+CONVERTERS = {
+    "kimiyoung-tf": "kimiyoung_tf",
+    "kimiyoung-pytorch": "kimiyoung_pytorch",
+    "evaluate": "evaluate",
+}
+
+
+def run(name: str, argv: list[str]) -> int:
+    module = importlib.import_module(f"hf_txvariants.converters.{CONVERTERS[name]}")
+    return module.main(list(argv), prog=f"txv convert {name}")

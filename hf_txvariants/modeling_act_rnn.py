@@ -1,0 +1,399 @@
+"""ACT RNN: a recurrent network with Adaptive Computation Time (Graves 2016, "Adaptive Computation Time for Recurrent
+Neural Networks"), the setting ACT was introduced in.
+
+At every input step t the cell S runs n = 1 .. N(t) times on the same input, with a flag on the first update:
+
+    s_t^1 = S(s_{t-1}, [x_t, 1]),   s_t^n = S(s_t^{n-1}, [x_t, 0])
+    h_t^n = sigmoid(W_h s_t^n + b_h)                                  (the halting unit reads the state)
+    N(t), R(t), p_t^n as in txv_act.py;   s_t = sum_n p_t^n s_t^n,   y_t = W_y s_t + b_y = sum_n p_t^n y_t^n
+
+and the ponder cost rho_t = N(t) + R(t) is added to the loss with `act_loss_weight` (tau). The halting arithmetic is
+the shared `txv_act.AdaptiveComputationTime` block, run once per input step over the rows of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutput
+from transformers.utils import can_return_tuple
+
+from .configuration_act_rnn import ACTRNNConfig
+from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
+from .txv_cache import RowStateCache
+from .txv_inputs import embed_inputs
+from .txv_losses import causal_lm_loss, check_labels
+from .txv_modeling_utils import TxvModelMixin
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
+
+# ---------------------------------------------------------------------------------------------------------- outputs
+
+
+@dataclass
+class ACTRNNModelOutput(ModelOutput):
+    """last_hidden_state: `[batch, length, hidden]` the output part of s_t (h for an LSTM). ponder_cost:
+    `[batch, length]` rho_t = N(t) + R(t) (0 at padding). n_updates: `[batch, length]` N(t). hidden_states: the input
+    vectors x_t and last_hidden_state."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    past_key_values: "ACTRNNCache | None" = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class ACTRNNCausalLMOutput(ModelOutput):
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions)."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    past_key_values: "ACTRNNCache | None" = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class ACTRNNSequenceClassifierOutput(SequenceClassifierOutput):
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+
+
+# ------------------------------------------------------------------------------------------------------------ cache
+
+
+class ACTRNNCache(RowStateCache):
+    """The recurrent state s_t after the last input step (`[batch, state_size]`), carried as `past_key_values`. An
+    RNN state cannot be rolled back, so the model is declared stateful (transformers refuses assisted decoding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.state: torch.Tensor | None = None
+        self.seen_tokens = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen_tokens
+
+    def __len__(self):
+        return 1
+
+    def reset(self):
+        self.state, self.seen_tokens = None, 0
+
+    def crop(self, tokens_to_remove: int):
+        raise NotImplementedError("An ACT RNN state cannot be cropped (the model is stateful)")
+
+    def _row_tensors(self) -> dict:
+        return {"state": self.state}
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.state is not None
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------------------- cell
+
+
+class PonderingCell(nn.Module):
+    """The cell S on a flat state: s = h (tanh RNN, GRU) or s = [h, c] (LSTM). Its input is [x_t, first-step flag]."""
+
+    def __init__(self, config: ACTRNNConfig):
+        super().__init__()
+        self.rnn_type = config.rnn_type
+        self.hidden_size = config.hidden_size
+        cells = {"tanh": nn.RNNCell, "gru": nn.GRUCell, "lstm": nn.LSTMCell}
+        self.rnn = cells[config.rnn_type](config.embedding_size + 1, config.hidden_size)
+
+    def forward(self, inputs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        if self.rnn_type == "lstm":
+            hidden, cell = self.rnn(inputs, tuple(state.split(self.hidden_size, dim=-1)))
+            return torch.cat([hidden, cell], dim=-1)
+        return self.rnn(inputs, state)
+
+    def output(self, state: torch.Tensor) -> torch.Tensor:
+        """The part of s the output layer reads (h)."""
+        return state[..., : self.hidden_size]
+
+
+class ACTRNNPonderStep(GradientCheckpointingLayer):
+    """One input step: the cell pondered under ACT. Returns (s_t, rho_t, N(t)) for every row."""
+
+    def __init__(self, config: ACTRNNConfig):
+        super().__init__()
+        self.cell = PonderingCell(config)
+        self.act = AdaptiveComputationTime(
+            config.state_size, config.max_ponder_steps, config.act_threshold, config.halting_bias_init
+        )
+
+    def forward(self, inputs: torch.Tensor, state: torch.Tensor, real: torch.Tensor | None):
+        """inputs: `[batch, embedding_size]` x_t; state: `[batch, state_size]` s_{t-1}; real: `[batch]` bool or None.
+        A padding row keeps s_{t-1} and costs nothing."""
+
+        def update(states, step):  # the ACT block carries [batch, 1, state]; the halting unit reads s_t^n
+            flag = inputs.new_full((inputs.shape[0], 1), 1.0 if step == 0 else 0.0)  # delta_{n,1}
+            new_state = self.cell(torch.cat([inputs, flag], dim=-1), states[:, 0]).unsqueeze(1)
+            return new_state, new_state
+
+        position_mask = None if real is None else real[:, None]
+        result = self.act(state[:, None], update, position_mask=position_mask)
+        new_state = result.output[:, 0]
+        if real is not None:
+            new_state = torch.where(real[:, None], new_state, state)
+        return new_state, result.ponder_cost[:, 0], result.n_updates[:, 0]
+
+
+# ------------------------------------------------------------------------------------------------------------ model
+
+
+class ACTRNNPreTrainedModel(TxvModelMixin, PreTrainedModel):
+    config_class = ACTRNNConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["ACTRNNPonderStep"]
+    _is_stateful = True  # an RNN state cannot be cropped: transformers refuses assisted decoding with a clear error
+    auto_classes = {
+        "AutoModel": "ACTRNNModel",
+        "AutoModelForCausalLM": "ACTRNNForCausalLM",
+        "AutoModelForSequenceClassification": "ACTRNNForSequenceClassification",
+    }
+    head_key_patterns = (r"^lm_head\.", r"^score\.")
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
+            init.normal_(module.weight, 0.0, std)
+            init.constant_(module.bias, module.bias_init)
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, 0.0, std)
+            if module.padding_idx is not None:
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, (nn.RNNCell, nn.GRUCell, nn.LSTMCell)):
+            bound = module.hidden_size**-0.5  # PyTorch's own RNN initialisation
+            for weight in module.parameters():
+                init.uniform_(weight, -bound, bound)
+
+
+class ACTRNNModel(ACTRNNPreTrainedModel):
+    """Token embeddings (or the input vectors given as `inputs_embeds`) read by the pondering RNN."""
+
+    def __init__(self, config: ACTRNNConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.embedding_size)
+        self.ponder_step = ACTRNNPonderStep(config)
+        self.drop = nn.Dropout(config.dropout)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, new_embeddings):
+        self.embed_tokens = new_embeddings
+
+    def _state_cache(self, past_key_values, use_cache: bool, batch: int) -> ACTRNNCache | None:
+        if past_key_values is None:
+            return ACTRNNCache() if use_cache else None
+        if not isinstance(past_key_values, ACTRNNCache):
+            raise ValueError(
+                f"past_key_values must be the ACTRNNCache returned by this model, got {type(past_key_values).__name__}"
+            )
+        if past_key_values.state is not None and past_key_values.state.shape[0] != batch:
+            raise ValueError(
+                f"past_key_values holds batch size {past_key_values.state.shape[0]}, but the input has batch size {batch}"
+            )
+        return past_key_values
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: ACTRNNCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> ACTRNNModelOutput:
+        """
+        input_ids `[batch, length]` or inputs_embeds `[batch, length, embedding_size]` (the input vectors x_t).
+        attention_mask: `[batch, length]` (or `[batch, past + length]`), 1 = input, 0 = padding; a padding step leaves
+            the state unchanged, so a left-padded row gives the outputs of the row alone.
+        past_key_values / use_cache: the `ACTRNNCache` (the state s_t) to continue from / to return.
+        """
+        if kwargs.get("output_attentions"):
+            raise ValueError("output_attentions: the ACT RNN has no attention")
+        config = self.config
+        use_cache = config.use_cache if use_cache is None else use_cache
+        output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        inputs = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.embedding_size)
+        batch, length = inputs.shape[:2]
+        cache = self._state_cache(past_key_values, use_cache, batch)
+        real = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+                raise ValueError(
+                    f"attention_mask must be [batch={batch}, >= {length}] (1 = input, 0 = padding), "
+                    f"got shape {tuple(attention_mask.shape)}"
+                )
+            real = attention_mask[:, -length:].to(device=inputs.device, dtype=torch.bool)
+        state = cache.state if cache is not None and cache.state is not None else None
+        if state is None:
+            state = inputs.new_zeros(batch, config.state_size)
+        dropped = self.drop(inputs)
+        outputs, ponder_costs, n_updates = [], [], []
+        for t in range(length):
+            state, ponder_cost, steps = self.ponder_step(dropped[:, t], state, None if real is None else real[:, t])
+            outputs.append(self.ponder_step.cell.output(state))
+            ponder_costs.append(ponder_cost)
+            n_updates.append(steps)
+        if cache is not None:
+            cache.state = state.detach()
+            cache.seen_tokens += length
+        last_hidden_state = self.drop(torch.stack(outputs, dim=1))
+        return ACTRNNModelOutput(
+            last_hidden_state=last_hidden_state,
+            ponder_cost=torch.stack(ponder_costs, dim=1),
+            n_updates=torch.stack(n_updates, dim=1),
+            past_key_values=cache,
+            hidden_states=(inputs, last_hidden_state) if output_hidden_states else None,
+        )
+
+
+# ------------------------------------------------------------------------------------------------------------ heads
+
+
+class ACTRNNForCausalLM(ACTRNNPreTrainedModel, GenerationMixin):
+    """The pondering RNN with the output layer y_t = W_y s_t + b_y over the vocabulary (next-token prediction)."""
+
+    def __init__(self, config: ACTRNNConfig):
+        super().__init__(config)
+        self.model = ACTRNNModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.post_init()
+        if self.generation_config is not None:
+            self.generation_config.use_cache = True  # generate() carries the state (config.use_cache is for training)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model creates its own ACTRNNCache; generate() must not swap it for a DynamicCache
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: ACTRNNCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> ACTRNNCausalLMOutput:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        transformers' loss kwargs (`num_items_in_batch`, `shift_labels`) are honoured."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            output_attentions=kwargs.pop("output_attentions", None),
+        )
+        hidden_states = outputs.last_hidden_state
+        loss = lm_loss = None
+        if labels is not None or kwargs.get("shift_labels") is not None:
+            if labels is not None:
+                check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
+            logits = self.lm_head(hidden_states)
+            lm_loss = causal_lm_loss(logits, labels, **kwargs)
+            loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+            if logits_to_keep:
+                logits = logits[:, -logits_to_keep:]
+        else:
+            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        return ACTRNNCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            lm_loss=lm_loss,
+            ponder_cost=outputs.ponder_cost,
+            n_updates=outputs.n_updates,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+        )
+
+
+class ACTRNNForSequenceClassification(ACTRNNPreTrainedModel):
+    """The pondering RNN with a linear classifier on the state after the last real input step (the paper's parity
+    task: one input vector, one sigmoid/softmax output)."""
+
+    def __init__(self, config: ACTRNNConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ACTRNNModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> ACTRNNSequenceClassifierOutput:
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+            output_attentions=kwargs.get("output_attentions"),
+        )
+        pooled = last_token_states(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(pooled)
+        loss = None
+        if labels is not None:
+            loss = sequence_classification_loss(self.config, logits, labels)
+            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return ACTRNNSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            ponder_cost=outputs.ponder_cost,
+            n_updates=outputs.n_updates,
+        )
+
+
+__all__ = [
+    "ACTRNNPreTrainedModel",
+    "ACTRNNModel",
+    "ACTRNNForCausalLM",
+    "ACTRNNForSequenceClassification",
+    "ACTRNNModelOutput",
+    "ACTRNNCausalLMOutput",
+    "ACTRNNCache",
+]

@@ -1,0 +1,368 @@
+"""The one Transformer-XL backbone of the XL family (Transformer-XL, Gated Transformer-XL, Adaptive Span).
+
+A forward pass over a segment, whatever the variant:
+
+    memory  = past_key_values (a `MemoryCache`), or the memory a first segment starts with (`config.memory_init`)
+    allowed = causal over [memory; segment], within the attention window, without padding or masked memory slots
+    R       = the sinusoid table of relative distances (Dai et al. 2019, section 3.3)
+    h^0     = dropout(embeddings);  h^n = layer_n(h^{n-1}, memory_n, R, allowed)     (`XLLayer`)
+    memory_n <- the last mem_len of [memory_n; h^{n-1}] (stop-gradient)              (`MemoryCache.update_memories`)
+
+The variants differ only in their configs, defaults, parameter names and heads. Two mechanisms are options of every
+XL-family config, so they compose (a gated XL with adaptive span is a config, not a new file):
+
+- the residual form (`gate_type`, `gate_bias`; Parisotto et al. 2020): "trxl" is the plain Transformer-XL block
+  (layer norm after the residual, or on the sub-layer input with transfo-xl's `pre_lnorm`); every other type uses
+  the identity map reordering, `E' = g(E, ReLU(MHA(LN([SG(M), E]))))`, `out = g(E', ReLU(FF(LN(E'))))`, with g the
+  plain residual ("trxl_i") or a gate of `txv_gates`.
+- adaptive span (`adapt_span_enabled`, `attn_span`, `adapt_span_*`; Sukhbaatar et al. 2019): each head's soft span
+  mask is an additive attention term (`txv_adaptive_span`), the span penalty is returned, and with
+  `adapt_span_cache` every layer attends only to the keys its spans can reach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from torch import nn
+from transformers import initialization as init
+
+from .txv_adaptive_span import AdaptiveSpan
+from .txv_attention import causal_allowed
+from .txv_cache import MemoryCache, memory_for_input
+from .txv_gates import GatingLayer, build_gate
+from .txv_inputs import segment_padding_mask
+from .txv_relative_attention import relative_position_embeddings
+
+
+def residual_form(config) -> str:
+    """"post_norm" (x = LN(x + y)), "pre_norm" (x = x + y, y from LN(x); transfo-xl's pre_lnorm) or "reordered"
+    (the identity map reordering with a gate, x = g(x, ReLU(y)), y from LN(x))."""
+    if config.gate_type == "trxl":
+        return "pre_norm" if getattr(config, "pre_lnorm", False) else "post_norm"
+    return "reordered"
+
+
+def attention_window(config) -> int | None:
+    """How many keys (distances 0 .. window - 1) a query may see: the smallest of the same-length window
+    (`mem_len` keys, or `mem_len + 1` with `same_length_extra_key`) and the hard span `attn_span`; None: no limit."""
+    windows = []
+    if getattr(config, "same_length", False):
+        windows.append(config.mem_len + int(getattr(config, "same_length_extra_key", False)))
+    if config.attn_span is not None:
+        windows.append(config.attn_span)
+    return min(windows) if windows else None
+
+
+def build_adaptive_span(config) -> AdaptiveSpan | None:
+    if not config.adapt_span_enabled:
+        return None
+    return AdaptiveSpan(
+        config.num_attention_heads,
+        config.attn_span,
+        config.adapt_span_ramp,
+        config.adapt_span_init,
+        dynamic=config.adapt_span_dynamic,
+        hidden_size=config.hidden_size,
+    )
+
+
+def init_mechanism_weights(module: nn.Module, std: float):
+    """`_init_weights` for the mechanisms' own parameters (their Linear weights are the variant's usual init):
+    the gate bias b_g, and the spans (static: `adapt_span_init`; dynamic: sigmoid(b) = `adapt_span_init`)."""
+    if isinstance(module, GatingLayer) and module.has_bias:
+        init.constant_(module.gate_bias, module.initial_bias)
+    elif isinstance(module, AdaptiveSpan):
+        if module.dynamic:
+            init.normal_(module.span_predictor.weight, 0.0, std)
+            fraction = min(max(module.init, 1e-4), 1 - 1e-4)
+            init.constant_(module.span_predictor.bias, float(torch.logit(torch.tensor(fraction))))
+        else:
+            init.constant_(module.current_val, module.init)
+
+
+class XLLayer(GradientCheckpointingLayer):
+    """One XL layer. A variant's layer builds its sub-modules under the names of its checkpoints, says where they are
+    in `part_paths` (role -> dotted name: "attention" (a `RelativePositionAttention`), "attention_norm",
+    "feed_forward", "feed_forward_norm", and "adaptive_span" where the span module goes), then calls
+    `add_mechanisms(config)`, which adds the gates (`attention_gate`, `feed_forward_gate`) and the span module the
+    config asks for. The parts are looked up at call time, so wrapped modules (e.g. PEFT adapters) are used."""
+
+    part_paths: dict[str, str] = {}
+
+    def add_mechanisms(self, config):
+        self.residual = residual_form(config)
+        if self.residual == "reordered":
+            gate_type = "residual" if config.gate_type == "trxl_i" else config.gate_type
+            self.attention_gate = build_gate(gate_type, config.hidden_size, config.gate_bias)
+            self.feed_forward_gate = build_gate(gate_type, config.hidden_size, config.gate_bias)
+        span = build_adaptive_span(config)
+        self.has_adaptive_span = span is not None
+        if span is not None:
+            parent, _, name = self.part_paths["adaptive_span"].rpartition(".")
+            (self.get_submodule(parent) if parent else self).add_module(name, span)
+        self.span_cache = config.adapt_span_cache
+        self.window = attention_window(config)
+
+    def part(self, role: str):
+        return self.get_submodule(self.part_paths[role])
+
+    def forward(self, hidden_states, position_embeddings, allowed, memory=None, shared_biases=None, output_attentions=False):
+        """position_embeddings `[M + Q (+ 1), hidden]` and allowed `[..., Q, M + Q]` for the full memory `[B, M, hidden]`.
+        Returns the output, the attention weights (or None), the layer's span penalty (or None) and
+        `(attended key count, memory the layer needs or None)`."""
+        span = self.part("adaptive_span") if self.has_adaptive_span else None
+        span_bias = penalty = needed_memory = None
+        if span is not None:
+            spans = span.spans(hidden_states)
+            penalty = span.penalty(spans)
+            if self.span_cache and not torch.compiler.is_compiling():
+                # keys at distance >= required_keys have weight exactly 0: drop the memory that only they use
+                needed_memory = span.required_keys(spans) - 1
+                memory, position_embeddings, allowed = keep_last_memory(
+                    memory, position_embeddings, allowed, needed_memory, hidden_states.shape[1]
+                )
+            key_length = hidden_states.shape[1] + (0 if memory is None else memory.shape[1])
+            span_bias = span.attention_bias(spans, hidden_states.shape[1], key_length, hidden_states.dtype)
+        key_length = allowed.shape[-1]
+
+        attention, attention_norm = self.part("attention"), self.part("attention_norm")
+        feed_forward, feed_forward_norm = self.part("feed_forward"), self.part("feed_forward_norm")
+        attended, weights = attention(
+            hidden_states,
+            position_embeddings,
+            allowed,
+            memory=memory,
+            context_norm=None if self.residual == "post_norm" else attention_norm,
+            shared_biases=shared_biases,
+            output_attentions=output_attentions,
+            attention_bias=span_bias,
+        )
+        if self.residual == "post_norm":
+            hidden_states = attention_norm(hidden_states + attended)
+            hidden_states = feed_forward_norm(hidden_states + feed_forward(hidden_states))
+        elif self.residual == "pre_norm":
+            hidden_states = hidden_states + attended
+            hidden_states = hidden_states + feed_forward(feed_forward_norm(hidden_states))
+        else:
+            hidden_states = self.attention_gate(hidden_states, torch.relu(attended))
+            transformed = feed_forward(feed_forward_norm(hidden_states))
+            hidden_states = self.feed_forward_gate(hidden_states, torch.relu(transformed))
+        return hidden_states, weights, penalty, (key_length, needed_memory)
+
+
+def keep_last_memory(memory, position_embeddings, allowed, memory_length: int, query_length: int):
+    """Cuts the memory to its last `memory_length` slots, and the position table and the key mask with it (the
+    table's rows run from the farthest distance down, with possibly one extra row for distance -1)."""
+    full_memory = 0 if memory is None else memory.shape[1]
+    extra_rows = position_embeddings.shape[0] - (full_memory + query_length)
+    memory_length = min(full_memory, memory_length)
+    key_length = memory_length + query_length
+    memory = memory[:, full_memory - memory_length :] if memory_length > 0 else None
+    position_embeddings = position_embeddings[position_embeddings.shape[0] - key_length - extra_rows :]
+    return memory, position_embeddings, allowed[..., allowed.shape[-1] - key_length :]
+
+
+class XLSpanMethodsMixin:
+    """For every XL-family PreTrainedModel: the adaptive-span helpers (no-ops without adaptive span)."""
+
+    def clamp_spans_(self):
+        """Clamps every learned span into [0, attn_span]; call after each optimiser step (original `clamp_param`)."""
+        for module in self.modules():
+            if isinstance(module, AdaptiveSpan):
+                module.clamp_()
+
+    def get_spans(self) -> torch.Tensor | None:
+        """`[layers, heads]` the current static spans in tokens (None for dynamic spans or without adaptive span)."""
+        spans = [m.spans().detach() for m in self.modules() if isinstance(m, AdaptiveSpan) and not m.dynamic]
+        return torch.stack(spans) if spans else None
+
+
+@dataclass
+class XLBackboneOutput:
+    """What `XLBackboneMixin.run_backbone` returns to the variant's model: the last hidden state (after dropout),
+    the memory (updated when `use_cache`), the inputs of every layer, the attention weights, the summed span
+    penalty (None without adaptive span) and the key count each layer attended."""
+
+    last_hidden_state: torch.Tensor
+    cache: MemoryCache
+    layer_inputs: list
+    attentions: list
+    span_penalty: torch.Tensor | None
+    attended_keys: tuple
+
+
+def build_final_norm(config) -> nn.LayerNorm | None:
+    """The layer norm on the last hidden state (`config.final_layer_norm`), as GPT-2's `ln_f`. A stack with the
+    identity map reordering never normalises its residual stream: without it, a tied LM head reads vectors of the
+    embeddings' scale (std ~ initializer_range) through gates that start near the identity, and learns very slowly."""
+    if not config.final_layer_norm:
+        return None
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
+class XLBackboneMixin:
+    """For the base model of an XL-family variant, which has `config`, `layers` (`XLLayer`s), `drop` and `norm`
+    (`build_final_norm`)."""
+
+    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+        """The memory a first segment starts with (see `config.memory_init`)."""
+        parameter = next(self.parameters())
+        return MemoryCache.initial(
+            self.config.num_hidden_layers,
+            self.config.mem_len,
+            batch_size,
+            self.config.hidden_size,
+            self.config.memory_init,
+            dtype or parameter.dtype,
+            device or parameter.device,
+            model_type=self.config.model_type,
+        )
+
+    def memory_for_input(self, past_key_values, batch_size: int, dtype, device) -> MemoryCache:
+        config = self.config
+        return memory_for_input(
+            past_key_values,
+            lambda: self.init_memory(batch_size, dtype, device),
+            batch_size=batch_size,
+            hidden_size=config.hidden_size,
+            num_layers=len(self.layers),
+            model_type=config.model_type,
+        )
+
+    def allowed_keys(self, cache: MemoryCache, query_length: int, input_mask, device) -> torch.Tensor:
+        """`[batch or 1, 1, Q, M + Q]` bool: causal over `[memory; segment]`, inside the window, without padding."""
+        allowed = causal_allowed(query_length, cache.memory_length, device, attention_window(self.config))[None, None]
+        key_mask = cache.key_mask(input_mask, query_length)
+        return allowed if key_mask is None else allowed & key_mask[:, None, None, :]
+
+    def run_backbone(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: MemoryCache | None,
+        use_cache: bool,
+        output_attentions: bool,
+        episode_starts: torch.Tensor | None = None,
+        shared_biases=None,
+    ) -> XLBackboneOutput:
+        config = self.config
+        batch, query_length = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+        cache = self.memory_for_input(past_key_values, batch, inputs_embeds.dtype, device)
+        memory_length = cache.memory_length
+        input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
+        leading_padding = None
+        if input_mask is not None and cache.memory_init == "zeros" and cache.seen_tokens == 0 and memory_length > 0:
+            leading_padding, zero_slots, cache.memory_mask = leading_padding_as_zero_memory(input_mask, memory_length)
+            input_mask = input_mask | zero_slots
+        allowed = self.allowed_keys(cache, query_length, input_mask, device)
+        last_start = None
+        if episode_starts is not None:
+            allowed, last_start = restrict_to_episodes(allowed, episode_starts, batch, memory_length)
+
+        position_embeddings = self.drop(
+            relative_position_embeddings(
+                memory_length + query_length,
+                config.hidden_size,
+                getattr(config, "clamp_len", 0),
+                inputs_embeds.dtype,
+                device,
+            )
+        )
+
+        hidden_states = self.drop(inputs_embeds)
+        layer_inputs, attentions, penalties, attended_keys = [], [], [], []
+        for layer_idx, layer in enumerate(self.layers):
+            if leading_padding is not None:
+                hidden_states = hidden_states.masked_fill(leading_padding[..., None], 0.0)
+            layer_inputs.append(hidden_states)
+            hidden_states, weights, penalty, keys = layer(
+                hidden_states,
+                position_embeddings,
+                allowed,
+                memory=cache.layer_memory(layer_idx),
+                shared_biases=shared_biases,
+                output_attentions=output_attentions,
+            )
+            attentions.append(weights)
+            penalties.append(penalty)
+            attended_keys.append(keys)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        hidden_states = self.drop(hidden_states)
+        span_penalty = torch.stack(penalties).sum() if config.adapt_span_enabled else None
+
+        if use_cache:
+            needed = [needed for _, needed in attended_keys if needed is not None]
+            if needed and not config.adapt_span_dynamic:
+                # keep only the memory the longest learned span needs (every layer's memory has the same length);
+                # dynamic spans depend on future queries, so their memory is not trimmed (only their keys are)
+                cache.mem_len = min(config.mem_len, max(needed))
+            if last_start is not None:
+                # rows whose episode restarted forget everything before the restart
+                cache.reset_rows(last_start[:, -1] >= 0, memory_init="empty")
+                in_episode = torch.arange(query_length, device=device) >= last_start[:, -1:]
+                input_mask = in_episode if input_mask is None else input_mask & in_episode
+            cache.update_memories(layer_inputs, input_mask)
+        return XLBackboneOutput(
+            last_hidden_state=hidden_states,
+            cache=cache,
+            layer_inputs=layer_inputs,
+            attentions=attentions,
+            span_penalty=span_penalty,
+            attended_keys=tuple(keys for keys, _ in attended_keys),
+        )
+
+
+def leading_padding_as_zero_memory(input_mask: torch.Tensor, memory_length: int):
+    """Left padding made exact under `memory_init="zeros"`: a row alone starts with `mem_len` zero vectors right
+    before its first token. A left-padded row gets exactly that: its leading padding positions are zero vectors (at
+    every layer's input), and of the zeros [initial memory; leading padding] it attends to the last `memory_length`
+    only, so every key it sees sits at the same relative distance as when the row is alone.
+
+    Returns `leading [B, Q]` (the leading padding), `zero_slots [B, Q]` (the padding positions attended as zeros) and
+    the `[B, M]` mask of the initial memory slots still attended."""
+    leading = input_mask.cumsum(dim=1) == 0
+    pads = leading.sum(dim=1, keepdim=True)
+    positions = torch.arange(input_mask.shape[1], device=input_mask.device)
+    # index in the zero sequence [memory (M); padding (P)]: memory slot k is k, padding j is M + j; keep those >= P
+    zero_slots = leading & (positions + memory_length >= pads)
+    memory_mask = torch.arange(memory_length, device=input_mask.device) >= pads
+    return leading, zero_slots, memory_mask
+
+
+def restrict_to_episodes(allowed: torch.Tensor, episode_starts: torch.Tensor, batch: int, memory_length: int):
+    """Each step attends to nothing before the latest episode start at or before it (neither memory nor earlier
+    steps). Returns the narrowed mask and `last_start [batch, Q]`, the latest start <= each step (-1: none)."""
+    query_length = allowed.shape[-2]
+    if episode_starts.shape != (batch, query_length):
+        raise ValueError(
+            f"episode_starts must be [batch, length] = {(batch, query_length)}, got shape {tuple(episode_starts.shape)}"
+        )
+    device = allowed.device
+    steps = torch.arange(query_length, device=device)
+    starts = episode_starts.to(device=device, dtype=torch.bool)
+    last_start = torch.where(starts, steps, -1).cummax(dim=1).values
+    first_key = torch.where(last_start >= 0, last_start + memory_length, 0)  # in [memory; segment] coordinates
+    keys = torch.arange(allowed.shape[-1], device=device)
+    return allowed & (keys >= first_key[:, :, None])[:, None], last_start
+
+
+__all__ = [
+    "XLBackboneMixin",
+    "XLBackboneOutput",
+    "XLLayer",
+    "XLSpanMethodsMixin",
+    "attention_window",
+    "build_adaptive_span",
+    "build_final_norm",
+    "init_mechanism_weights",
+    "keep_last_memory",
+    "leading_padding_as_zero_memory",
+    "residual_form",
+    "restrict_to_episodes",
+]

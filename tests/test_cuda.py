@@ -1,0 +1,75 @@
+"""The checks that only a GPU can run (issue 12): mixed precision on CUDA for every variant (the adaptive-input
+index_copy crash, fp16 overflows), R-Transformer backward in eval mode under cuDNN, SDPA reaching a fused kernel,
+FlexAttention training, and the compiled Transformer-XL. Skipped where CUDA is absent; run on a GPU machine with
+
+    HF_HUB_OFFLINE=1 python -m pytest -q tests/test_cuda.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_mixed_precision import PRECISIONS, VARIANTS, build, check_mixed_precision_training, loss_and_gradients
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+SDPA_VARIANTS = [name for name in VARIANTS if VARIANTS[name][0] != "txv_reformer"]  # the Reformer has no SDPA path
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_trains_in_mixed_precision_on_cuda(variant, precision, request):
+    check_mixed_precision_training(variant, precision, "cuda", request)
+
+
+@pytest.mark.parametrize("precision", ["autocast-bf16", "autocast-fp16"])
+def test_transfo_xl_wt103_style_div_val_4_under_autocast(precision, request):
+    """The paper's wt103 head (div_val 4, three tail clusters) crashed in the adaptive input under autocast."""
+    check_mixed_precision_training(
+        "transfo-xl div_val 2", precision, "cuda", request, vocab_size=80, cutoffs=[10, 20, 40], div_val=4, d_embed=64
+    )
+
+
+@pytest.mark.parametrize("rnn_type", ["GRU", "LSTM", "RNN"])
+def test_r_transformer_backward_in_eval_mode_under_cudnn(rnn_type):
+    """cuDNN's eval-mode RNN has no backward; the LocalRNN runs it with cuDNN off then (attribution, RL)."""
+    assert torch.backends.cudnn.enabled
+    model, ids = build("r_transformer", "cuda", rnn_type=rnn_type)
+    loss, gradients = loss_and_gradients(model.eval(), ids)
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in gradients.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", SDPA_VARIANTS)
+def test_sdpa_reaches_a_fused_kernel(variant, dtype):
+    """With SDPA restricted to the flash and memory-efficient kernels (no math fallback), every SDPA variant trains
+    in half precision: its masks and additive terms have a shape and dtype the fused kernels accept."""
+    model, ids = build(variant, "cuda", attn_implementation="sdpa")
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]), torch.autocast("cuda", dtype):
+        loss, gradients = loss_and_gradients(model, ids)
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in gradients.values())
+
+
+@pytest.mark.parametrize("variant", ["sparse_transformer", "image_transformer"])
+def test_flex_attention_trains_like_the_dense_reference(variant):
+    flex, ids = build(variant, "cuda", pattern_implementation="flex")
+    dense, _ = build(variant, "cuda", pattern_implementation="dense")
+    dense.load_state_dict(flex.state_dict())
+    flex_loss, flex_gradients = loss_and_gradients(flex, ids)
+    dense_loss, dense_gradients = loss_and_gradients(dense, ids)
+    torch.testing.assert_close(flex_loss, dense_loss, atol=1e-4, rtol=1e-4)
+    for name, gradient in dense_gradients.items():
+        torch.testing.assert_close(flex_gradients[name], gradient, atol=1e-4, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_transfo_xl_training_step_equals_eager(dtype):
+    model, ids = build("transfo-xl div_val 2", "cuda", attn_implementation="sdpa")
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        expected_loss, expected_gradients = loss_and_gradients(model, ids)
+        loss, gradients = loss_and_gradients(model, ids, forward=torch.compile(model))
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(loss, expected_loss, atol=tolerance, rtol=tolerance)
+    for name, gradient in expected_gradients.items():
+        torch.testing.assert_close(gradients[name], gradient, atol=tolerance, rtol=10 * tolerance, msg=name)

@@ -1,0 +1,117 @@
+"""Image Transformer super-resolution (Parmar et al. 2018, section 3.4): a low-resolution image encoded, the
+high-resolution image decoded with local attention and cross-attention to the encoder."""
+
+import pytest
+import torch
+from transformers import AutoModelForImageToImage
+
+from hf_txvariants import ImageTransformerConfig, ImageTransformerForCausalLM, ImageTransformerForSuperResolution
+from hf_txvariants.modeling_image_transformer import images_to_conditioning_ids, images_to_input_ids
+from hf_txvariants.training.images import downsample, synthetic_shapes
+
+TINY = dict(
+    image_size=[8, 8],
+    num_channels=1,
+    conditioning_image_size=[4, 4],
+    num_encoder_layers=1,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    attention_type="local_1d",
+    block_length=8,
+)
+
+
+def _model(**overrides):
+    torch.manual_seed(0)
+    return ImageTransformerForSuperResolution(ImageTransformerConfig(**{**TINY, **overrides})).eval()
+
+
+def _sharp(model):
+    """Weights larger than the initialisation's, so that every path's effect shows."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    return model
+
+
+def _batch(config, count=2, seed=0):
+    images = synthetic_shapes(count, config.image_size[0], config.num_channels, seed)
+    low = downsample(images, config.image_size[0] // config.conditioning_image_size[0])
+    return images_to_input_ids(images, config), images_to_conditioning_ids(low, config)
+
+
+def test_the_low_resolution_image_conditions_every_position():
+    """Changing one low-resolution intensity changes the logits of the first position too (cross-attention sees the
+    whole encoded image, which local self-attention could not reach)."""
+    model = _sharp(_model())
+    ids, conditioning = _batch(model.config)
+    changed = conditioning.clone()
+    changed[:, -1] = (changed[:, -1] + 128) % 256
+    with torch.no_grad():
+        a = model(ids, conditioning_ids=conditioning).logits
+        b = model(ids, conditioning_ids=changed).logits
+    assert (a[:, 0] - b[:, 0]).abs().max() > 1e-2
+
+
+def test_loss_is_bits_per_dimension_and_trains():
+    model = _model().train()
+    ids, conditioning = _batch(model.config, count=4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(15):
+        loss = model(ids, conditioning_ids=conditioning, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert abs(losses[0] - 8.0) < 0.5  # untrained: about log2(256) bits
+    assert losses[-1] < losses[0] - 1.0
+    assert all(p.grad is not None for n, p in model.named_parameters() if n.startswith("encoder.")), "encoder trains"
+
+
+@pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
+def test_cached_upscaling_equals_recomputing(attention_type):
+    model = _sharp(_model(attention_type=attention_type, query_shape=[2, 4], memory_flange=[1, 4]))
+    _, conditioning = _batch(model.config)
+    kwargs = dict(
+        conditioning_ids=conditioning, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    start = torch.full((2, 1), 256)
+    cached, full = model.generate(start, use_cache=True, **kwargs), model.generate(start, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, full.sequences)
+    for a, b in zip(cached.logits, full.logits):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_upscale_returns_images_and_auto_class_loads(tmp_path):
+    model = _model()
+    low = downsample(synthetic_shapes(1, 8, 1, seed=3), 2)
+    assert model.upscale(low).shape == (1, 8, 8, 1)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForImageToImage.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, ImageTransformerForSuperResolution)
+    ids, conditioning = _batch(model.config)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded(ids, conditioning_ids=conditioning).logits, model(ids, conditioning_ids=conditioning).logits
+        )
+
+
+def test_bad_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="conditioning_image_size"):
+        ImageTransformerForSuperResolution(ImageTransformerConfig(**{**TINY, "conditioning_image_size": None}))
+    with pytest.raises(ValueError, match="conditioning_image_size"):
+        ImageTransformerConfig(**{**TINY, "conditioning_image_size": [0, 4]})
+    model = _model()
+    ids, conditioning = _batch(model.config)
+    with pytest.raises(ValueError, match="conditioning_ids"):
+        model(ids)
+    with pytest.raises(ValueError, match="conditioning_ids"):
+        model(ids, conditioning_ids=conditioning[:, :-1])
+    with pytest.raises(ValueError, match="encoder_hidden_states"):
+        ImageTransformerForCausalLM(model.config)(ids)
+    with pytest.raises(ValueError, match="low-resolution"):
+        images_to_conditioning_ids(torch.zeros(1, 8, 8, 1), model.config)

@@ -1,0 +1,158 @@
+"""Every variant's causal LM trains under mixed precision: a forward + backward under `torch.autocast` (bfloat16,
+float16) and with the model cast to bfloat16 gives a finite loss and finite gradients, close to the float32 run of
+the same weights within a tolerance that fits the dtype. Issue 12, item 1 (the GPU side: benchmarks/gpu_checks.py).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_txvariants  # noqa: F401  (registers the Auto classes)
+from hf_txvariants import txv_lsh
+
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0)
+# model_type, config kwargs, sequence length
+VARIANTS = {
+    "transfo-xl div_val 2": (
+        "transfo-xl",
+        dict(vocab_size=40, cutoffs=[10, 20], div_val=2, d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32,
+             n_layer=2, mem_len=5, clamp_len=6, same_length=True, dropout=0.0, dropatt=0.0),
+        12,
+    ),
+    "transfo-xl div_val 1": (
+        "transfo-xl",
+        dict(vocab_size=40, cutoffs=[10, 20], div_val=1, d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32,
+             n_layer=2, mem_len=5, dropout=0.0, dropatt=0.0),
+        12,
+    ),
+    "gtrxl": (
+        "txv_gtrxl",
+        dict(vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2,
+             mem_len=8, **NO_DROPOUT),
+        12,
+    ),
+    "vanilla": (
+        "txv_vanilla",
+        dict(vocab_size=23, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24,
+             max_position_embeddings=32, num_future_targets=3, intermediate_loss_weight=1.0, **NO_DROPOUT),
+        12,
+    ),
+    "shaw": (
+        "txv_shaw",
+        dict(vocab_size=21, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+             max_relative_position=3, **NO_DROPOUT),
+        12,
+    ),
+    "r_transformer": (
+        "txv_r_transformer",
+        dict(vocab_size=19, hidden_size=16, num_hidden_layers=2, num_rnn_layers=2, num_attention_heads=2,
+             local_window=3, embedding_dropout=0.0, **NO_DROPOUT),
+        12,
+    ),
+    "universal": (
+        "txv_universal",
+        dict(vocab_size=37, d_model=16, n_head=2, d_inner=32, max_steps=4, dropout=0.0, dropatt=0.0,
+             halting_bias_init=-1.0, is_decoder=True),
+        12,
+    ),
+    "adaptive_span": (
+        "txv_adaptive_span",
+        dict(vocab_size=31, d_model=16, n_head=2, d_inner=32, n_layer=2, attn_span=12, adapt_span_ramp=3,
+             adapt_span_init=0.25, dropout=0.0),
+        12,
+    ),
+    "sparse_transformer": (
+        "txv_sparse_transformer",
+        dict(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+             max_position_embeddings=64, attention_pattern="strided", pattern_mode="interleaved", stride=3,
+             block_size=4, **NO_DROPOUT),
+        24,
+    ),
+    "image_transformer": (
+        "txv_image_transformer",
+        dict(image_size=[4, 4], num_channels=3, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=48, attention_type="local_2d", block_length=8, query_shape=[2, 4],
+             memory_flange=[1, 4], **NO_DROPOUT),
+        48,
+    ),
+    "reformer": (
+        "txv_reformer",
+        dict(vocab_size=31, hidden_size=16, num_attention_heads=2, attention_head_size=8, feed_forward_size=24,
+             attn_layers=["local", "lsh"], axial_pos_shape=[8, 8], axial_pos_embds_dim=[8, 8],
+             max_position_embeddings=64, lsh_attn_chunk_length=4, local_attn_chunk_length=4, num_buckets=4,
+             num_hashes=2, hash_seed=7, hidden_dropout_prob=0.0, local_attention_probs_dropout_prob=0.0,
+             lsh_attention_probs_dropout_prob=0.0),
+        64,
+    ),
+}
+# (how the low precision is applied, dtype): autocast of the float32 model, or the whole model cast
+PRECISIONS = {
+    "autocast-bf16": ("autocast", torch.bfloat16),
+    "autocast-fp16": ("autocast", torch.float16),
+    "bf16-weights": ("cast", torch.bfloat16),
+}
+# relative tolerance on the loss and on the gradient (as a whole: ||g - g_fp32|| / ||g_fp32||): bfloat16 keeps 8
+# mantissa bits (relative rounding 2^-8 = 0.4% per op), float16 11 bits; a tiny model accumulates a few of those
+LOSS_TOLERANCE = {torch.bfloat16: 0.01, torch.float16: 0.002}
+GRADIENT_TOLERANCE = {torch.bfloat16: 0.05, torch.float16: 0.01}
+
+# The Reformer's LSH masks are hard-coded (-1e9, -1e5 in txv_lsh.py), beyond float16's range (65504); the fix is in
+# txv_lsh.py (its owner's), after which this marker no longer applies.
+REFORMER_FP16_OVERFLOWS = getattr(txv_lsh, "MASK_VALUE", None) == -1e9
+
+
+def build(name: str, device: str = "cpu", attn_implementation: str = "eager", **overrides):
+    model_type, kwargs, length = VARIANTS[name]
+    config = AutoConfig.for_model(model_type, **{**kwargs, **overrides})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).train().to(device)
+    ids = torch.randint(0, config.vocab_size, (2, length), generator=torch.Generator().manual_seed(1))
+    return model, ids.to(device)
+
+
+def loss_and_gradients(model, ids, forward=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`forward`: what computes the loss (e.g. `torch.compile(model)`), `model` by default."""
+    model.zero_grad()
+    loss = (model if forward is None else forward)(input_ids=ids, labels=ids).loss
+    loss.backward()
+    gradients = {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach().float(), gradients
+
+
+def run_in_precision(model, ids, how: str, dtype: torch.dtype):
+    if how == "cast":
+        return loss_and_gradients(model.to(dtype), ids)
+    with torch.autocast(ids.device.type, dtype=dtype):
+        return loss_and_gradients(model, ids)
+
+
+def relative_gradient_error(gradients, reference) -> float:
+    difference = sum(((gradients[name] - reference[name]) ** 2).sum() for name in reference)
+    return float(difference.sqrt() / sum((g**2).sum() for g in reference.values()).sqrt())
+
+
+def check_mixed_precision_training(variant: str, precision: str, device: str, request, **build_kwargs):
+    """The float32 run, then the same weights in `precision`: finite, and close to float32."""
+    how, dtype = PRECISIONS[precision]
+    if variant == "reformer" and dtype == torch.float16 and REFORMER_FP16_OVERFLOWS:
+        request.applymarker(pytest.mark.xfail(reason="txv_lsh MASK_VALUE=-1e9 overflows float16", strict=True))
+    model, ids = build(variant, device, **build_kwargs)
+    reference_loss, reference_gradients = loss_and_gradients(model, ids)
+    loss, gradients = run_in_precision(copy.deepcopy(model), ids, how, dtype)
+
+    assert torch.isfinite(loss), f"{variant} {precision}: loss {loss}"
+    not_finite = [name for name, g in gradients.items() if not torch.isfinite(g).all()]
+    assert not not_finite, f"{variant} {precision}: non-finite gradients in {not_finite}"
+    assert set(gradients) == set(reference_gradients), "the same parameters get gradients"
+    assert abs(loss - reference_loss) <= LOSS_TOLERANCE[dtype] * max(1.0, abs(reference_loss))
+    assert relative_gradient_error(gradients, reference_gradients) <= GRADIENT_TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_trains_in_mixed_precision_close_to_float32(variant, precision, request):
+    check_mixed_precision_training(variant, precision, "cpu", request)

@@ -1,0 +1,114 @@
+"""txv_relative_attention: the relative shift against its definition, and the Transformer-XL attention and model
+under torch.compile (fullgraph) against eager."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_txvariants  # noqa: F401  (registers the Auto classes)
+from hf_txvariants.txv_attention import causal_allowed
+from hf_txvariants.txv_relative_attention import (
+    RelativePositionAttention,
+    relative_position_embeddings,
+    relative_shift,
+)
+
+TINY_XL = dict(
+    vocab_size=40, cutoffs=[10, 20], div_val=2, d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32, n_layer=2,
+    mem_len=5, clamp_len=6, same_length=True, dropout=0.0, dropatt=0.0,
+)
+# the files that make up the relative-attention layer stack and the adaptive head (this issue's scope)
+LAYER_STACK_FILES = {"txv_relative_attention.py", "txv_adaptive_softmax.py", "txv_attention.py", "txv_positions.py"}
+
+
+@pytest.mark.parametrize("with_distance_minus_one", [True, False])
+def test_relative_shift_puts_distance_m_plus_i_minus_j_at_key_j(with_distance_minus_one):
+    """shifted[i, j] = scores[i, m] with m the row of distance M + i - j (rows: K - 1, ..., 0[, -1]), for every
+    key j that query i may see (j <= M + i)."""
+    memory, query = 3, 4
+    key = memory + query
+    rows = key + 1 if with_distance_minus_one else key
+    scores = torch.randn(2, 3, query, rows)
+    shifted = relative_shift(scores, key)
+    for i in range(query):
+        for j in range(memory + i + 1):
+            distance = memory + i - j
+            torch.testing.assert_close(shifted[..., i, j], scores[..., i, key - 1 - distance], atol=0, rtol=0)
+
+
+def test_relative_shift_rejects_a_wrong_table():
+    with pytest.raises(ValueError, match="distances"):
+        relative_shift(torch.randn(1, 1, 2, 9), 5)
+
+
+def attention_inputs(config, memory_length=3, query_length=4):
+    generator = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, query_length, config.hidden_size, generator=generator, requires_grad=True)
+    memory = torch.randn(2, memory_length, config.hidden_size, generator=generator)
+    table = relative_position_embeddings(memory_length + query_length, config.hidden_size, 0, torch.float32, "cpu")
+    allowed = causal_allowed(query_length, memory_length, "cpu")[None, None]
+    return hidden, table, allowed, memory
+
+
+@pytest.mark.slow
+def test_relative_attention_compiles_fullgraph_to_the_eager_result():
+    config = AutoConfig.for_model("transfo-xl", **TINY_XL, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    attention = RelativePositionAttention(config)
+    with torch.no_grad():
+        for parameter in attention.parameters():
+            parameter.normal_(0, 0.3)
+    hidden, table, allowed, memory = attention_inputs(config)
+    expected = attention(hidden, table, allowed, memory=memory)[0]
+    (expected_gradient,) = torch.autograd.grad(expected.square().sum(), hidden)
+    compiled = torch.compile(attention, fullgraph=True)
+    output = compiled(hidden, table, allowed, memory=memory)[0]
+    (gradient,) = torch.autograd.grad(output.square().sum(), hidden)
+    torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gradient, expected_gradient, atol=1e-5, rtol=1e-5)
+
+
+def graph_break_outside_layer_stack(error: Exception) -> str | None:
+    """`file:line` of the project code where dynamo stopped, when that file is not part of the layer stack."""
+    message = str(error)
+    caused_by = re.search(r"# hf_txvariants/(\w+\.py):(\d+)", message)
+    user_frames = re.findall(r'hf_txvariants/(\w+\.py)", line (\d+)', message)
+    location = caused_by.groups() if caused_by else (user_frames[-1] if user_frames else None)
+    if location is None or location[0] in LAYER_STACK_FILES:
+        return None
+    return ":".join(location)
+
+
+@pytest.mark.slow
+def test_torch_compile_transfo_xl_gives_the_eager_outputs():
+    """`torch.compile(model)` (the compiled path) equals eager with memory and labels; fullgraph=True as well, except
+    where a graph break comes from outside the layer stack (then the test reports that location as an expected
+    failure: the cache / loss checks belong to issue 13)."""
+    config = AutoConfig.for_model("transfo-xl", **TINY_XL)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        first = model(ids)
+        expected = model(ids, labels=ids, past_key_values=first.past_key_values.clone())
+        expected_logits = model(ids, past_key_values=first.past_key_values.clone()).logits
+        compiled = torch.compile(model)
+        output = compiled(ids, labels=ids, past_key_values=first.past_key_values.clone())
+        logits = compiled(ids, past_key_values=first.past_key_values.clone()).logits
+    torch.testing.assert_close(output.losses, expected.losses, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, expected_logits, atol=1e-5, rtol=1e-5)
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            full = torch.compile(model, fullgraph=True)(ids, labels=ids, past_key_values=first.past_key_values.clone())
+    except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
+        location = graph_break_outside_layer_stack(error)
+        if location is None:
+            raise
+        pytest.xfail(f"fullgraph: graph break outside the layer stack at {location}")
+    torch.testing.assert_close(full.losses, expected.losses, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,339 @@
+"""The one XL backbone (txv_xl) and the mechanisms that compose on it: every XL-family config takes gating and
+adaptive span; a composed model passes the shared tester (train, memory, save/load, remote code) and equals the
+single-mechanism model when the other mechanism is neutral. Also the XL family's shared contract: the memory as a
+transformers Cache (layers, continuing generate, assisted decoding refused), loss kwargs, caches of another model,
+left padding under memory_init="zeros", torch.export / torch.compile."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from txv_tester import ATOL, TxvModelTesterMixin
+
+from hf_txvariants import (
+    AdaptiveSpanConfig,
+    AdaptiveSpanForCausalLM,
+    AdaptiveSpanModel,
+    GTrXLConfig,
+    GTrXLForCausalLM,
+    GTrXLModel,
+    MemoryCache,
+    TransfoXLConfig,
+    TransfoXLLMHeadModel,
+    TransfoXLModel,
+)
+from hf_txvariants import txv_relative_attention
+from hf_txvariants.txv_adaptive_span import AdaptiveSpan
+from hf_txvariants.txv_gates import GRUGate
+
+SIZE = dict(vocab_size=23, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
+SPAN = dict(adapt_span_enabled=True, attn_span=20, adapt_span_ramp=3, adapt_span_init=0.4)
+GTRXL = dict(**SIZE, mem_len=7)
+TRANSFO_XL = dict(**SIZE, cutoffs=[10], div_val=1, mem_len=7, same_length=False, init_std=0.2, pad_token_id=0)
+ADAPTIVE_SPAN = dict(**SIZE, attn_span=12, adapt_span_ramp=3, adapt_span_init=0.25, initializer_range=0.2)
+
+
+# ------------------------------------------------------------------------------------------ composed models, tested
+class TestGTrXLWithAdaptiveSpan(TxvModelTesterMixin):
+    config_class = GTrXLConfig
+    model_classes = (GTrXLModel, GTrXLForCausalLM)
+    causal_lm_class = GTrXLForCausalLM
+    tiny_config_kwargs = {**GTRXL, **SPAN}
+    has_memory = True
+
+
+class TestTransfoXLGatedWithAdaptiveSpan(TxvModelTesterMixin):
+    config_class = TransfoXLConfig
+    model_classes = (TransfoXLModel, TransfoXLLMHeadModel)
+    causal_lm_class = TransfoXLLMHeadModel
+    tiny_config_kwargs = {**TRANSFO_XL, "gate_type": "gru", **SPAN}
+    has_memory = True
+    memory_test_config_kwargs = {"memory_init": "empty"}
+
+    @pytest.mark.slow  # a subprocess that imports transformers; GTrXL with adaptive span covers it in the fast set
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
+
+class TestAdaptiveSpanGated(TxvModelTesterMixin):
+    config_class = AdaptiveSpanConfig
+    model_classes = (AdaptiveSpanModel, AdaptiveSpanForCausalLM)
+    causal_lm_class = AdaptiveSpanForCausalLM
+    tiny_config_kwargs = {**ADAPTIVE_SPAN, "gate_type": "gru", "adapt_span_dynamic": True}
+    has_memory = True
+    memory_test_config_kwargs = dict(attn_span=20, adapt_span_init=0.4)
+
+    @pytest.mark.slow
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
+
+def test_composed_models_have_both_mechanisms():
+    for model in (
+        GTrXLModel(GTrXLConfig(**GTRXL, **SPAN)),
+        TransfoXLModel(TransfoXLConfig(**TRANSFO_XL, gate_type="gru", **SPAN)),
+        AdaptiveSpanModel(AdaptiveSpanConfig(**ADAPTIVE_SPAN, gate_type="gru")),
+    ):
+        modules = list(model.modules())
+        assert sum(isinstance(m, GRUGate) for m in modules) == 2 * SIZE["num_hidden_layers"], type(model)
+        assert sum(isinstance(m, AdaptiveSpan) for m in modules) == SIZE["num_hidden_layers"], type(model)
+
+
+# ------------------------------------------------------------------------------------------ neutral mechanism
+def _copy_weights(source, target, renames=()):
+    """Loads `source`'s tensors into `target` under the target's names; returns the target's keys left untouched."""
+    state = {}
+    for name, tensor in source.state_dict().items():
+        for pattern, replacement in renames:
+            name = re.sub(pattern, replacement, name)
+        state[name] = tensor
+    result = target.load_state_dict(state, strict=False)
+    assert not result.unexpected_keys, result.unexpected_keys
+    return result.missing_keys
+
+
+def _ids(batch=2, length=9, seed=0):
+    return torch.randint(0, SIZE["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("gate_type", ["gru", "trxl_i", "trxl"])
+def test_gtrxl_with_a_full_span_equals_gtrxl(gate_type):
+    """A span that covers every key the window allows (z = S >= mem_len + 1) gives the soft mask m = 1 everywhere:
+    the composed model is the gated model, over two segments with memory."""
+    torch.manual_seed(0)
+    gated = GTrXLForCausalLM(GTrXLConfig(**GTRXL, gate_type=gate_type, initializer_range=0.3)).eval()
+    composed = GTrXLForCausalLM(
+        GTrXLConfig(**GTRXL, gate_type=gate_type, initializer_range=0.3, **{**SPAN, "adapt_span_init": 1.0})
+    ).eval()
+    missing = _copy_weights(gated, composed)
+    assert missing and all(".adaptive_span." in name for name in missing)
+    ids = _ids()
+    with torch.no_grad():
+        first, first_composed = gated(ids[:, :5]), composed(ids[:, :5])
+        second = gated(ids[:, 5:], past_key_values=first.past_key_values).logits
+        second_composed = composed(ids[:, 5:], past_key_values=first_composed.past_key_values).logits
+    torch.testing.assert_close(first_composed.logits, first.logits, atol=1e-6, rtol=0)
+    torch.testing.assert_close(second_composed, second, atol=1e-6, rtol=0)
+    assert first_composed.span_penalty is not None and first.span_penalty is None
+
+
+def test_adaptive_span_with_a_gate_equals_gtrxl_with_adaptive_span():
+    """The same mechanisms in two variants' files (their own parameter names): txv_adaptive_span with gate_type="gru"
+    and txv_gtrxl with adaptive span compute the same function with the same weights (same window: the span S)."""
+    torch.manual_seed(0)
+    span_config = AdaptiveSpanConfig(**{**ADAPTIVE_SPAN, "adapt_span_init": 0.3}, gate_type="gru", gate_bias=0.5)
+    gtrxl_config = GTrXLConfig(
+        **SIZE,
+        gate_type="gru",
+        gate_bias=0.5,
+        mem_len=span_config.mem_len,
+        same_length=False,
+        final_layer_norm=span_config.final_layer_norm,
+        **{**SPAN, "attn_span": 12, "adapt_span_init": 0.3},
+    )
+    adaptive_span = AdaptiveSpanForCausalLM(span_config).eval()
+    gtrxl = GTrXLForCausalLM(gtrxl_config).eval()
+    renames = (
+        (r"^transformer\.", "model."),
+        (r"\.attn\.layer_norm\.", ".attention_norm."),
+        (r"\.attn\.", ".attention."),
+        (r"\.pos_ff\.layer_norm\.", ".feed_forward_norm."),
+        (r"\.pos_ff\.", ".feed_forward."),
+    )
+    assert _copy_weights(adaptive_span, gtrxl, renames) == []
+    ids = _ids(length=16)
+    with torch.no_grad():
+        expected = adaptive_span(ids[:, :8])
+        out = gtrxl(ids[:, :8])
+        torch.testing.assert_close(out.logits, expected.logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.span_penalty, expected.span_penalty)
+        following = gtrxl(ids[:, 8:], past_key_values=out.past_key_values).logits
+        expected_following = adaptive_span(ids[:, 8:], past_key_values=expected.past_key_values).logits
+    torch.testing.assert_close(following, expected_following, atol=1e-5, rtol=0)
+
+
+def test_span_penalty_is_in_every_composed_loss():
+    for model in (
+        GTrXLForCausalLM(GTrXLConfig(**GTRXL, **SPAN, adapt_span_loss=0.5)),
+        TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL, **SPAN, adapt_span_loss=0.5)),
+    ):
+        model.eval()
+        ids = _ids()
+        output = model(ids, labels=ids)
+        span_penalty = model.base_model(ids).span_penalty
+        lm_loss = output.lm_loss if hasattr(output, "lm_loss") else output.losses.sum() / output.losses.numel()
+        torch.testing.assert_close(output.loss, lm_loss + 0.5 * span_penalty)
+        output.loss.backward()
+        assert all(m.current_val.grad is not None for m in model.modules() if isinstance(m, AdaptiveSpan))
+
+
+# ------------------------------------------------------------------------------------------ config checks
+@pytest.mark.parametrize("config_class, base", [(TransfoXLConfig, TRANSFO_XL), (GTrXLConfig, GTRXL),
+                                                (AdaptiveSpanConfig, ADAPTIVE_SPAN)])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"gate_type": "lstm"}, "gate_type"),
+        ({"gate_bias": float("nan")}, "gate_bias"),
+        ({"attn_span": 0}, "attn_span"),
+        ({"adapt_span_enabled": True, "attn_span": None}, "attn_span"),
+        ({"adapt_span_ramp": 0}, "adapt_span_ramp"),
+        ({"adapt_span_init": 1.5}, "adapt_span_init"),
+        ({"adapt_span_loss": -1.0}, "adapt_span_loss"),
+        ({"adapt_span_dynamic": True, "adapt_span_enabled": False}, "adapt_span_dynamic"),
+    ],
+)
+def test_every_xl_config_checks_the_mechanism_fields(config_class, base, overrides, field):
+    if config_class is AdaptiveSpanConfig and field == "attn_span" and overrides.get("attn_span") is None:
+        overrides = {**overrides, "mem_len": 4}
+    with pytest.raises(ValueError, match=field):
+        config_class(**{**base, **overrides})
+
+
+def test_transfo_xl_pre_lnorm_with_a_gate_is_refused():
+    with pytest.raises(ValueError, match="pre_lnorm"):
+        TransfoXLConfig(**TRANSFO_XL, pre_lnorm=True, gate_type="gru")
+
+
+# ------------------------------------------------------------------------------------------ the memory as a Cache
+def _causal_lms():
+    torch.manual_seed(0)
+    return {
+        "transfo-xl": TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL)).eval(),
+        "gtrxl": GTrXLForCausalLM(GTrXLConfig(**GTRXL)).eval(),
+        "adaptive_span": AdaptiveSpanForCausalLM(AdaptiveSpanConfig(**ADAPTIVE_SPAN)).eval(),
+    }
+
+
+@pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+def test_generate_continues_from_past_key_values(name):
+    """As transformers' test_generate_continue_from_past_key_values: the memory returned by generate() continues
+    the generation exactly; the cache has one layer object per layer (`len(cache) == len(cache.layers)`)."""
+    model = _causal_lms()[name]
+    prompt = _ids(2, 4)
+    kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    first = model.generate(prompt, max_new_tokens=3, return_dict_in_generate=True, **kwargs)
+    cache = first.past_key_values
+    assert isinstance(cache, MemoryCache) and len(cache) == len(cache.layers) == SIZE["num_hidden_layers"]
+    assert torch.equal(cache.layers[1].keys, cache.memories[1])
+    continued = model.generate(first.sequences, past_key_values=cache, max_new_tokens=3, **kwargs)
+    assert torch.equal(continued, model.generate(prompt, max_new_tokens=6, **kwargs))
+
+
+@pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+def test_assisted_decoding_is_refused_by_transformers(name):
+    model = _causal_lms()[name]
+    with pytest.raises(ValueError, match="stateful"):
+        model.generate(_ids(1, 4), assistant_model=model, max_new_tokens=2, pad_token_id=0)
+
+
+def test_memory_of_another_variant_or_layout_is_a_clear_error():
+    models = _causal_lms()
+    ids = _ids(2, 4)
+    gtrxl_memory = models["gtrxl"](ids).past_key_values
+    with pytest.raises(ValueError, match="txv_gtrxl"):
+        models["transfo-xl"](ids, past_key_values=gtrxl_memory)
+    with pytest.raises(ValueError, match="transfo-xl"):
+        models["gtrxl"](ids, past_key_values=models["transfo-xl"](ids).past_key_values)
+    deeper = GTrXLForCausalLM(GTrXLConfig(**{**GTRXL, "num_hidden_layers": 3})).eval()
+    with pytest.raises(ValueError, match="layers"):
+        deeper(ids, past_key_values=gtrxl_memory)
+    wider = GTrXLForCausalLM(GTrXLConfig(**{**GTRXL, "hidden_size": 32})).eval()
+    with pytest.raises(ValueError, match="hidden size"):
+        wider(ids, past_key_values=gtrxl_memory)
+
+
+# ------------------------------------------------------------------------------------------ losses
+@pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+def test_shift_labels_give_the_loss_of_labels(name):
+    model = _causal_lms()[name]
+    ids = _ids(2, 6)
+    labels = ids.clone()
+    labels[0, 2] = -100
+    shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+    with torch.no_grad():
+        expected = model(ids, labels=labels).loss
+        given = model(ids, shift_labels=shifted).loss
+        other = model(ids, labels=labels, shift_labels=torch.roll(shifted, 1, dims=1)).loss
+    torch.testing.assert_close(given, expected)
+    assert not torch.allclose(other, expected)  # shift_labels wins over labels
+
+
+@pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+def test_every_label_ignored_gives_zero_loss(name):
+    model = _causal_lms()[name]
+    ids = _ids(2, 5)
+    output = model(ids, labels=torch.full_like(ids, -100))
+    lm_loss = getattr(output, "lm_loss", output.loss)  # adaptive span adds its (finite) span penalty to the loss
+    assert lm_loss.item() == 0.0 and torch.isfinite(output.loss)
+
+
+# ------------------------------------------------------------------------------------------ left padding, zeros
+@pytest.mark.parametrize("config_class, model_class, base", [
+    (TransfoXLConfig, TransfoXLLMHeadModel, {**TRANSFO_XL, "same_length": True}),
+    (TransfoXLConfig, TransfoXLLMHeadModel, TRANSFO_XL),
+    (AdaptiveSpanConfig, AdaptiveSpanForCausalLM, {**ADAPTIVE_SPAN, "memory_init": "zeros"}),
+])
+def test_left_padding_under_zero_memory_equals_each_row_alone(config_class, model_class, base):
+    """With memory_init="zeros" a row alone starts with mem_len zeros before its first token; a left-padded row
+    sees exactly that (its leading padding stands for the zeros), so logits and generated tokens equal the row's."""
+    torch.manual_seed(0)
+    model = model_class(config_class(**base)).eval()
+    assert model.config.memory_init == "zeros"
+    rows = [_ids(1, n, seed=n) for n in (6, 3, 1)]
+    padded = torch.zeros(3, 6, dtype=torch.long)
+    mask = torch.zeros(3, 6, dtype=torch.long)
+    for i, row in enumerate(rows):
+        padded[i, 6 - row.shape[1] :], mask[i, 6 - row.shape[1] :] = row, 1
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        logits = model(padded, attention_mask=mask).logits
+    batched = model.generate(padded, attention_mask=mask, **kwargs)
+    for i, row in enumerate(rows):
+        with torch.no_grad():
+            alone = model(row).logits
+        torch.testing.assert_close(logits[i, 6 - row.shape[1] :], alone[0], atol=ATOL, rtol=0)
+        assert torch.equal(batched[i, 6:], model.generate(row, **kwargs)[0, row.shape[1] :]), i
+
+
+# ------------------------------------------------------------------------------------------ export and compile
+def _pad_reshape_relative_shift(position_scores, key_length):
+    """The relative shift written with pad and reshape (no as_strided/storage_offset), for the compile check."""
+    *batch, query_length, rows = position_scores.shape
+    flat = torch.nn.functional.pad(position_scores.reshape(*batch, query_length * rows), (0, query_length))
+    flat = flat[..., query_length - 1 : query_length - 1 + query_length * (rows - 1)]
+    return flat.reshape(*batch, query_length, rows - 1)[..., :key_length]
+
+
+@pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+def test_torch_export_traces_the_xl_variants(name):
+    model = _causal_lms()[name]
+    ids = _ids(2, 5)
+    with torch.no_grad():
+        expected = model(ids)
+    exported = torch.export.export(model, (ids,))
+    output = exported.module()(ids)
+    torch.testing.assert_close(output.logits, expected.logits, atol=ATOL, rtol=0)
+    assert isinstance(output.past_key_values, MemoryCache)
+    torch.testing.assert_close(output.past_key_values.memories[0], expected.past_key_values.memories[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+def test_torch_compile_fullgraph_traces_the_xl_backbone(name, monkeypatch):
+    """fullgraph=True through the backbone, the layers, the mechanisms and the memory. The relative shift itself
+    (txv_relative_attention, its own block) is swapped for an equal pad/reshape form, checked equal here first."""
+    scores = torch.randn(2, 3, 4, 8)
+    torch.testing.assert_close(
+        _pad_reshape_relative_shift(scores, 7), txv_relative_attention.relative_shift(scores, 7), atol=0, rtol=0
+    )
+    monkeypatch.setattr(txv_relative_attention, "relative_shift", _pad_reshape_relative_shift)
+    model = _causal_lms()[name]
+    ids = _ids(2, 5)
+    with torch.no_grad():
+        expected = model(ids).logits
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(ids).logits, expected, atol=ATOL, rtol=0)
