@@ -6,10 +6,10 @@ Default: the Accelerate loop (hf_txvariants.training.train), one process or many
     accelerate launch --config_file examples/accelerate_configs/ddp.yaml examples/train_lm.py --output-dir runs/xl
     accelerate launch --config_file examples/accelerate_configs/fsdp.yaml examples/train_lm.py --output-dir runs/xl
     torchrun --nproc_per_node 2 examples/train_lm.py --output-dir runs/xl          # CPU processes (gloo)
+    python examples/train_lm.py --output-dir runs/xl --resume latest               # continue after a crash
 
 Under `accelerate launch` the config's mixed_precision applies unless --mixed-precision is given; an FSDP config
 shards the model with FSDP2 on GPUs or CPU processes (see examples/accelerate_configs/fsdp.yaml).
-    python examples/train_lm.py --output-dir runs/xl --resume latest               # continue after a crash
 
 With --trainer, the same data is fine-tuned with transformers' Trainer instead (MemoryTrainer: the XL memory is
 carried across steps and reset at evaluation; one process, no FSDP). Every flag: --help."""

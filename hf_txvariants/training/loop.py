@@ -93,8 +93,9 @@ class TrainArgs:
                                     "checkpoint folder")
     seed: int = _arg(0, "random seed")
     mixed_precision: Literal["no", "bf16", "fp16"] | None = _arg(
-        None, "autocast precision (default: the Accelerate config's, else no; fp16 is refused with FSDP)")
-    cpu: bool = _arg(False, "train on CPU even with GPUs (CPU processes use gloo; so do more processes than GPUs)")
+        None, "autocast precision (default: the Accelerate config's mixed_precision under `accelerate launch`, else "
+              "no); under FSDP, no or bf16")
+    cpu: bool = _arg(False, "train on CPU even with GPUs (so do all processes when there are more than GPUs: gloo)")
     tensorboard: bool = _arg(True, "log to TensorBoard in OUTPUT_DIR/logs")
     progress: bool = _arg(True, "show a progress bar")
     save_model: bool = _arg(True, "save the final model and tokenizer to OUTPUT_DIR/model")
@@ -123,7 +124,7 @@ class TrainArgs:
             if not ok:
                 bounds = f"in [{low}, {high})" if high is not None else ("> 0" if name == "lr" else f">= {low}")
                 raise DataError(f"--{_flag(name)} must be a finite number {bounds}, got {value!r}")
-        if self.mixed_precision not in (None, "no", "bf16", "fp16"):
+        if self.mixed_precision is not None and self.mixed_precision not in ("no", "bf16", "fp16"):
             raise DataError(f"--mixed-precision must be one of no, bf16, fp16, got {self.mixed_precision!r}")
         if self.resume is not None and not self.resume:
             raise DataError("--resume must be 'latest' or a checkpoint folder, got an empty string")
@@ -352,9 +353,9 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
     scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
     if sharded is None:
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-        accelerator.register_save_state_pre_hook(_drop_tied_weights)
     else:  # no DDP wrapper; the model and optimizer shards are checkpointed by the hooks below
         scheduler = accelerator.prepare(scheduler)
+    accelerator.register_save_state_pre_hook(_drop_tied_weights)
     distributed.register_checkpoint_hooks(accelerator, sharded, optimizer)
 
     chunk_rows = local_rows // args.grad_accum

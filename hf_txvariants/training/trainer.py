@@ -137,13 +137,12 @@ def train_with_trainer(args) -> dict:
     from transformers import AutoTokenizer, TrainingArguments
 
     from .data import build_char_tokenizer, encode, load_text, segment_dataset, split_text
+    from .distributed import fsdp_requested
     from .models import build_config, build_model, check_text_variant, load_model
 
     if args.resume:
         raise ModelError("--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
                          "`train(resume_from_checkpoint=...)`")
-    from .distributed import fsdp_requested
-
     if fsdp_requested():  # Trainer would hand FSDP to Accelerate, which runs DDP on CPU: refuse rather than pretend
         raise ModelError("--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an "
                          "FSDP config")
