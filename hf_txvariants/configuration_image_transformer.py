@@ -5,7 +5,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim, integer_list
 
 ATTENTION_TYPES = ("local_1d", "local_2d")
 PATTERN_IMPLEMENTATIONS = ("blocked", "flex", "dense")
@@ -79,11 +79,11 @@ class ImageTransformerConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         apply_paper_names(self, kwargs)
-        self.image_size = [int(x) for x in self.image_size]
-        self.query_shape = [int(x) for x in self.query_shape]
-        self.memory_flange = [int(x) for x in self.memory_flange]
+        self.image_size = integer_list(self, "image_size")
+        self.query_shape = integer_list(self, "query_shape")
+        self.memory_flange = integer_list(self, "memory_flange")
         if self.conditioning_image_size is not None:
-            self.conditioning_image_size = [int(x) for x in self.conditioning_image_size]
+            self.conditioning_image_size = integer_list(self, "conditioning_image_size")
         default_head_dim(self)
         if self.memory_length is None:
             self.memory_length = self.block_length

@@ -6,7 +6,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim, integer_list
 
 PATTERNS = ("strided", "fixed", "causal", "sliding_window", "local1d")
 PATTERN_MODES = ("interleaved", "merged", "per_head")
@@ -92,7 +92,7 @@ class SparseTransformerConfig(PreTrainedConfig):
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
         if self.image_shape is not None:
-            self.image_shape = [int(x) for x in self.image_shape]
+            self.image_shape = integer_list(self, "image_shape")
         super().__post_init__(**kwargs)
         self.validate_architecture()
 

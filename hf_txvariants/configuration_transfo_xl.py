@@ -7,7 +7,7 @@ from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
 from .txv_adaptive_span import check_span_fields
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim, integer_list
 from .txv_gates import check_gate_fields
 
 
@@ -106,7 +106,7 @@ class TransfoXLConfig(PreTrainedConfig):
         # Names from attribute_map are applied first, the derived defaults below depend on them.
         apply_paper_names(self, kwargs)
         proj_share_all_but_first = kwargs.pop("proj_share_all_but_first", True)
-        self.cutoffs = [int(c) for c in self.cutoffs]
+        self.cutoffs = integer_list(self, "cutoffs")
         if self.d_embed is None:
             self.d_embed = self.hidden_size
         default_head_dim(self)

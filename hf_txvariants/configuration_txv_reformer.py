@@ -11,7 +11,7 @@ import math
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities
+from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, integer_list
 
 
 @strict
@@ -84,10 +84,10 @@ class TxvReformerConfig(PreTrainedConfig):
         apply_paper_names(self, kwargs)
         kwargs.pop("num_hidden_layers", None)
         self.attn_layers = list(self.attn_layers)
-        self.axial_pos_shape = [int(x) for x in self.axial_pos_shape]
-        self.axial_pos_embds_dim = [int(x) for x in self.axial_pos_embds_dim]
+        self.axial_pos_shape = integer_list(self, "axial_pos_shape")
+        self.axial_pos_embds_dim = integer_list(self, "axial_pos_embds_dim")
         if isinstance(self.num_buckets, (list, tuple)):
-            self.num_buckets = [int(x) for x in self.num_buckets]
+            self.num_buckets = integer_list(self, "num_buckets")
         super().__post_init__(**kwargs)
         self.validate_architecture()
 

@@ -112,3 +112,18 @@ def check_probabilities(config, *names: str):
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def integer_list(config, name: str) -> list[int] | None:
+    """The list field `name` as a list of ints (JSON may give floats such as 8.0); anything else is a ValueError
+    naming the field. None stays None."""
+    value = getattr(config, name)
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a list of integers, got {value!r}")
+    items = list(value)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, numbers.Real) or int(item) != item:
+            raise ValueError(f"{name} must be a list of integers, got {value!r}")
+    return [int(item) for item in items]

@@ -68,6 +68,15 @@ CONFIG_CASES = [
     ("mem_len", "8", ["mem_len"]),
     ("mem_len", -1, ["mem_len"]),
     ("same_length", "yes", ["same_length"]),
+    # list fields: a string is not a list of integers (it used to reach int() and fail without the field's name)
+    ("cutoffs", "20,40", ["cutoffs"]),
+    ("cutoffs", [20, "x"], ["cutoffs"]),
+    ("image_size", "8x8", ["image_size"]),
+    ("query_shape", ["a", 2], ["query_shape"]),
+    ("memory_flange", 2.5, ["memory_flange"]),
+    ("axial_pos_shape", "4,4", ["axial_pos_shape"]),
+    ("axial_pos_embds_dim", [16, 1.5], ["axial_pos_embds_dim"]),
+    ("image_shape", "8x8", ["image_shape"]),
 ]
 
 
