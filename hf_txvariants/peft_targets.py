@@ -21,6 +21,8 @@ LORA_TARGET_MODULES = {
     "txv_sparse_transformer": ["q_proj", "v_proj"],
     "txv_image_transformer": ["q_proj", "v_proj"],
     "txv_reformer": ["query_key", "query", "value"],  # LSH layers share query/key; local layers have their own
+    # PEFT's LoRA has no layer for RNN cells (nn.RNNCell/GRUCell/LSTMCell): the ACT RNN adapts its input embedding
+    "txv_act_rnn": ["embed_tokens"],
 }
 
 

@@ -104,11 +104,18 @@ class RelativePositionAttention(nn.Module):
         if context_norm is not None:
             context = context_norm(context)
         key_length = context.shape[1]
-        w_query, w_key, w_value = self.qkv_net.weight.chunk(3, dim=0)
         heads = (self.num_heads, self.head_dim)
-        query = nn.functional.linear(context[:, -query_length:], w_query).view(batch, query_length, *heads)
-        key = nn.functional.linear(context, w_key).view(batch, key_length, *heads).transpose(1, 2)
-        value = nn.functional.linear(context, w_value).view(batch, key_length, *heads).transpose(1, 2)
+        if type(self.qkv_net) is nn.Linear:
+            # Queries only for the segment (not the memory): the fused weight's three blocks applied separately.
+            w_query, w_key, w_value = self.qkv_net.weight.chunk(3, dim=0)
+            query = nn.functional.linear(context[:, -query_length:], w_query)
+            key, value = nn.functional.linear(context, w_key), nn.functional.linear(context, w_value)
+        else:  # a wrapped projection (e.g. a PEFT LoRA layer) must be called for its adapter to take part
+            query, key, value = self.qkv_net(context).chunk(3, dim=-1)
+            query = query[:, -query_length:]
+        query = query.reshape(batch, query_length, *heads)
+        key = key.reshape(batch, key_length, *heads).transpose(1, 2)
+        value = value.reshape(batch, key_length, *heads).transpose(1, 2)
         position_keys = self.r_net(position_embeddings).view(position_embeddings.shape[0], *heads)
 
         r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)

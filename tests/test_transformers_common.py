@@ -112,6 +112,7 @@ _AUTO_CLASS_TABLES = {
     "AutoModelForCausalLM": modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
     "AutoModelForMaskedLM": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     "AutoModelForSequenceClassification": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    "AutoModelForImageToImage": modeling_auto.MODEL_FOR_IMAGE_TO_IMAGE_MAPPING_NAMES,
 }
 
 
@@ -299,6 +300,11 @@ class TestSparseTransformerCommon(TxvCommonTestCase, unittest.TestCase):
 class TestImageTransformerCommon(TxvCommonTestCase, unittest.TestCase):
     model_type = "txv_image_transformer"
     all_model_classes = (txv.ImageTransformerModel, txv.ImageTransformerForCausalLM)
+
+
+class TestACTRNNCommon(TxvCommonTestCase, unittest.TestCase):
+    model_type = "txv_act_rnn"
+    all_model_classes = (txv.ACTRNNModel, txv.ACTRNNForCausalLM, txv.ACTRNNForSequenceClassification)
 
 
 class TestTxvReformerCommon(TxvCommonTestCase, unittest.TestCase):

@@ -1,5 +1,5 @@
 """One tiny config per variant (keyword arguments of its config class), shared by the tests that run every variant:
-transformers' common tests, export/compile and PEFT. A new variant adds its line here (txv_act_rnn: see its tests)."""
+transformers' common tests, export/compile and PEFT. A new variant adds its line here."""
 
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ TINY_CONFIGS = {
                          feed_forward_size=24, attn_layers=["local", "lsh"], axial_pos_shape=[8, 8],
                          axial_pos_embds_dim=[8, 8], max_position_embeddings=64, lsh_attn_chunk_length=4,
                          local_attn_chunk_length=4, num_buckets=4, pad_token_id=0),
+    "txv_act_rnn": dict(vocab_size=23, embedding_size=6, hidden_size=8, rnn_type="tanh", max_ponder_steps=5,
+                        halting_bias_init=-1.0, initializer_range=0.5, pad_token_id=0),
 }
 
 # Vocabularies of at least 16: transformers' resize test shrinks the vocabulary by 15.
