@@ -1,7 +1,7 @@
 """Transformer-XL: hf_txvariants against transformers 4.46.3's TransfoXL (same config, same weights) on CPU and CUDA,
-in float32 and bfloat16 (autocast, or the weights cast), reporting tokens/s, peak memory and the achieved TFLOP/s (FLOPs counted from the
-shapes); and evaluation with memory against a model without memory recomputing a sliding window of the same
-attention length.
+in float32 and bfloat16 (autocast, or the weights cast), reporting tokens/s, peak memory and the achieved TFLOP/s
+(FLOPs counted from the shapes); and evaluation with memory against a model without memory recomputing a sliding
+window of the same attention length.
 
     python benchmarks/bench_transfo_xl.py --legacy-python /tmp/legacy/bin/python [--devices cpu cuda]
         [--config small|enwik8_base|wt103_base] [--dtypes fp32 bf16 bf16-weights]

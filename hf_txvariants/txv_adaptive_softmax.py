@@ -142,7 +142,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         for cluster in range(1, self.num_tail_clusters + 1):
             in_cluster = target_cluster == cluster
             if torch.compiler.is_compiling():
-                token_log_probs = token_log_probs + self._tail_log_probs_all_rows(hidden, safe_targets, in_cluster, cluster)
+                tail_log_probs = self._tail_log_probs_all_rows(hidden, safe_targets, in_cluster, cluster)
+                token_log_probs = token_log_probs + tail_log_probs
             else:
                 rows = in_cluster.nonzero().squeeze(1)
                 tail_log_probs = self._tail_log_probs(hidden[rows], safe_targets[rows], cluster)
