@@ -131,6 +131,9 @@ def worker(implementation: str, folder: str, config_name: str, device: str, dtyp
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     ids = torch.randint(0, config["vocab_size"], (batch, segment), device=device)
 
+    # With labels the legacy model returns only the losses; ours would also compute the log-probabilities unless told.
+    labels_only = {} if implementation == "legacy" else {"return_logits": False}
+
     def memory_of(output):
         return {"mems": output.mems} if implementation == "legacy" else {"past_key_values": output.past_key_values}
 
@@ -143,11 +146,11 @@ def worker(implementation: str, folder: str, config_name: str, device: str, dtyp
 
     model.eval()
     with torch.no_grad(), autocast():
-        state = memory_of(model(ids, labels=ids))
+        state = memory_of(model(ids, labels=ids, **labels_only))
         peak_memory_mib(reset=True)
 
         def evaluate():
-            model(ids, labels=ids, **state)
+            model(ids, labels=ids, **labels_only, **state)
 
         eval_seconds = timed(evaluate, repeats, synchronize)
         eval_peak = peak_memory_mib()
@@ -155,12 +158,12 @@ def worker(implementation: str, folder: str, config_name: str, device: str, dtyp
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     with autocast():
-        train_state = memory_of(model(ids, labels=ids))
+        train_state = memory_of(model(ids, labels=ids, **labels_only))
     peak_memory_mib(reset=True)
 
     def train_step():
         with autocast():
-            output = model(ids, labels=ids, **train_state)
+            output = model(ids, labels=ids, **labels_only, **train_state)
         output.loss.backward()
         optimizer.step()
         optimizer.zero_grad()
