@@ -75,6 +75,11 @@ class ACTRNNConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         self.validate_architecture()
 
+    @property
+    def num_hidden_layers(self) -> int:
+        """One recurrent layer, pondered N(t) times per input step: `hidden_states` holds its input and its output."""
+        return 1
+
     def validate_architecture(self):
         """Called at construction: a wrong config is a ValueError naming the field."""
         check_positive(self, "vocab_size", "embedding_size", "hidden_size", "max_ponder_steps")

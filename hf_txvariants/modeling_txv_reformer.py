@@ -511,7 +511,8 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         return BaseModelOutputWithPast(
             last_hidden_state=output,
             past_key_values=cache,
-            hidden_states=tuple(h[:, :length] for h in all_hidden) if output_hidden_states else None,
+            hidden_states=tuple(h if h.shape[1] == length else h[:, :length] for h in all_hidden)
+            if output_hidden_states else None,
             attentions=tuple(w[:, :, :length, :length] for w in all_attentions) if output_attentions else None,
         )
 
