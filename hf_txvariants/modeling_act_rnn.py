@@ -28,7 +28,7 @@ from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
 from .txv_cache import RowStateCache
 from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 # ---------------------------------------------------------------------------------------------------------- outputs

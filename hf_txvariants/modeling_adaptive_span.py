@@ -21,7 +21,7 @@ from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import (
     XLBackboneMixin,

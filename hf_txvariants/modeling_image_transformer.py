@@ -34,7 +34,7 @@ from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import check_token_ids
 from .txv_losses import causal_lm_loss
 from .txv_mha import MultiHeadAttention, cache_past_length
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_patterns import AttentionPattern, Local1D, Local2D, pattern_attention, to_block_raster
 from .txv_positions import sinusoid_table
 

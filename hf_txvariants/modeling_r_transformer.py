@@ -26,7 +26,7 @@ from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
 from .txv_losses import causal_lm_loss, check_causal_lm_targets
 from .txv_mha import MultiHeadAttention, fused_self_attention_mask
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 

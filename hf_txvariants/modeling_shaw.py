@@ -27,7 +27,7 @@ from .configuration_shaw import ShawConfig
 from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_causal_lm_targets, masked_lm_loss
 from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 from .txv_transformer_layer import TransformerLayer

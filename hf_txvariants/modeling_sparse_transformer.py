@@ -29,7 +29,7 @@ from .configuration_sparse_transformer import SparseTransformerConfig
 from .txv_attention import all_tokens_real
 from .txv_inputs import embed_inputs
 from .txv_mha import MultiHeadAttention, cache_past_length
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided, pattern_attention
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 

@@ -43,7 +43,7 @@ from .txv_lsh import (
     lsh_attention,
     lsh_attention_step,
 )
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_reversible import chunked_feed_forward, reversible_sequence
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 

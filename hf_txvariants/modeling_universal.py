@@ -38,7 +38,7 @@ from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_loss, check_labels, masked_lm_loss
 from .txv_mha import MultiHeadAttention, cross_attention_mask, self_attention_mask
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
 from .txv_sequence_classification import sequence_classification_loss
 

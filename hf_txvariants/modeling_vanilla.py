@@ -28,7 +28,7 @@ from .configuration_vanilla import VanillaConfig
 from .txv_inputs import embed_inputs
 from .txv_losses import check_causal_lm_targets, masked_lm_loss, next_token_targets, token_cross_entropy
 from .txv_mha import MultiHeadAttention, cache_past_length, cross_attention_mask, fused_self_attention_mask
-from .txv_modeling_utils import TxvModelMixin
+from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 from .txv_transformer_layer import TransformerLayer

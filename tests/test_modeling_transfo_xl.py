@@ -335,12 +335,12 @@ def test_auto_classes_are_registered():
 
 def test_failed_save_leaves_no_folder(tmp_path, monkeypatch):
     model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY))
-    from hf_txvariants import txv_modeling_utils
+    from hf_txvariants import txv_pretrained
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(txv_modeling_utils, "write_remote_code", broken)
+    monkeypatch.setattr(txv_pretrained, "write_remote_code", broken)
     with pytest.raises(OSError, match="disk full"):
         model.save_pretrained(tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
