@@ -8,7 +8,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim, integer_list
 
 ATTENTION_TYPES = ("local_1d", "local_2d")
-PATTERN_IMPLEMENTATIONS = ("blocked", "flex", "dense")
+PATTERN_IMPLEMENTATIONS = ("auto", "blocked", "flex", "dense")
 
 
 @strict
@@ -35,7 +35,9 @@ class ImageTransformerConfig(PreTrainedConfig):
             low-resolution image is encoded, the high-resolution one decoded with local attention and cross-attention
             to the encoder). None: unconditional model. num_encoder_layers: layers of that encoder (full
             self-attention over the low-resolution intensities).
-        pattern_implementation: "blocked" (trains on CPU), "flex" (FlexAttention), "dense" (reference mask).
+        pattern_implementation: "auto" (the default: the fastest exact path for the device), "blocked" (tiles of dense
+            attention; local 2D gathers its memory blocks; trains on CPU), "flex" (FlexAttention), "dense" (reference
+            mask).
         block_size: query block of the blocked path (default: the attention block).
     """
 
@@ -65,7 +67,7 @@ class ImageTransformerConfig(PreTrainedConfig):
     num_classes: int = 0
     conditioning_image_size: list[int] | None = None
     num_encoder_layers: int = 2
-    pattern_implementation: str = "blocked"
+    pattern_implementation: str = "auto"
     block_size: int | None = None
     dropout: float | int = 0.0
     attention_dropout: float | int = 0.0

@@ -28,6 +28,7 @@ from transformers.modeling_outputs import (
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .txv_attention import all_tokens_real
 from .txv_inputs import embed_inputs
+from .txv_losses import causal_lm_loss, check_causal_lm_targets
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_pretrained import TxvModelMixin
 from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided, pattern_attention
@@ -308,10 +309,10 @@ class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationM
         keep = slice(-logits_to_keep, None) if logits_to_keep else slice(None)
         logits = self.lm_head(hidden_states[:, keep])
         loss = None
-        if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(hidden_states.shape[:2])}, got {tuple(labels.shape)}")
-            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        shift_labels = kwargs.pop("shift_labels", None)
+        if labels is not None or shift_labels is not None:
+            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], self.config.vocab_size)
+            loss = causal_lm_loss(logits, labels, shift_labels=shift_labels, **kwargs)
         output = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

@@ -169,6 +169,8 @@ class VanillaModel(VanillaPreTrainedModel):
             raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
         past_length = cache_past_length(past_key_values)
 
+        # the mask first: it checks attention_mask's shape, which the position ids below read
+        mask = fused_self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
         if position_ids is None:
             if attention_mask is not None and attention_mask.shape[-1] == past_length + length:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
@@ -177,7 +179,6 @@ class VanillaModel(VanillaPreTrainedModel):
         hidden_states = inputs_embeds * self.embed_scale + self.position_embeddings(position_ids.to(device), dtype)
         hidden_states = self.dropout(hidden_states)
 
-        mask = fused_self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
         cross_mask = None
         if encoder_hidden_states is not None:
             if not config.add_cross_attention:
