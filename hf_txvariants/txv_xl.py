@@ -25,10 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.modeling_layers import GradientCheckpointingLayer
-
 from torch import nn
 from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ModelOutput
 
 from .txv_adaptive_span import AdaptiveSpan
