@@ -73,11 +73,12 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--patterns", nargs="+", default=["strided", "fixed"])
     args = parser.parse_args()
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; {vars(args)}")
     print("| pattern | mode | held-out bits/token (per seed) | mean | ms per step |")
     print("|---|---|---|---|---|")
-    for pattern in ("strided", "fixed"):
+    for pattern in args.patterns:
         for mode in ("interleaved", "merged", "per_head"):
             results = [train_and_score(pattern, mode, seed, args) for seed in args.seeds]
             bits = [b for b, _ in results]

@@ -83,7 +83,6 @@ def test_pattern_matches_paper_definition(name):
 
 
 def test_conventions_differ_only_in_the_factors():
-    assert dense_allowed(Strided(6, paper=True), L, L).sum(-1).max() > 0
     assert torch.equal(dense_allowed(Strided(6, paper=True), L, L), dense_allowed(Strided(6), L, L))
     assert torch.equal(dense_allowed(Fixed(6, 2, paper=True), L, L), dense_allowed(Fixed(6, 2), L, L))
     paper_a1, reference_a1 = Strided(6, paper=True).parts[0], Strided(6).parts[0]
