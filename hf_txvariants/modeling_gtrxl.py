@@ -28,7 +28,7 @@ from .configuration_gtrxl import GTrXLConfig
 from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_loss, check_labels
+from .txv_losses import causal_lm_head
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import (
@@ -216,18 +216,13 @@ class GTrXLForCausalLM(MemoryGenerationMixin, GTrXLPreTrainedModel, GenerationMi
             return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
-        loss = lm_loss = None
-        if labels is not None or shift_labels is not None:
-            if labels is not None:
-                check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
-            logits = self.lm_head(hidden_states)
-            lm_loss = loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels=shift_labels)
-            if outputs.span_penalty is not None:
-                loss = loss + self.config.adapt_span_loss * outputs.span_penalty
-            if logits_to_keep:
-                logits = logits[:, -logits_to_keep:]
-        else:
-            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        logits, lm_loss = causal_lm_head(
+            self.lm_head, hidden_states, self.config.vocab_size, labels, logits_to_keep,
+            num_items_in_batch=num_items_in_batch, shift_labels=shift_labels,
+        )
+        loss = lm_loss
+        if lm_loss is not None and outputs.span_penalty is not None:
+            loss = loss + self.config.adapt_span_loss * outputs.span_penalty
         output = GTrXLCausalLMOutput(
             loss=loss,
             logits=logits,

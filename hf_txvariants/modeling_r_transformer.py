@@ -24,7 +24,7 @@ from .txv_inputs import embed_inputs
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
-from .txv_losses import causal_lm_loss, check_causal_lm_targets
+from .txv_losses import causal_lm_head
 from .txv_mha import MultiHeadAttention, fused_self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
@@ -258,15 +258,10 @@ class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
             return_dict=True,
         )
         hidden_states = outputs.last_hidden_state
-        loss = None
-        if labels is not None or shift_labels is not None:
-            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
-            logits = self.lm_head(hidden_states)
-            loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels=shift_labels)
-            if logits_to_keep:
-                logits = logits[:, -logits_to_keep:]
-        else:
-            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        logits, loss = causal_lm_head(
+            self.lm_head, hidden_states, config.vocab_size, labels, logits_to_keep,
+            num_items_in_batch=num_items_in_batch, shift_labels=shift_labels,
+        )
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

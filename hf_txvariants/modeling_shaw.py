@@ -25,7 +25,7 @@ from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_loss, check_causal_lm_targets, masked_lm_loss
+from .txv_losses import causal_lm_head, masked_lm_loss
 from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
@@ -228,15 +228,10 @@ class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
             encoder_attention_mask=encoder_attention_mask,
         )
         hidden_states = outputs.last_hidden_state
-        loss = None
-        if labels is not None or shift_labels is not None:
-            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
-            logits = self.lm_head(hidden_states)
-            loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels=shift_labels)
-            if logits_to_keep:
-                logits = logits[:, -logits_to_keep:]
-        else:
-            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        logits, loss = causal_lm_head(
+            self.lm_head, hidden_states, config.vocab_size, labels, logits_to_keep,
+            num_items_in_batch=num_items_in_batch, shift_labels=shift_labels,
+        )
 
         return ShawCausalLMOutput(
             loss=loss,

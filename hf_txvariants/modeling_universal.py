@@ -36,7 +36,7 @@ from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_loss, check_labels, masked_lm_loss
+from .txv_losses import causal_lm_head, check_labels, masked_lm_loss
 from .txv_mha import MultiHeadAttention, cross_attention_mask, self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
@@ -653,17 +653,12 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
             is_causal=True,
         )
         hidden_states = outputs.last_hidden_state
-        loss = lm_loss = None
-        if labels is not None or kwargs.get("shift_labels") is not None:
-            if labels is not None:
-                check_labels(labels, hidden_states.shape[:2], self.config.vocab_size)
-            logits = self.lm_head(hidden_states)
-            lm_loss = causal_lm_loss(logits, labels, **kwargs)
+        logits, lm_loss = causal_lm_head(
+            self.lm_head, hidden_states, self.config.vocab_size, labels, logits_to_keep, **kwargs
+        )
+        loss = None
+        if lm_loss is not None:
             loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-            if logits_to_keep:
-                logits = logits[:, -logits_to_keep:]
-        else:
-            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
         return UniversalTransformerCausalLMOutput(
             loss=loss,
             logits=logits,

@@ -82,3 +82,17 @@ def masked_lm_loss(
     """Mean negative log-likelihood of `labels[:, t]` at position t (no shift; `ignore_index` where nothing is
     masked)."""
     return token_cross_entropy(logits, labels, num_items_in_batch, ignore_index)
+
+
+def causal_lm_head(lm_head, hidden_states: torch.Tensor, vocab_size: int, labels=None, logits_to_keep: int = 0,
+                   **loss_kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(logits, loss)` of a causal-LM head: with `labels` (or `shift_labels` in `loss_kwargs`) the targets are checked
+    and the loss is taken over every position, then the logits are cut to the last `logits_to_keep` (0: all); without
+    them only the kept positions are projected and the loss is None."""
+    shift_labels = loss_kwargs.get("shift_labels")
+    if labels is None and shift_labels is None:
+        return lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states), None
+    check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], vocab_size)
+    logits = lm_head(hidden_states)
+    loss = causal_lm_loss(logits, labels, **loss_kwargs)
+    return (logits[:, -logits_to_keep:] if logits_to_keep else logits), loss
