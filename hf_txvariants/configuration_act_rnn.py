@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities
+from .txv_config import TxvConfig
+from .txv_config_checks import check_act_fields, check_choice, check_positive, check_probabilities, read_act_epsilon
 
 RNN_TYPES = ("tanh", "gru", "lstm")
 
 
 @strict
-class ACTRNNConfig(PreTrainedConfig):
+class ACTRNNConfig(TxvConfig):
     r"""
     A recurrent network that ponders: at every input step it runs its cell a variable number of times, as long as
     its halting unit says so, and emits the mean field of the states it went through.
@@ -50,7 +50,6 @@ class ACTRNNConfig(PreTrainedConfig):
     model_type = "txv_act_rnn"
     attribute_map = {"time_penalty": "act_loss_weight", "max_steps": "max_ponder_steps"}
 
-    vocab_size: int = 256
     embedding_size: int | None = None
     hidden_size: int = 128
     rnn_type: str = "tanh"
@@ -59,21 +58,14 @@ class ACTRNNConfig(PreTrainedConfig):
     act_loss_weight: float = 0.001
     halting_bias_init: float = 1.0
     dropout: float | int = 0.0
-    initializer_range: float = 0.02
     use_cache: bool = False
     tie_word_embeddings: bool = False
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
 
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        if "act_epsilon" in kwargs:
-            self.act_threshold = 1.0 - float(kwargs.pop("act_epsilon"))
+    def derive_defaults(self, kwargs: dict):
+        super().derive_defaults(kwargs)
+        read_act_epsilon(self, kwargs)
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
 
     @property
     def num_hidden_layers(self) -> int:
@@ -81,14 +73,10 @@ class ACTRNNConfig(PreTrainedConfig):
         return 1
 
     def validate_architecture(self):
-        """Called at construction: a wrong config is a ValueError naming the field."""
-        check_positive(self, "vocab_size", "embedding_size", "hidden_size", "max_ponder_steps")
-        if self.rnn_type not in RNN_TYPES:
-            raise ValueError(f"rnn_type must be one of {RNN_TYPES}, got {self.rnn_type!r}")
-        if not 0.0 < self.act_threshold <= 1.0:
-            raise ValueError(f"act_threshold (1 - act_epsilon) must be in (0, 1], got {self.act_threshold}")
-        if self.act_loss_weight < 0:
-            raise ValueError(f"act_loss_weight (time_penalty) must be >= 0, got {self.act_loss_weight}")
+        super().validate_architecture()
+        check_positive(self, "embedding_size", "max_ponder_steps")
+        check_choice(self, "rnn_type", RNN_TYPES)
+        check_act_fields(self)
         check_probabilities(self, "dropout")
 
     @property

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_adaptive_span import check_span_fields
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
-from .txv_gates import check_gate_fields
+from .txv_xl_config import XLFamilyConfig
 
 
 @strict
-class AdaptiveSpanConfig(PreTrainedConfig):
+class AdaptiveSpanConfig(XLFamilyConfig):
     r"""
     A Transformer-XL-style decoder (segment memory as `past_key_values`, relative positions, post-layer-norm) whose
     heads learn their attention span.
@@ -25,7 +22,8 @@ class AdaptiveSpanConfig(PreTrainedConfig):
             then mem_len must be given and adaptive span disabled).
         mem_len: positions kept as memory (default S - 1, all a full span needs); trimmed further to what the
             current spans need when `adapt_span_cache`.
-        adapt_span_enabled: False gives the plain model with a hard window of S keys.
+        adapt_span_enabled: False gives the plain model with a hard window of S keys (the other `adapt_span_*`
+            settings must then keep their defaults: they would be ignored).
         adapt_span_ramp: R, the length of the soft mask's ramp. adapt_span_init: initial span as a fraction of S.
         adapt_span_loss: weight of the L1 span penalty in the loss (the original enwik8 recipes use 2e-6).
         adapt_span_cache: drop the memory and keys that the current spans give weight 0 (saves compute and memory).
@@ -38,78 +36,31 @@ class AdaptiveSpanConfig(PreTrainedConfig):
     """
 
     model_type = "txv_adaptive_span"
-    keys_to_ignore_at_inference = ["past_key_values"]
-    attribute_map = {
-        "d_model": "hidden_size",
+    attribute_map = XLFamilyConfig.attribute_map | {
         "hid_sz": "hidden_size",
-        "n_head": "num_attention_heads",
         "nheads": "num_attention_heads",
-        "d_head": "head_dim",
-        "d_inner": "intermediate_size",
         "inner_hid_sz": "intermediate_size",
-        "n_layer": "num_hidden_layers",
         "nlayers": "num_hidden_layers",
-        "dropatt": "attention_dropout",
     }
 
-    vocab_size: int = 256
     hidden_size: int = 256
     num_attention_heads: int = 4
-    head_dim: int | None = None
     intermediate_size: int = 1024
     num_hidden_layers: int = 8
     attn_span: int | None = 1024
     mem_len: int | None = None
     adapt_span_enabled: bool = True
-    adapt_span_ramp: int = 32
-    adapt_span_init: float = 0.0
-    adapt_span_loss: float = 2e-6
-    adapt_span_cache: bool = True
-    adapt_span_dynamic: bool = False
-    memory_init: str = "empty"
-    gate_type: str = "trxl"
-    gate_bias: float | int = 2.0
-    final_layer_norm: bool = False
     dropout: float | int = 0.0
-    attention_dropout: float | int = 0.0
-    layer_norm_eps: float = 1e-5
-    initializer_range: float = 0.02
-    use_cache: bool = True
-    tie_word_embeddings: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
 
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        default_head_dim(self)
+    def derive_defaults(self, kwargs: dict):
+        super().derive_defaults(kwargs)
         if self.mem_len is None and isinstance(self.attn_span, int) and self.attn_span > 0:
             self.mem_len = self.attn_span - 1
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
 
     def validate_architecture(self):
-        """Called at construction: a wrong config is a ValueError naming the field."""
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "num_attention_heads",
-            "head_dim",
-            "intermediate_size",
-            "num_hidden_layers",
-        )
-        if self.hidden_size % 2:
-            raise ValueError(f"hidden_size must be even (sinusoidal relative positions), got {self.hidden_size}")
         if self.mem_len is None:
             raise ValueError("mem_len must be given when attn_span is None")
-        if self.mem_len < 0:
-            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
-        check_span_fields(self)
-        check_gate_fields(self)
-        if self.memory_init not in ("zeros", "empty"):
-            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
-        check_probabilities(self, "dropout", "attention_dropout")
+        super().validate_architecture()
 
 
 __all__ = ["AdaptiveSpanConfig"]

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim, integer_list
+from .txv_config import TxvTransformerConfig
+from .txv_config_checks import check_choice, check_non_negative, check_positive, integer_list
 
 ATTENTION_TYPES = ("local_1d", "local_2d")
 PATTERN_IMPLEMENTATIONS = ("auto", "blocked", "flex", "dense")
 
 
 @strict
-class ImageTransformerConfig(PreTrainedConfig):
+class ImageTransformerConfig(TxvTransformerConfig):
     r"""
     An autoregressive decoder over the channel intensities of `image_size` x `num_channels` images: every channel of
     every pixel is one position (intensities 0..255, token 256 is the start token), in raster order (local 1D) or in
@@ -42,22 +42,10 @@ class ImageTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "txv_image_transformer"
-    attribute_map = {
-        "d_model": "hidden_size",
-        "n_head": "num_attention_heads",
-        "d_head": "head_dim",
-        "d_inner": "intermediate_size",
-        "n_layer": "num_hidden_layers",
-        "dropatt": "attention_dropout",
-    }
 
     image_size: list[int] = (32, 32)
     num_channels: int = 3
     vocab_size: int = 257
-    hidden_size: int = 512
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 8
-    head_dim: int | None = None
     intermediate_size: int | None = None
     attention_type: str = "local_1d"
     block_length: int = 256
@@ -70,31 +58,18 @@ class ImageTransformerConfig(PreTrainedConfig):
     pattern_implementation: str = "auto"
     block_size: int | None = None
     dropout: float | int = 0.0
-    attention_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-6
-    initializer_range: float = 0.02
-    use_cache: bool = True
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 256
-    pad_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
 
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        self.image_size = integer_list(self, "image_size")
-        self.query_shape = integer_list(self, "query_shape")
-        self.memory_flange = integer_list(self, "memory_flange")
-        if self.conditioning_image_size is not None:
-            self.conditioning_image_size = integer_list(self, "conditioning_image_size")
-        default_head_dim(self)
+    def derive_defaults(self, kwargs: dict):
+        for name in ("image_size", "query_shape", "memory_flange", "conditioning_image_size"):
+            setattr(self, name, integer_list(self, name))
+        super().derive_defaults(kwargs)
         if self.memory_length is None:
             self.memory_length = self.block_length
-        if self.intermediate_size is None:
-            self.intermediate_size = 4 * self.hidden_size
         if self.block_size is None:
             self.block_size = self.block_length if self.attention_type == "local_1d" else self.query_shape[0] * self.query_shape[1]
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
 
     @property
     def grid_width(self) -> int:
@@ -113,29 +88,15 @@ class ImageTransformerConfig(PreTrainedConfig):
         return self.conditioning_image_size[0] * self.conditioning_image_size[1] * self.num_channels
 
     def validate_architecture(self):
-        check_positive(
-            self,
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "head_dim",
-            "intermediate_size",
-            "num_channels",
-            "block_length",
-            "block_size",
-        )
-        if self.memory_length < 0:
-            raise ValueError(f"memory_length must be >= 0, got {self.memory_length}")
+        super().validate_architecture()
+        check_positive(self, "num_channels", "block_length", "block_size")
+        check_non_negative(self, "memory_length", "num_classes")
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"image_size must be [height, width] > 0, got {self.image_size}")
         if self.vocab_size != 257:
             raise ValueError(f"vocab_size must be 257 (256 intensities + the start token 256), got {self.vocab_size}")
-        if self.attention_type not in ATTENTION_TYPES:
-            raise ValueError(f"attention_type must be one of {ATTENTION_TYPES}, got {self.attention_type!r}")
-        if self.pattern_implementation not in PATTERN_IMPLEMENTATIONS:
-            raise ValueError(
-                f"pattern_implementation must be one of {PATTERN_IMPLEMENTATIONS}, got {self.pattern_implementation!r}"
-            )
+        check_choice(self, "attention_type", ATTENTION_TYPES)
+        check_choice(self, "pattern_implementation", PATTERN_IMPLEMENTATIONS)
         if self.attention_type == "local_2d":
             if len(self.query_shape) != 2 or min(self.query_shape) <= 0:
                 raise ValueError(f"query_shape must be [rows, columns] > 0, got {self.query_shape}")
@@ -149,11 +110,7 @@ class ImageTransformerConfig(PreTrainedConfig):
         if self.conditioning_image_size is not None:
             if len(self.conditioning_image_size) != 2 or min(self.conditioning_image_size) <= 0:
                 raise ValueError(f"conditioning_image_size must be [height, width] > 0, got {self.conditioning_image_size}")
-            if self.num_encoder_layers <= 0:
-                raise ValueError(f"num_encoder_layers must be > 0 with a conditioning image, got {self.num_encoder_layers}")
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
-        check_probabilities(self, "dropout", "attention_dropout")
+            check_positive(self, "num_encoder_layers")
 
 
 __all__ = ["ImageTransformerConfig"]

@@ -4,16 +4,16 @@ Transformer"): LocalRNN + multi-head self-attention + feed-forward blocks, no po
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_config import TxvTransformerConfig
+from .txv_config_checks import check_choice, check_non_negative, check_positive, check_probabilities
 
 
 @strict
-class RTransformerConfig(PreTrainedConfig):
+class RTransformerConfig(TxvTransformerConfig):
     r"""
     Standard names are stored; the original code's names are accepted through `attribute_map`
-    (`d_model`, `h`, `n_level`, `ksize`, `n`, `d_ff`, plus `n_head`, `n_layer`, `d_inner`, `dropatt`).
+    (`d_model`, `h`, `n_level`, `ksize`, `n`, `d_ff`, plus `n_head`, `n_layer`, `d_head`, `d_inner`, `dropatt`).
 
     Args:
         vocab_size, hidden_size (`d_model`), num_attention_heads (`h`), head_dim (default hidden_size // heads).
@@ -29,17 +29,12 @@ class RTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "txv_r_transformer"
-    attribute_map = {
-        "d_model": "hidden_size",
+    attribute_map = TxvTransformerConfig.attribute_map | {
         "h": "num_attention_heads",
-        "n_head": "num_attention_heads",
         "n_level": "num_hidden_layers",
-        "n_layer": "num_hidden_layers",
         "ksize": "local_window",
         "n": "num_rnn_layers",
         "d_ff": "intermediate_size",
-        "d_inner": "intermediate_size",
-        "dropatt": "attention_dropout",
         "emb_dropout": "embedding_dropout",
     }
 
@@ -47,53 +42,24 @@ class RTransformerConfig(PreTrainedConfig):
     hidden_size: int = 256
     num_hidden_layers: int = 3
     num_rnn_layers: int = 1
-    num_attention_heads: int = 8
-    head_dim: int | None = None
     intermediate_size: int | None = None
     rnn_type: str = "GRU"
     local_window: int = 7
-    dropout: float | int = 0.1
     embedding_dropout: float | int = 0.1
     attention_dropout: float | int = 0.1
     layer_norm_eps: float = 1e-6
     layer_norm_type: str = "annotated"
     final_layer_norm: bool = False
     output_bias: bool = True
-    initializer_range: float = 0.02
     classifier_dropout: float | int | None = None
-    use_cache: bool = True
-    tie_word_embeddings: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        if self.intermediate_size is None:
-            self.intermediate_size = 4 * self.hidden_size
-        default_head_dim(self)
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
 
     def validate_architecture(self):
-        """Called at construction: a wrong config is a ValueError naming the field."""
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "head_dim",
-            "intermediate_size",
-            "local_window",
-        )
-        if self.num_rnn_layers < 0:
-            raise ValueError(f"num_rnn_layers must be >= 0, got {self.num_rnn_layers}")
-        if self.rnn_type not in ("GRU", "LSTM", "RNN"):
-            raise ValueError(f"rnn_type must be 'GRU', 'LSTM' or 'RNN', got {self.rnn_type!r}")
-        if self.layer_norm_type not in ("standard", "annotated"):
-            raise ValueError(f"layer_norm_type must be 'standard' or 'annotated', got {self.layer_norm_type!r}")
-        check_probabilities(self, "dropout", "embedding_dropout", "attention_dropout", "classifier_dropout")
+        super().validate_architecture()
+        check_positive(self, "local_window")
+        check_non_negative(self, "num_rnn_layers")
+        check_choice(self, "rnn_type", ("GRU", "LSTM", "RNN"))
+        check_choice(self, "layer_norm_type", ("standard", "annotated"))
+        check_probabilities(self, "embedding_dropout", "classifier_dropout")
 
 
 __all__ = ["RTransformerConfig"]

@@ -4,9 +4,9 @@ Transformers")."""
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim, integer_list
+from .txv_config import TxvTransformerConfig
+from .txv_config_checks import check_choice, check_non_negative, check_positive, integer_list
 
 PATTERNS = ("strided", "fixed", "causal", "sliding_window", "local1d")
 PATTERN_MODES = ("interleaved", "merged", "per_head")
@@ -15,7 +15,7 @@ PATTERN_CONVENTIONS = ("reference", "paper")
 
 
 @strict
-class SparseTransformerConfig(PreTrainedConfig):
+class SparseTransformerConfig(TxvTransformerConfig):
     r"""
     Standard names are stored; the papers' names are accepted through `attribute_map`
     (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_positions`).
@@ -50,21 +50,8 @@ class SparseTransformerConfig(PreTrainedConfig):
 
     model_type = "txv_sparse_transformer"
     keys_to_ignore_at_inference = ["past_key_values"]
-    attribute_map = {
-        "d_model": "hidden_size",
-        "n_head": "num_attention_heads",
-        "d_head": "head_dim",
-        "d_inner": "intermediate_size",
-        "n_layer": "num_hidden_layers",
-        "dropatt": "attention_dropout",
-        "n_positions": "max_position_embeddings",
-    }
+    attribute_map = TxvTransformerConfig.attribute_map | {"n_positions": "max_position_embeddings"}
 
-    vocab_size: int = 256
-    hidden_size: int = 512
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 8
-    head_dim: int | None = None
     intermediate_size: int | None = None
     max_position_embeddings: int = 4096
     attention_pattern: str = "strided"
@@ -77,48 +64,19 @@ class SparseTransformerConfig(PreTrainedConfig):
     image_shape: list[int] | None = None
     gradient_checkpointing_min_layers: int = 24
     dropout: float | int = 0.0
-    attention_dropout: float | int = 0.0
-    layer_norm_eps: float = 1e-5
-    initializer_range: float = 0.02
-    use_cache: bool = True
-    tie_word_embeddings: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
 
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        default_head_dim(self)
-        if self.intermediate_size is None:
-            self.intermediate_size = 4 * self.hidden_size
+    def derive_defaults(self, kwargs: dict):
         if self.image_shape is not None:
             self.image_shape = integer_list(self, "image_shape")
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
+        super().derive_defaults(kwargs)
 
     def validate_architecture(self):
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "head_dim",
-            "intermediate_size",
-            "max_position_embeddings",
-            "stride",
-            "block_size",
-        )
-        if self.attention_pattern not in PATTERNS:
-            raise ValueError(f"attention_pattern must be one of {PATTERNS}, got {self.attention_pattern!r}")
-        if self.pattern_mode not in PATTERN_MODES:
-            raise ValueError(f"pattern_mode must be one of {PATTERN_MODES}, got {self.pattern_mode!r}")
-        if self.pattern_convention not in PATTERN_CONVENTIONS:
-            raise ValueError(f"pattern_convention must be one of {PATTERN_CONVENTIONS}, got {self.pattern_convention!r}")
-        if self.pattern_implementation not in PATTERN_IMPLEMENTATIONS:
-            raise ValueError(
-                f"pattern_implementation must be one of {PATTERN_IMPLEMENTATIONS}, got {self.pattern_implementation!r}"
-            )
+        super().validate_architecture()
+        check_positive(self, "max_position_embeddings", "stride", "block_size")
+        check_choice(self, "attention_pattern", PATTERNS)
+        check_choice(self, "pattern_mode", PATTERN_MODES)
+        check_choice(self, "pattern_convention", PATTERN_CONVENTIONS)
+        check_choice(self, "pattern_implementation", PATTERN_IMPLEMENTATIONS)
         if self.attention_pattern == "fixed" and not 0 < self.summary_size <= self.stride:
             raise ValueError(f"summary_size must be in [1, stride={self.stride}], got {self.summary_size}")
         if self.image_shape is not None:
@@ -130,9 +88,7 @@ class SparseTransformerConfig(PreTrainedConfig):
                     f"image_shape {self.image_shape} has {height * width * channels} positions, more than "
                     f"max_position_embeddings ({self.max_position_embeddings})"
                 )
-        if self.gradient_checkpointing_min_layers < 0:
-            raise ValueError(f"gradient_checkpointing_min_layers must be >= 0, got {self.gradient_checkpointing_min_layers}")
-        check_probabilities(self, "dropout", "attention_dropout")
+        check_non_negative(self, "gradient_checkpointing_min_layers")
 
 
 __all__ = ["SparseTransformerConfig"]

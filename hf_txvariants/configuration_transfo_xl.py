@@ -4,15 +4,13 @@ TransfoXL (removed in transformers 5) load unchanged."""
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_adaptive_span import check_span_fields
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim, integer_list
-from .txv_gates import check_gate_fields
+from .txv_config_checks import check_choice
+from .txv_xl_config import XLFamilyConfig, check_adaptive_softmax_fields, derive_adaptive_softmax_defaults
 
 
 @strict
-class TransfoXLConfig(PreTrainedConfig):
+class TransfoXLConfig(XLFamilyConfig):
     r"""
     Standard names are stored; the papers' and legacy names are accepted through `attribute_map`
     (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_token`, `init_std`, `layer_norm_epsilon`).
@@ -37,23 +35,19 @@ class TransfoXLConfig(PreTrainedConfig):
             `mem_len` (PyTorch code and legacy transformers).
         gate_type, gate_bias: the residual form, default "trxl" (the Transformer-XL block, post- or pre-layer-norm
             by `pre_lnorm`); "trxl_i" or a gate ("gru", ...) gives the Gated Transformer-XL layer (Parisotto et
-            al. 2020, identity map reordering, itself pre-norm: `pre_lnorm` must then stay False), see `GTrXLConfig`.
+            al. 2020, identity map reordering, itself pre-norm: `pre_lnorm` must then stay False), see `GTrXLConfig`
+            (gate_bias only with a gate that has a bias).
         final_layer_norm: a layer norm on the last hidden state (default False, as the original; set it with a gate,
             whose stack never normalises its residual stream, see `GTrXLConfig`).
         attn_span, adapt_span_enabled, adapt_span_ramp, adapt_span_init, adapt_span_loss, adapt_span_cache,
             adapt_span_dynamic: adaptive attention span (Sukhbaatar et al. 2019), off by default; see
-            `AdaptiveSpanConfig`. `attn_span` alone is a hard window of that many keys.
+            `AdaptiveSpanConfig`. `attn_span` alone is a hard window of that many keys; the `adapt_span_*` settings
+            need `adapt_span_enabled=True`.
     """
 
     model_type = "transfo-xl"
     keys_to_ignore_at_inference = ["past_key_values", "mems"]
-    attribute_map = {
-        "d_model": "hidden_size",
-        "n_head": "num_attention_heads",
-        "d_head": "head_dim",
-        "d_inner": "intermediate_size",
-        "n_layer": "num_hidden_layers",
-        "dropatt": "attention_dropout",
+    attribute_map = XLFamilyConfig.attribute_map | {
         "n_token": "vocab_size",
         "init_std": "initializer_range",
         "layer_norm_epsilon": "layer_norm_eps",
@@ -64,7 +58,6 @@ class TransfoXLConfig(PreTrainedConfig):
     hidden_size: int = 1024
     d_embed: int | None = None
     num_attention_heads: int = 16
-    head_dim: int | None = None
     intermediate_size: int = 4096
     div_val: int = 4
     pre_lnorm: bool = False
@@ -76,87 +69,29 @@ class TransfoXLConfig(PreTrainedConfig):
     attn_type: int = 0
     sample_softmax: int = -1
     adaptive: bool = True
-    dropout: float | int = 0.1
-    attention_dropout: float | int = 0.0
     untie_r: bool = True
     init: str = "normal"
     init_range: float = 0.01
     proj_init_std: float = 0.01
-    initializer_range: float = 0.02
-    layer_norm_eps: float = 1e-5
     memory_init: str = "zeros"
     same_length_extra_key: bool = False
-    gate_type: str = "trxl"
-    gate_bias: float | int = 2.0
-    final_layer_norm: bool = False
-    attn_span: int | None = None
-    adapt_span_enabled: bool = False
-    adapt_span_ramp: int = 32
-    adapt_span_init: float = 0.0
-    adapt_span_loss: float = 2e-6
-    adapt_span_cache: bool = True
-    adapt_span_dynamic: bool = False
-    use_cache: bool = True
-    tie_word_embeddings: bool = True
     eos_token_id: int | list[int] | None = 0
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
 
-    def __post_init__(self, **kwargs):
-        # Names from attribute_map are applied first, the derived defaults below depend on them.
-        apply_paper_names(self, kwargs)
-        proj_share_all_but_first = kwargs.pop("proj_share_all_but_first", True)
-        self.cutoffs = integer_list(self, "cutoffs")
-        if self.d_embed is None:
-            self.d_embed = self.hidden_size
-        default_head_dim(self)
-        if self.tie_projs is None:
-            self.tie_projs = [False] + [bool(proj_share_all_but_first)] * len(self.cutoffs)
-        super().__post_init__(**kwargs)
-        # Raised here so that the caller gets the ValueError itself (strict's validate() wraps it in its own type).
-        self.validate_architecture()
+    def derive_defaults(self, kwargs: dict):
+        derive_adaptive_softmax_defaults(self, kwargs)
+        super().derive_defaults(kwargs)
 
     def validate_architecture(self):
         """Called at construction and before saving: a wrong config is a ValueError naming the field."""
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "d_embed",
-            "num_attention_heads",
-            "head_dim",
-            "intermediate_size",
-            "num_hidden_layers",
-        )
-        if self.div_val < 1:
-            raise ValueError(f"div_val must be >= 1, got {self.div_val}")
-        if self.mem_len < 0:
-            raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
-        if list(self.cutoffs) != sorted(set(self.cutoffs)) or any(c <= 0 for c in self.cutoffs):
-            raise ValueError(f"cutoffs must be strictly increasing positive integers, got {self.cutoffs}")
-        if self.cutoffs and self.cutoffs[-1] >= self.vocab_size:
-            raise ValueError(f"cutoffs must be below vocab_size ({self.vocab_size}), got {self.cutoffs}")
-        smallest = self.d_embed // (self.div_val ** len(self.cutoffs))
-        if smallest < 1:
-            raise ValueError(
-                f"d_embed ({self.d_embed}) is too small for div_val={self.div_val} with {len(self.cutoffs)} cutoffs: "
-                "the last cluster would have an empty embedding"
-            )
-        if len(self.tie_projs) != len(self.cutoffs) + 1:
-            raise ValueError(f"tie_projs needs one entry per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}")
+        super().validate_architecture()
+        check_adaptive_softmax_fields(self)
         if self.attn_type != 0:
             raise ValueError(f"attn_type={self.attn_type} is not supported; only 0 (relative attention) is")
         if self.sample_softmax > 0:
             raise ValueError(f"sample_softmax={self.sample_softmax} is not supported; use -1")
-        if self.memory_init not in ("zeros", "empty"):
-            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
         if self.same_length and self.mem_len == 0:
             raise ValueError("same_length=True needs mem_len > 0 (every query would see no key)")
-        if self.init not in ("normal", "uniform"):
-            raise ValueError(f"init must be 'normal' or 'uniform', got {self.init!r}")
-        check_probabilities(self, "dropout", "attention_dropout")
-        check_gate_fields(self)
-        check_span_fields(self)
+        check_choice(self, "init", ("normal", "uniform"))
         if self.pre_lnorm and self.gate_type != "trxl":
             raise ValueError(
                 f"pre_lnorm=True applies to gate_type='trxl' only; gate_type={self.gate_type!r} uses the identity map "

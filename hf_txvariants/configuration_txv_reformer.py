@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, integer_list
+from .txv_config import TxvConfig
+from .txv_config_checks import check_non_negative, check_positive, check_probabilities, integer_list
 
 
 @strict
-class TxvReformerConfig(PreTrainedConfig):
+class TxvReformerConfig(TxvConfig):
     r"""
     Args:
         attn_layers: one entry per layer, "lsh" or "local" (num_hidden_layers is its length).
@@ -57,7 +57,6 @@ class TxvReformerConfig(PreTrainedConfig):
     hidden_act: str = "relu"
     hidden_dropout_prob: float | int = 0.05
     hidden_size: int = 256
-    initializer_range: float = 0.02
     is_decoder: bool = True
     layer_norm_eps: float = 1e-12
     local_num_chunks_before: int = 1
@@ -75,21 +74,17 @@ class TxvReformerConfig(PreTrainedConfig):
     vocab_size: int = 320
     reversible: bool = True
     tie_word_embeddings: bool = False
-    use_cache: bool = True
     classifier_dropout: float | int | None = None
-    bos_token_id: int | None = None
     pad_token_id: int | None = 0
 
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        kwargs.pop("num_hidden_layers", None)
+    def derive_defaults(self, kwargs: dict):
+        super().derive_defaults(kwargs)
+        kwargs.pop("num_hidden_layers", None)  # transformers' ReformerConfig saves it: here it is len(attn_layers)
         self.attn_layers = list(self.attn_layers)
         self.axial_pos_shape = integer_list(self, "axial_pos_shape")
         self.axial_pos_embds_dim = integer_list(self, "axial_pos_embds_dim")
         if isinstance(self.num_buckets, (list, tuple)):
             self.num_buckets = integer_list(self, "num_buckets")
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
 
     @property
     def num_hidden_layers(self) -> int:
@@ -102,10 +97,9 @@ class TxvReformerConfig(PreTrainedConfig):
         return math.lcm(*{lengths[kind] for kind in self.attn_layers})
 
     def validate_architecture(self):
+        super().validate_architecture()
         check_positive(
             self,
-            "vocab_size",
-            "hidden_size",
             "num_attention_heads",
             "attention_head_size",
             "feed_forward_size",
@@ -119,9 +113,9 @@ class TxvReformerConfig(PreTrainedConfig):
         factors = [self.num_buckets] if isinstance(self.num_buckets, int) else (self.num_buckets or [])
         if any(f <= 0 or f % 2 for f in factors):
             raise ValueError(f"num_buckets must be even (each factor), got {self.num_buckets}")
-        for name in ("lsh_num_chunks_before", "lsh_num_chunks_after", "local_num_chunks_before", "local_num_chunks_after"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        check_non_negative(
+            self, "lsh_num_chunks_before", "lsh_num_chunks_after", "local_num_chunks_before", "local_num_chunks_after"
+        )
         if self.axial_pos_embds:
             if len(self.axial_pos_shape) != 2 or len(self.axial_pos_embds_dim) != 2:
                 raise ValueError(

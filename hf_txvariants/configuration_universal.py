@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_config import TxvTransformerConfig
+from .txv_config_checks import check_act_fields, check_choice, check_even, read_act_epsilon
 
 
 LAYER_NORM_POSITIONS = ("pre", "post")
@@ -13,7 +13,7 @@ TRANSITIONS = ("feed_forward", "separable_conv")
 
 
 @strict
-class UniversalTransformerConfig(PreTrainedConfig):
+class UniversalTransformerConfig(TxvTransformerConfig):
     r"""
     One shared layer (self-attention, optional cross-attention, transition) applied recurrently over depth.
 
@@ -56,21 +56,9 @@ class UniversalTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "txv_universal"
-    attribute_map = {
-        "d_model": "hidden_size",
-        "n_head": "num_attention_heads",
-        "d_head": "head_dim",
-        "d_inner": "intermediate_size",
-        "dropatt": "attention_dropout",
-        "max_steps": "num_hidden_layers",
-        "n_layer": "num_hidden_layers",
-    }
+    attribute_map = TxvTransformerConfig.attribute_map | {"max_steps": "num_hidden_layers"}
 
     vocab_size: int = 32000
-    hidden_size: int = 512
-    num_attention_heads: int = 8
-    head_dim: int | None = None
-    intermediate_size: int = 2048
     num_hidden_layers: int = 8
     use_act: bool = True
     act_threshold: float = 0.99
@@ -82,47 +70,20 @@ class UniversalTransformerConfig(PreTrainedConfig):
     transition: str = "feed_forward"
     separable_conv_kernel_sizes: list[int] | tuple[int, ...] = (3, 5)
     scale_embedding: bool = True
-    dropout: float | int = 0.1
-    attention_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-6
-    initializer_range: float = 0.02
     use_cache: bool = False
-    tie_word_embeddings: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
 
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        if "act_epsilon" in kwargs:
-            self.act_threshold = 1.0 - float(kwargs.pop("act_epsilon"))
-        default_head_dim(self)
+    def derive_defaults(self, kwargs: dict):
+        read_act_epsilon(self, kwargs)
+        super().derive_defaults(kwargs)
         self.separable_conv_kernel_sizes = list(self.separable_conv_kernel_sizes)
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
 
     def validate_architecture(self):
-        """Called at construction: a wrong config is a ValueError naming the field."""
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "num_attention_heads",
-            "head_dim",
-            "intermediate_size",
-            "num_hidden_layers",
-        )
-        if self.hidden_size % 2:
-            raise ValueError(f"hidden_size must be even (sinusoidal coordinate embedding), got {self.hidden_size}")
-        if not 0.0 < self.act_threshold <= 1.0:
-            raise ValueError(f"act_threshold (1 - act_epsilon) must be in (0, 1], got {self.act_threshold}")
-        if self.act_loss_weight < 0:
-            raise ValueError(f"act_loss_weight must be >= 0, got {self.act_loss_weight}")
-        check_probabilities(self, "dropout", "attention_dropout")
-        if self.layer_norm_position not in LAYER_NORM_POSITIONS:
-            raise ValueError(f"layer_norm_position must be one of {LAYER_NORM_POSITIONS}, got {self.layer_norm_position!r}")
-        if self.transition not in TRANSITIONS:
-            raise ValueError(f"transition must be one of {TRANSITIONS}, got {self.transition!r}")
+        super().validate_architecture()
+        check_even(self, "hidden_size", "sinusoidal coordinate embedding")
+        check_act_fields(self)
+        check_choice(self, "layer_norm_position", LAYER_NORM_POSITIONS)
+        check_choice(self, "transition", TRANSITIONS)
         kernels = self.separable_conv_kernel_sizes
         if len(kernels) != 2 or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in kernels):
             raise ValueError(f"separable_conv_kernel_sizes must be two positive integers, got {kernels!r}")

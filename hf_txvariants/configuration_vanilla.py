@@ -4,13 +4,20 @@ auxiliary losses of Al-Rfou et al. (2019, "Character-Level Language Modeling wit
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers.configuration_utils import PreTrainedConfig
 
-from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
+from .txv_config import TxvTransformerConfig
+from .txv_config_checks import (
+    check_choice,
+    check_cross_attention,
+    check_even,
+    check_non_negative,
+    check_positive,
+    check_probabilities,
+)
 
 
 @strict
-class VanillaConfig(PreTrainedConfig):
+class VanillaConfig(TxvTransformerConfig):
     r"""
     Standard names are stored; the papers' names are accepted through `attribute_map`
     (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_positions`).
@@ -40,31 +47,13 @@ class VanillaConfig(PreTrainedConfig):
 
     model_type = "txv_vanilla"
     keys_to_ignore_at_inference = ["past_key_values"]
-    attribute_map = {
-        "d_model": "hidden_size",
-        "n_head": "num_attention_heads",
-        "d_head": "head_dim",
-        "d_inner": "intermediate_size",
-        "n_layer": "num_hidden_layers",
-        "dropatt": "attention_dropout",
-        "n_positions": "max_position_embeddings",
-    }
+    attribute_map = TxvTransformerConfig.attribute_map | {"n_positions": "max_position_embeddings"}
 
-    vocab_size: int = 256
-    hidden_size: int = 512
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 8
-    head_dim: int | None = None
-    intermediate_size: int = 2048
     position_embedding_type: str = "learned"
     max_position_embeddings: int = 512
     per_layer_positions: bool = False
     scale_embedding: bool = False
     pre_lnorm: bool = False
-    dropout: float | int = 0.1
-    attention_dropout: float | int = 0.0
-    layer_norm_eps: float = 1e-5
-    initializer_range: float = 0.02
     is_decoder: bool = True
     add_cross_attention: bool = False
     loss_on_all_positions: bool = True
@@ -72,45 +61,18 @@ class VanillaConfig(PreTrainedConfig):
     num_future_targets: int = 1
     future_target_loss_weight: float | int = 0.5
     classifier_dropout: float | int | None = None
-    use_cache: bool = True
-    tie_word_embeddings: bool = True
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-
-    def __post_init__(self, **kwargs):
-        apply_paper_names(self, kwargs)
-        default_head_dim(self)
-        super().__post_init__(**kwargs)
-        self.validate_architecture()
 
     def validate_architecture(self):
-        """Called at construction: a wrong config is a ValueError naming the field."""
-        check_positive(
-            self,
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "head_dim",
-            "intermediate_size",
-            "max_position_embeddings",
-            "num_future_targets",
-        )
-        if self.position_embedding_type not in ("sinusoidal", "learned"):
-            raise ValueError(
-                f"position_embedding_type must be 'sinusoidal' or 'learned', got {self.position_embedding_type!r}"
-            )
-        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
-            raise ValueError(f"hidden_size must be even for sinusoidal positions, got {self.hidden_size}")
+        super().validate_architecture()
+        check_positive(self, "max_position_embeddings", "num_future_targets")
+        check_choice(self, "position_embedding_type", ("sinusoidal", "learned"))
+        if self.position_embedding_type == "sinusoidal":
+            check_even(self, "hidden_size", "sinusoidal positions")
         if self.per_layer_positions and self.position_embedding_type != "learned":
             raise ValueError("per_layer_positions=True needs position_embedding_type='learned'")
-        check_probabilities(self, "dropout", "attention_dropout", "classifier_dropout")
-        for name in ("intermediate_loss_weight", "future_target_loss_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.add_cross_attention and not self.is_decoder:
-            raise ValueError("add_cross_attention=True needs is_decoder=True (cross-attention is a decoder sub-layer)")
+        check_probabilities(self, "classifier_dropout")
+        check_non_negative(self, "intermediate_loss_weight", "future_target_loss_weight")
+        check_cross_attention(self)
 
 
 __all__ = ["VanillaConfig"]

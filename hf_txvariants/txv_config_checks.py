@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import sys
@@ -62,7 +63,8 @@ def _own_field_types(config_class) -> dict:
         return cached
     own = {}
     for klass in reversed(config_class.__mro__):
-        if klass.__module__.startswith("transformers") or klass is object:
+        # transformers' own classes, not a remote-code module (`transformers_modules.<repo>...`)
+        if klass.__module__.split(".")[0] == "transformers" or klass is object:
             continue
         namespace = vars(sys.modules[klass.__module__]) if klass.__module__ in sys.modules else {}
         for name, annotation in vars(klass).get("__annotations__", {}).items():
@@ -114,6 +116,50 @@ def check_probabilities(config, *names: str):
             raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
 
 
+def check_non_negative(config, *names: str):
+    """Each named field (a count, a length or a loss weight) must be >= 0."""
+    for name in names:
+        if getattr(config, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(config, name)}")
+
+
+def check_choice(config, name: str, choices: tuple):
+    """The field `name` must be one of `choices`."""
+    if getattr(config, name) not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {getattr(config, name)!r}")
+
+
+def check_even(config, name: str, reason: str):
+    """The field `name` must be even (`reason` says which part needs it)."""
+    if getattr(config, name) % 2:
+        raise ValueError(f"{name} must be even ({reason}), got {getattr(config, name)}")
+
+
+def check_left_at_default(config, names, reason: str):
+    """Each named field must keep its declared default, because the config does not use it (`reason`): a value set
+    there would be accepted and silently ignored. Saved configs hold the defaults, so they still load."""
+    defaults = {field.name: field.default for field in dataclasses.fields(config)}
+    for name in names:
+        value = getattr(config, name)
+        if value != defaults[name]:
+            raise ValueError(f"{name}={value!r} would be ignored: {reason}; leave {name} at its default "
+                             f"({defaults[name]!r})")
+
+
+def read_act_epsilon(config, kwargs: dict):
+    """The papers' epsilon (`act_epsilon`, halting when the cumulated probability reaches 1 - epsilon) is stored as
+    `act_threshold` = 1 - epsilon."""
+    if "act_epsilon" in kwargs:
+        config.act_threshold = 1.0 - float(kwargs.pop("act_epsilon"))
+
+
+def check_act_fields(config):
+    """`act_threshold` (1 - epsilon) in (0, 1] and the ponder-cost weight `act_loss_weight` >= 0."""
+    if not 0.0 < config.act_threshold <= 1.0:
+        raise ValueError(f"act_threshold (1 - act_epsilon) must be in (0, 1], got {config.act_threshold}")
+    check_non_negative(config, "act_loss_weight")
+
+
 def integer_list(config, name: str) -> list[int] | None:
     """The list field `name` as a list of ints (JSON may give floats such as 8.0); anything else is a ValueError
     naming the field. None stays None."""
@@ -127,3 +173,9 @@ def integer_list(config, name: str) -> list[int] | None:
         if isinstance(item, bool) or not isinstance(item, numbers.Real) or int(item) != item:
             raise ValueError(f"{name} must be a list of integers, got {value!r}")
     return [int(item) for item in items]
+
+
+def check_cross_attention(config):
+    """`add_cross_attention` needs `is_decoder` (cross-attention is a decoder sub-layer)."""
+    if config.add_cross_attention and not config.is_decoder:
+        raise ValueError("add_cross_attention=True needs is_decoder=True (cross-attention is a decoder sub-layer)")

@@ -96,7 +96,8 @@ def test_soft_mask_formula():
 def naive_first_layer_weights(model, input_ids):
     """softmax without the span, times m_z(x), renormalised: the paper's definition, on the first layer."""
     config = model.config
-    plain_config = AdaptiveSpanConfig(**{**TINY, "adapt_span_enabled": False})
+    span_off = {name: value for name, value in TINY.items() if not name.startswith("adapt_span_")}
+    plain_config = AdaptiveSpanConfig(**span_off, adapt_span_enabled=False)
     plain = AdaptiveSpanForCausalLM(plain_config).eval()
     plain.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():
