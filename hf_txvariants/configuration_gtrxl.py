@@ -12,8 +12,8 @@ from .txv_xl_config import XLFamilyConfig
 @strict
 class GTrXLConfig(XLFamilyConfig):
     r"""
-    Standard names are stored; the papers' names are accepted through `attribute_map`
-    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `init_std`).
+    The standard fields and the papers' names for them are `TxvTransformerConfig`'s (and `init_std` for
+    `initializer_range`); the memory, gate and adaptive-span fields are `XLFamilyConfig`'s, with the defaults below.
 
     Args:
         vocab_size: number of tokens for `input_ids` and the causal-LM head (RL agents pass `inputs_embeds`).

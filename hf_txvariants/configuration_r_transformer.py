@@ -12,8 +12,8 @@ from .txv_config_checks import check_choice, check_non_negative, check_positive,
 @strict
 class RTransformerConfig(TxvTransformerConfig):
     r"""
-    Standard names are stored; the original code's names are accepted through `attribute_map`
-    (`d_model`, `h`, `n_level`, `ksize`, `n`, `d_ff`, plus `n_head`, `n_layer`, `d_head`, `d_inner`, `dropatt`).
+    The standard fields and the papers' names for them are `TxvTransformerConfig`'s; the original code's names
+    are also accepted (`h`, `n_level`, `ksize`, `n`, `d_ff`, `emb_dropout`).
 
     Args:
         vocab_size, hidden_size (`d_model`), num_attention_heads (`h`), head_dim (default hidden_size // heads).

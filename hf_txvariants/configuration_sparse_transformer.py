@@ -17,8 +17,8 @@ PATTERN_CONVENTIONS = ("reference", "paper")
 @strict
 class SparseTransformerConfig(TxvTransformerConfig):
     r"""
-    Standard names are stored; the papers' names are accepted through `attribute_map`
-    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_positions`).
+    The standard fields and the papers' names for them are `TxvTransformerConfig`'s (and `n_positions` for
+    `max_position_embeddings`; `intermediate_size` defaults to 4 * hidden_size).
 
     Args:
         attention_pattern: "strided" (previous `stride` positions + every `stride`-th one), "fixed" (own block of

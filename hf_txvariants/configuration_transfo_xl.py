@@ -12,8 +12,9 @@ from .txv_xl_config import XLFamilyConfig, check_adaptive_softmax_fields, derive
 @strict
 class TransfoXLConfig(XLFamilyConfig):
     r"""
-    Standard names are stored; the papers' and legacy names are accepted through `attribute_map`
-    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_token`, `init_std`, `layer_norm_epsilon`).
+    The standard fields and the papers' names for them are `TxvTransformerConfig`'s, the memory, gate and
+    adaptive-span fields `XLFamilyConfig`'s; the legacy names `n_token`, `init_std` and `layer_norm_epsilon` are also
+    accepted.
 
     Args:
         vocab_size: number of tokens.

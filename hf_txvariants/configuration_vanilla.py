@@ -5,37 +5,24 @@ from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 
-from .txv_config import TxvTransformerConfig
-from .txv_config_checks import (
-    check_choice,
-    check_cross_attention,
-    check_even,
-    check_non_negative,
-    check_positive,
-    check_probabilities,
-)
+from .txv_config import TxvEncoderOrDecoderConfig
+from .txv_config_checks import check_choice, check_even, check_non_negative, check_positive
 
 
 @strict
-class VanillaConfig(TxvTransformerConfig):
+class VanillaConfig(TxvEncoderOrDecoderConfig):
     r"""
-    Standard names are stored; the papers' names are accepted through `attribute_map`
-    (`d_model`, `n_head`, `d_head`, `d_inner`, `n_layer`, `dropatt`, `n_positions`).
+    The standard fields and the papers' names for them are `TxvTransformerConfig`'s (and `n_positions` for
+    `max_position_embeddings`); the encoder / decoder switches (`is_decoder`: False gives `VanillaForMaskedLM` and
+    the encoder of an `EncoderDecoderModel`; `add_cross_attention`), `scale_embedding` (Vaswani et al.), `pre_lnorm`
+    and `classifier_dropout` are `TxvEncoderOrDecoderConfig`'s.
 
     Args:
-        vocab_size, hidden_size (`d_model`), num_hidden_layers (`n_layer`), num_attention_heads (`n_head`),
-        head_dim (`d_head`, default hidden_size // num_attention_heads), intermediate_size (`d_inner`).
         position_embedding_type: "sinusoidal" (Vaswani et al., no parameters) or "learned" (Al-Rfou et al.: a
             learned vector per position, here added once at the input).
         per_layer_positions: Al-Rfou et al.'s learned positions added again at the input of every layer (each layer
             its own table); needs position_embedding_type="learned".
         max_position_embeddings: the longest sequence ("learned" cannot go further; "sinusoidal" is not limited).
-        scale_embedding: multiply token embeddings by sqrt(hidden_size) (Vaswani et al.).
-        pre_lnorm: layer norm on each sub-layer input (plus a final norm) instead of after the residual.
-        is_decoder: causal self-attention (the language model). False gives a bidirectional encoder
-            (`VanillaForMaskedLM`, the encoder of an `EncoderDecoderModel`).
-        add_cross_attention: a cross-attention sub-layer over `encoder_hidden_states` (decoder of an
-            `EncoderDecoderModel`); needs is_decoder.
         loss_on_all_positions: Al-Rfou's "multiple positions" loss: predict the next token at every position.
             False trains only the prediction at the last position of each row (the un-augmented baseline).
         intermediate_loss_weight: weight of Al-Rfou's intermediate-layer losses (0 disables them). Layer l < L
@@ -46,21 +33,15 @@ class VanillaConfig(TxvTransformerConfig):
     """
 
     model_type = "txv_vanilla"
-    keys_to_ignore_at_inference = ["past_key_values"]
-    attribute_map = TxvTransformerConfig.attribute_map | {"n_positions": "max_position_embeddings"}
+    attribute_map = TxvEncoderOrDecoderConfig.attribute_map | {"n_positions": "max_position_embeddings"}
 
     position_embedding_type: str = "learned"
     max_position_embeddings: int = 512
     per_layer_positions: bool = False
-    scale_embedding: bool = False
-    pre_lnorm: bool = False
-    is_decoder: bool = True
-    add_cross_attention: bool = False
     loss_on_all_positions: bool = True
     intermediate_loss_weight: float | int = 0.0
     num_future_targets: int = 1
     future_target_loss_weight: float | int = 0.5
-    classifier_dropout: float | int | None = None
 
     def validate_architecture(self):
         super().validate_architecture()
@@ -70,9 +51,7 @@ class VanillaConfig(TxvTransformerConfig):
             check_even(self, "hidden_size", "sinusoidal positions")
         if self.per_layer_positions and self.position_embedding_type != "learned":
             raise ValueError("per_layer_positions=True needs position_embedding_type='learned'")
-        check_probabilities(self, "classifier_dropout")
         check_non_negative(self, "intermediate_loss_weight", "future_target_loss_weight")
-        check_cross_attention(self)
 
 
 __all__ = ["VanillaConfig"]

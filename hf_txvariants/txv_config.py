@@ -89,4 +89,26 @@ class TxvTransformerConfig(TxvConfig):
         check_probabilities(self, "dropout", "attention_dropout")
 
 
-__all__ = ["PAPER_NAMES", "TxvConfig", "TxvTransformerConfig"]
+class TxvEncoderOrDecoderConfig(TxvTransformerConfig):
+    """A stack that is a causal decoder (the default: the language model), a bidirectional encoder
+    (`is_decoder=False`: masked-LM and classification heads, the encoder of an `EncoderDecoderModel`) or, with
+    `add_cross_attention`, the decoder of an `EncoderDecoderModel`. `scale_embedding` multiplies the token embeddings
+    by sqrt(hidden_size); `pre_lnorm` puts the layer norm on each sub-layer's input (plus a final norm) instead of
+    after the residual; `classifier_dropout` is the sequence-classification head's dropout (None: none)."""
+
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    scale_embedding: bool = False
+    pre_lnorm: bool = False
+    is_decoder: bool = True
+    add_cross_attention: bool = False
+    classifier_dropout: float | int | None = None
+
+    def validate_architecture(self):
+        super().validate_architecture()
+        check_probabilities(self, "classifier_dropout")
+        if self.add_cross_attention and not self.is_decoder:
+            raise ValueError("add_cross_attention=True needs is_decoder=True (cross-attention is a decoder sub-layer)")
+
+
+__all__ = ["PAPER_NAMES", "TxvConfig", "TxvEncoderOrDecoderConfig", "TxvTransformerConfig"]

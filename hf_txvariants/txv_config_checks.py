@@ -173,9 +173,3 @@ def integer_list(config, name: str) -> list[int] | None:
         if isinstance(item, bool) or not isinstance(item, numbers.Real) or int(item) != item:
             raise ValueError(f"{name} must be a list of integers, got {value!r}")
     return [int(item) for item in items]
-
-
-def check_cross_attention(config):
-    """`add_cross_attention` needs `is_decoder` (cross-attention is a decoder sub-layer)."""
-    if config.add_cross_attention and not config.is_decoder:
-        raise ValueError("add_cross_attention=True needs is_decoder=True (cross-attention is a decoder sub-layer)")
