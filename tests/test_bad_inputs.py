@@ -77,6 +77,13 @@ CONFIG_CASES = [
     ("axial_pos_shape", "4,4", ["axial_pos_shape"]),
     ("axial_pos_embds_dim", [16, 1.5], ["axial_pos_embds_dim"]),
     ("image_shape", "8x8", ["image_shape"]),
+    # choices, derived sizes and ranges
+    ("memory_init", "ones", ["memory_init"]),
+    ("rnn_type", "elman", ["rnn_type"]),
+    ("pattern_implementation", "fast", ["pattern_implementation"]),
+    ("layer_norm_position", "middle", ["layer_norm_position"]),
+    ("head_dim", 0, ["head_dim"]),
+    ("act_threshold", 1.5, ["act_threshold"]),
 ]
 
 
