@@ -59,11 +59,24 @@ class CausalLMHeadMixin(TxvHeadMixin):
     def __init__(self, config):
         super().__init__(config)
         self.build_backbone(config)
-        self.lm_head = self.build_lm_head(config)
+        self.build_heads(config)
         self.post_init()
 
-    def build_lm_head(self, config) -> nn.Module:
-        return nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+    def build_heads(self, config):
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def needs_layer_outputs(self, has_targets: bool) -> bool:
+        """Whether the loss reads every layer's output (then the base model is asked for its hidden states)."""
+        return False
+
+    def lm_outputs(self, outputs, labels, logits_to_keep: int, attention_mask, **loss_kwargs) -> dict:
+        """The head's output fields from the base model's `outputs`: `logits`, `loss` and `lm_loss` (the next-token
+        loss before the variant's auxiliary terms)."""
+        logits, lm_loss = causal_lm_head(
+            self.lm_head, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep, **loss_kwargs
+        )
+        loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
+        return {"loss": loss, "logits": logits, "lm_loss": lm_loss}
 
     @can_return_tuple
     def forward(
@@ -91,6 +104,8 @@ class CausalLMHeadMixin(TxvHeadMixin):
         Other keyword arguments (e.g. `position_ids`) go to the base model."""
         if encoder_hidden_states is not None and not getattr(self.config, "add_cross_attention", False):
             raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         outputs = self.run_backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -98,17 +113,20 @@ class CausalLMHeadMixin(TxvHeadMixin):
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            output_hidden_states=output_hidden_states or self.needs_layer_outputs(
+                labels is not None or shift_labels is not None
+            ),
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
             **kwargs,
         )
-        logits, lm_loss = causal_lm_head(
-            self.lm_head, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep,
-            num_items_in_batch=num_items_in_batch, shift_labels=shift_labels,
+        fields = self.lm_outputs(
+            outputs, labels, logits_to_keep, attention_mask, num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
         )
-        loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
-        return head_output(self.output_class, outputs, loss=loss, logits=logits, lm_loss=lm_loss)
+        if not output_hidden_states:
+            fields["hidden_states"] = None
+        return head_output(self.output_class, outputs, **fields)
 
 
 class MaskedLMHeadMixin(TxvHeadMixin):
