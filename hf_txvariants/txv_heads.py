@@ -12,8 +12,6 @@ GenerationMixin)`. The losses are `txv_losses`' (one causal-LM loss, one masked-
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput, SequenceClassifierOutputWithPast
@@ -27,7 +25,7 @@ def head_output(output_class, backbone_outputs, **fields):
     """`output_class(**fields)`, completed with every field of `backbone_outputs` that `output_class` also has
     (`past_key_values`, `hidden_states`, `attentions`, `ponder_cost`, ...). `fields` that `output_class` lacks (e.g.
     `lm_loss` for a plain `CausalLMOutputWithPast`) are left out."""
-    names = {field.name for field in dataclasses.fields(output_class)}
+    names = output_class.__dataclass_fields__.keys()
     values = {name: backbone_outputs.get(name) for name in names if name not in fields}
     values.update({name: value for name, value in fields.items() if name in names})
     return output_class(**values)
@@ -56,6 +54,7 @@ class CausalLMHeadMixin(TxvHeadMixin):
     loss of `txv_losses.causal_lm_head` (taken over every position, then the logits cut to `logits_to_keep`)."""
 
     output_class = CausalLMOutputWithPast
+
     def __init__(self, config):
         super().__init__(config)
         self.build_backbone(config)
@@ -133,8 +132,10 @@ class MaskedLMHeadMixin(TxvHeadMixin):
     """A bidirectional base model with a tied token-prediction head; labels are not shifted."""
 
     output_class = MaskedLMOutput
+    decoder_config_allowed = False
+
     def __init__(self, config):
-        if getattr(config, "is_decoder", False):
+        if getattr(config, "is_decoder", False) and not self.decoder_config_allowed:
             raise ValueError(f"{type(self).__name__} needs a bidirectional encoder: set is_decoder=False in the config")
         super().__init__(config)
         self.build_backbone(config)
@@ -209,7 +210,7 @@ class SequenceClassificationHeadMixin(TxvHeadMixin):
     ):
         """labels: `[batch]` class ids (float `[batch, num_labels]` for multi-label, `[batch]` floats for
         regression). A head whose output has no `past_key_values` field asks its base model for no cache."""
-        if "past_key_values" not in {field.name for field in dataclasses.fields(self.output_class)}:
+        if "past_key_values" not in self.output_class.__dataclass_fields__:
             past_key_values, use_cache = None, False
         outputs = self.run_backbone(
             input_ids=input_ids,
