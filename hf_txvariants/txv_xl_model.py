@@ -1,0 +1,96 @@
+"""The base-model forward and the causal-LM head of the XL family (Transformer-XL, Gated Transformer-XL, Adaptive
+Span), written once around `txv_xl`'s backbone: a variant's `<V>Model` and `<V>ForCausalLM` keep their names,
+parameter names and output classes and only say what differs (`output_class`, `backbone_inputs`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.utils import can_return_tuple
+
+from .txv_cache import MemoryCache
+from .txv_heads import CausalLMHeadMixin, head_output
+from .txv_inputs import embed_inputs
+from .txv_xl import XLCausalLMOutput, XLModelOutput, build_final_norm
+
+
+class XLModelMixin:
+    """`forward` of an XL-family base model (mixed in before `XLBackboneMixin`): the input embeddings
+    (`get_input_embeddings()`), the XL backbone over [memory; segment], then `output_class` with the fields it has
+    (`last_hidden_state`, `span_penalty`, `past_key_values`, `hidden_states`, `attentions`, `attended_keys`)."""
+
+    output_class = XLModelOutput
+
+    def build_stack(self, config, layer_class):
+        """The parts `XLBackboneMixin` runs: `drop`, `num_hidden_layers` layers of `layer_class` and the final `norm`."""
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(layer_class(config) for _ in range(config.num_hidden_layers))
+        self.norm = build_final_norm(config)
+        self.gradient_checkpointing = False
+
+    def backbone_inputs(self, past_key_values, **kwargs) -> tuple[MemoryCache | None, dict]:
+        """The memory this segment starts from and the variant's extra `run_backbone` options (none by default)."""
+        return past_key_values, {}
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: MemoryCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ):
+        """
+        input_ids `[batch, length]`, or inputs_embeds `[batch, length, hidden_size]` (e.g. embedded observations).
+        attention_mask: `[batch, >= length]`, 1 for real tokens and 0 for padding; its last `length` columns describe
+            the segment (generation passes the whole sequence).
+        past_key_values: the `MemoryCache` returned by the previous segment, updated in place and returned.
+        The variant's own inputs (e.g. `episode_starts`, `mems`) are described by its `backbone_inputs`.
+        """
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else config.use_cache
+        inputs_embeds = embed_inputs(
+            input_ids, inputs_embeds, self.get_input_embeddings(), config.vocab_size, config.hidden_size
+        )
+        past_key_values, options = self.backbone_inputs(past_key_values, **kwargs)
+        backbone = self.run_backbone(
+            inputs_embeds, attention_mask, past_key_values, use_cache, output_attentions, **options
+        )
+        hidden_states = backbone.last_hidden_state
+        return head_output(
+            self.output_class,
+            {},
+            last_hidden_state=hidden_states,
+            span_penalty=backbone.span_penalty,
+            past_key_values=backbone.cache if use_cache else None,
+            hidden_states=tuple(backbone.layer_inputs) + (hidden_states,) if output_hidden_states else None,
+            attentions=tuple(backbone.attentions) if output_attentions else None,
+            attended_keys=backbone.attended_keys,
+        )
+
+
+class XLCausalLMHeadMixin(CausalLMHeadMixin):
+    """The causal-LM head of the XL family: loss = lm_loss + adapt_span_loss * span_penalty (just lm_loss without
+    adaptive span); the memory is kept across `generate()` steps."""
+
+    output_class = XLCausalLMOutput
+
+    def add_auxiliary_losses(self, loss, outputs, attention_mask):
+        if outputs.span_penalty is None:
+            return loss
+        return loss + self.config.adapt_span_loss * outputs.span_penalty
+
+    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+        """The memory a first segment starts with (see `config.memory_init`)."""
+        return self.base_model.init_memory(batch_size, dtype, device)
+
+
+__all__ = ["XLCausalLMHeadMixin", "XLModelMixin"]
