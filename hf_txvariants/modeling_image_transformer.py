@@ -273,8 +273,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         values of every layer in a `DynamicCache` (`past_key_values`). encoder_hidden_states: the encoded
         low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=config)

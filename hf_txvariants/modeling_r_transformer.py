@@ -149,10 +149,7 @@ class RTransformerModel(RTransformerPreTrainedModel):
         """attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding (left or right).
         past_key_values: the `RTransformerCache` of the previous call (created when `use_cache`)."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a checkpointed block is run twice: it would write its cache twice

@@ -13,17 +13,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, ModelOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
-from .txv_inputs import embed_inputs
 from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
-from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
+from .txv_mha import self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
 from .txv_transformer_layer import TransformerLayer
+from .txv_transformer_stack import TransformerStackMixin
 
 
 @dataclass
@@ -49,7 +49,7 @@ class ShawPreTrainedModel(TxvModelMixin, PreTrainedModel):
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
 
-class ShawModel(ShawPreTrainedModel):
+class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
     """Token embeddings (no positions), `num_hidden_layers` Transformer layers with relation-aware self-attention
     (causal when `config.is_decoder`), a final layer norm with `pre_lnorm`."""
 
@@ -86,63 +86,18 @@ class ShawModel(ShawPreTrainedModel):
         encoder_hidden_states / encoder_attention_mask: the encoder output for cross-attention.
         """
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # a checkpointed layer is run twice: it would write its keys/values twice
-
-        inputs_embeds = embed_inputs(
-            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
+        inputs_embeds, past_key_values, past_length, use_cache = self.prepare_stack(
+            input_ids, inputs_embeds, past_key_values, use_cache
         )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
 
-        if use_cache and past_key_values is None:
-            past_key_values = (
-                EncoderDecoderCache(DynamicCache(), DynamicCache()) if config.add_cross_attention else DynamicCache()
-            )
-        if past_key_values is not None and not isinstance(past_key_values, Cache):
-            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
-        past_length = cache_past_length(past_key_values)
-
-        hidden_states = inputs_embeds * self.embed_scale
-        hidden_states = self.dropout(hidden_states)
-
+        hidden_states = self.dropout(inputs_embeds * self.embed_scale)
         mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
-        cross_mask = None
-        if encoder_hidden_states is not None:
-            if not config.add_cross_attention:
-                raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
-            cross_mask = cross_attention_mask(
-                encoder_attention_mask, batch, encoder_hidden_states.shape[1], dtype, device
-            )
-
-        all_hidden, all_self, all_cross = [], [], []
-        for layer in self.layers:
-            all_hidden.append(hidden_states)
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states,
-                mask,
-                encoder_hidden_states,
-                cross_mask,
-                past_key_values=past_key_values,
-                output_attentions=output_attentions,
-            )
-            all_self.append(self_weights)
-            all_cross.append(cross_weights)
-        if self.norm is not None:
-            hidden_states = self.norm(hidden_states)
-        all_hidden.append(hidden_states)
-
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_self) if output_attentions else None,
-            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+        return self.run_stack(
+            hidden_states, mask, past_key_values, use_cache, output_attentions, output_hidden_states,
+            encoder_hidden_states, encoder_attention_mask,
         )
 
 

@@ -190,8 +190,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         left-padded row, or one that goes on after padding (batched generation of rows of different lengths), would
         differ from the row alone and is refused with a ValueError."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size

@@ -427,8 +427,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         rounds' weights). `use_cache` (inference) returns a `TxvReformerCache` as `past_key_values`; given back with
         one new token, only that token is computed (see the module docstring)."""
         config = self.config
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.embeddings.word_embeddings, config.vocab_size, config.hidden_size

@@ -97,6 +97,14 @@ class TxvModelMixin:
     def _init_weights(self, module):
         init_standard_weights(module, self.config.initializer_range)
 
+    def output_flags(self, output_attentions: bool | None, output_hidden_states: bool | None) -> tuple[bool, bool]:
+        """`output_attentions` and `output_hidden_states` of a call, each from the config where not given."""
+        config = self.config
+        return (
+            config.output_attentions if output_attentions is None else output_attentions,
+            config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+        )
+
     @classmethod
     def from_pretrained(cls, *args, strict_weights: bool = True, **kwargs):
         """transformers' `from_pretrained`, but a checkpoint whose backbone tensors are missing or unknown is an

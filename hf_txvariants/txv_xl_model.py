@@ -52,10 +52,7 @@ class XLModelMixin:
         The variant's own inputs (e.g. `episode_starts`, `mems`) are described by its `backbone_inputs`.
         """
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.get_input_embeddings(), config.vocab_size, config.hidden_size
