@@ -14,22 +14,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
 
 from .configuration_adaptive_span import AdaptiveSpanConfig
 from .txv_cache import MemoryGenerationMixin
-from .txv_feedforward import PositionwiseFeedForward
 from .txv_pretrained import TxvModelMixin
-from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import (
     XLBackboneMixin,
     XLCausalLMOutput,
     XLLayer,
     XLModelOutput,
     XLSpanMethodsMixin,
-    init_mechanism_weights,
 )
-from .txv_xl_model import XLCausalLMHeadMixin, XLModelMixin
+from .txv_xl_model import (
+    NormedFeedForward,
+    NormedRelativeAttention,
+    XLCausalLMHeadMixin,
+    XLModelMixin,
+    init_xl_weights,
+)
 
 
 @dataclass
@@ -43,18 +45,12 @@ class AdaptiveSpanCausalLMOutput(XLCausalLMOutput):
     """loss = lm_loss + adapt_span_loss * span_penalty."""
 
 
-class AdaptiveSpanAttention(RelativePositionAttention):
-    """Relative attention with its layer norm and, when enabled, the learned spans (`adaptive_span`)."""
-
-    def __init__(self, config: AdaptiveSpanConfig):
-        super().__init__(config, own_biases=True)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+class AdaptiveSpanAttention(NormedRelativeAttention):
+    """`attn`: relative attention with its layer norm and, when enabled, the learned spans (`adaptive_span`)."""
 
 
-class AdaptiveSpanFeedForward(PositionwiseFeedForward):
-    def __init__(self, config: AdaptiveSpanConfig):
-        super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+class AdaptiveSpanFeedForward(NormedFeedForward):
+    """`pos_ff`: the position-wise feed-forward network and its layer norm."""
 
 
 class AdaptiveSpanLayer(XLLayer):
@@ -83,11 +79,7 @@ class AdaptiveSpanPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedM
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        std = self.config.initializer_range
-        if isinstance(module, RelativePositionAttention):
-            init.normal_(module.r_w_bias, 0.0, std)
-            init.normal_(module.r_r_bias, 0.0, std)
-        init_mechanism_weights(module, std)
+        init_xl_weights(module, self.config.initializer_range)
 
 
 class AdaptiveSpanModel(XLModelMixin, XLBackboneMixin, AdaptiveSpanPreTrainedModel):

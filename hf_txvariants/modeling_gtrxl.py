@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
 
 from .configuration_gtrxl import GTrXLConfig
 from .txv_cache import MemoryGenerationMixin
@@ -35,9 +34,8 @@ from .txv_xl import (
     XLLayer,
     XLModelOutput,
     XLSpanMethodsMixin,
-    init_mechanism_weights,
 )
-from .txv_xl_model import XLCausalLMHeadMixin, XLModelMixin
+from .txv_xl_model import XLCausalLMHeadMixin, XLModelMixin, init_xl_weights
 
 
 class GTrXLModelOutput(XLModelOutput):
@@ -75,11 +73,7 @@ class GTrXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        std = self.config.initializer_range
-        if isinstance(module, RelativePositionAttention):
-            init.normal_(module.r_w_bias, 0.0, std)
-            init.normal_(module.r_r_bias, 0.0, std)
-        init_mechanism_weights(module, std)
+        init_xl_weights(module, self.config.initializer_range)
 
 
 class GTrXLModel(XLModelMixin, XLBackboneMixin, GTrXLPreTrainedModel):

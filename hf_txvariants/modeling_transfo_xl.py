@@ -18,13 +18,12 @@ from transformers.modeling_outputs import ModelOutput
 from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_cache import MemoryCache, MemoryGenerationMixin
-from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import SequenceClassificationHeadMixin
 from .txv_losses import check_labels
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
-from .txv_xl_model import XLModelMixin
+from .txv_xl_model import NormedFeedForward, NormedRelativeAttention, XLModelMixin
 
 
 @dataclass
@@ -64,21 +63,16 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
         return None if self.past_key_values is None else self.past_key_values.to_legacy_mems()
 
 
-class TransfoXLAttention(RelativePositionAttention):
+class TransfoXLAttention(NormedRelativeAttention):
     """`dec_attn`: relative attention and its layer norm (applied after the residual, or on the input of the
     sub-layer with `pre_lnorm`; with pre-norm the memory is normalised together with the segment)."""
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config, own_biases=config.untie_r)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
-class TransfoXLFeedForward(PositionwiseFeedForward):
+class TransfoXLFeedForward(NormedFeedForward):
     """`pos_ff`: the position-wise feed-forward network and its layer norm."""
-
-    def __init__(self, config: TransfoXLConfig):
-        super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
 class TransfoXLLayer(XLLayer):

@@ -6,12 +6,40 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import initialization as init
 from transformers.utils import can_return_tuple
 
 from .txv_cache import MemoryCache
+from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, head_output
 from .txv_inputs import embed_inputs
-from .txv_xl import XLCausalLMOutput, XLModelOutput, build_final_norm
+from .txv_relative_attention import RelativePositionAttention
+from .txv_xl import XLCausalLMOutput, XLModelOutput, build_final_norm, init_mechanism_weights
+
+
+class NormedRelativeAttention(RelativePositionAttention):
+    """Relative attention holding the layer norm of its sub-layer (`layer_norm`), as transfo-xl's `dec_attn`."""
+
+    def __init__(self, config, own_biases: bool = True):
+        super().__init__(config, own_biases=own_biases)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
+class NormedFeedForward(PositionwiseFeedForward):
+    """The position-wise feed-forward network holding the layer norm of its sub-layer (`layer_norm`)."""
+
+    def __init__(self, config):
+        super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
+def init_xl_weights(module: nn.Module, std: float):
+    """`_init_weights` for what the XL family adds to the standard modules: the u / v biases of the relative
+    attention (N(0, std)) and the mechanisms' parameters (gates, spans)."""
+    if isinstance(module, RelativePositionAttention) and hasattr(module, "r_w_bias"):
+        init.normal_(module.r_w_bias, 0.0, std)
+        init.normal_(module.r_r_bias, 0.0, std)
+    init_mechanism_weights(module, std)
 
 
 class XLModelMixin:
@@ -90,4 +118,4 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
         return self.base_model.init_memory(batch_size, dtype, device)
 
 
-__all__ = ["XLCausalLMHeadMixin", "XLModelMixin"]
+__all__ = ["NormedFeedForward", "NormedRelativeAttention", "XLCausalLMHeadMixin", "XLModelMixin", "init_xl_weights"]
