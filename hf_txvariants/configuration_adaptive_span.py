@@ -5,6 +5,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_adaptive_head import adaptive_softmax_defaults, check_adaptive_softmax_fields
 from .txv_adaptive_span import check_span_fields
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
 from .txv_gates import check_gate_fields
@@ -35,6 +36,8 @@ class AdaptiveSpanConfig(PreTrainedConfig):
             gate ("gru", ...) gives the Gated Transformer-XL layer of Parisotto et al., see `GTrXLConfig`.
         final_layer_norm: a layer norm on the last hidden state (default False, as the original; set it with a gate).
         dropout, attention_dropout, layer_norm_eps, initializer_range.
+        adaptive, cutoffs, div_val, d_embed, tie_projs: the adaptive input embedding and projected adaptive softmax
+            of Transformer-XL for large vocabularies (same fields as `TransfoXLConfig`), off by default.
     """
 
     model_type = "txv_adaptive_span"
@@ -66,6 +69,11 @@ class AdaptiveSpanConfig(PreTrainedConfig):
     adapt_span_loss: float = 2e-6
     adapt_span_cache: bool = True
     adapt_span_dynamic: bool = False
+    adaptive: bool = False
+    cutoffs: list[int] | tuple[int, ...] = ()
+    d_embed: int | None = None
+    div_val: int = 1
+    tie_projs: list[bool] | None = None
     memory_init: str = "empty"
     gate_type: str = "trxl"
     gate_bias: float | int = 2.0
@@ -82,6 +90,7 @@ class AdaptiveSpanConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         apply_paper_names(self, kwargs)
+        adaptive_softmax_defaults(self)
         default_head_dim(self)
         if self.mem_len is None and isinstance(self.attn_span, int) and self.attn_span > 0:
             self.mem_len = self.attn_span - 1
@@ -106,6 +115,8 @@ class AdaptiveSpanConfig(PreTrainedConfig):
         if self.mem_len < 0:
             raise ValueError(f"mem_len must be >= 0, got {self.mem_len}")
         check_span_fields(self)
+        if self.adaptive:
+            check_adaptive_softmax_fields(self)
         check_gate_fields(self)
         if self.memory_init not in ("zeros", "empty"):
             raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")

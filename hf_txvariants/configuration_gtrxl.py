@@ -6,6 +6,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_adaptive_head import adaptive_softmax_defaults, check_adaptive_softmax_fields
 from .txv_adaptive_span import check_span_fields
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
 from .txv_gates import GATE_TYPES, check_gate_fields
@@ -36,6 +37,8 @@ class GTrXLConfig(PreTrainedConfig):
         attn_span, adapt_span_enabled, adapt_span_ramp, adapt_span_init, adapt_span_loss, adapt_span_cache,
             adapt_span_dynamic: adaptive attention span (Sukhbaatar et al. 2019), off by default; see
             `AdaptiveSpanConfig`. `attn_span` alone is a hard window of that many keys.
+        adaptive, cutoffs, div_val, d_embed, tie_projs: the adaptive input embedding and projected adaptive softmax
+            of Transformer-XL for large vocabularies (same fields as `TransfoXLConfig`), off by default.
         final_layer_norm: a layer norm on the last hidden state (default True; GPT-2's `ln_f`). The gated layers
             never normalise their residual stream, so without it the LM head reads vectors of the embeddings' scale
             and a language model learns very slowly (benchmarks/RESULTS.md). False gives the bare layer stack.
@@ -75,6 +78,11 @@ class GTrXLConfig(PreTrainedConfig):
     adapt_span_loss: float = 2e-6
     adapt_span_cache: bool = True
     adapt_span_dynamic: bool = False
+    adaptive: bool = False
+    cutoffs: list[int] | tuple[int, ...] = ()
+    d_embed: int | None = None
+    div_val: int = 1
+    tie_projs: list[bool] | None = None
     dropout: float | int = 0.0
     attention_dropout: float | int = 0.0
     initializer_range: float = 0.02
@@ -87,6 +95,7 @@ class GTrXLConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         apply_paper_names(self, kwargs)
+        adaptive_softmax_defaults(self)
         default_head_dim(self)
         super().__post_init__(**kwargs)
         self.validate_architecture()
@@ -110,6 +119,8 @@ class GTrXLConfig(PreTrainedConfig):
             raise ValueError(f"memory_init must be 'zeros' or 'empty', got {self.memory_init!r}")
         check_gate_fields(self)
         check_span_fields(self)
+        if self.adaptive:
+            check_adaptive_softmax_fields(self)
         check_probabilities(self, "dropout", "attention_dropout")
 
 

@@ -30,6 +30,7 @@ from .txv_xl_model import (
     NormedRelativeAttention,
     XLCausalLMHeadMixin,
     XLModelMixin,
+    build_token_embeddings,
     init_xl_weights,
 )
 
@@ -75,7 +76,7 @@ class AdaptiveSpanPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedM
     _no_split_modules = ["AdaptiveSpanLayer"]
     _supports_sdpa = True  # the span mask is an exact additive term
     auto_classes = {"AutoModel": "AdaptiveSpanModel", "AutoModelForCausalLM": "AdaptiveSpanForCausalLM"}
-    head_key_patterns = (r"^lm_head\.",)
+    head_key_patterns = (r"^lm_head\.", r"^crit\.")
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -87,7 +88,7 @@ class AdaptiveSpanModel(XLModelMixin, XLBackboneMixin, AdaptiveSpanPreTrainedMod
 
     def __init__(self, config: AdaptiveSpanConfig):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = build_token_embeddings(config)
         self.build_stack(config, AdaptiveSpanLayer)
         self.post_init()
 
@@ -98,7 +99,6 @@ class AdaptiveSpanForCausalLM(MemoryGenerationMixin, XLCausalLMHeadMixin, Adapti
 
     backbone_class = AdaptiveSpanModel
     output_class = AdaptiveSpanCausalLMOutput
-    _tied_weights_keys = {"lm_head.weight": "transformer.embed_tokens.weight"}
 
 
 __all__ = [

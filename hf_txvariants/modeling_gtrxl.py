@@ -35,7 +35,7 @@ from .txv_xl import (
     XLModelOutput,
     XLSpanMethodsMixin,
 )
-from .txv_xl_model import XLCausalLMHeadMixin, XLModelMixin, init_xl_weights
+from .txv_xl_model import XLCausalLMHeadMixin, XLModelMixin, build_token_embeddings, init_xl_weights
 
 
 class GTrXLModelOutput(XLModelOutput):
@@ -69,7 +69,7 @@ class GTrXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
     _no_split_modules = ["GTrXLLayer"]
     _supports_sdpa = True
     auto_classes = {"AutoModel": "GTrXLModel", "AutoModelForCausalLM": "GTrXLForCausalLM"}
-    head_key_patterns = (r"^lm_head\.",)
+    head_key_patterns = (r"^lm_head\.", r"^crit\.")
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -81,7 +81,7 @@ class GTrXLModel(XLModelMixin, XLBackboneMixin, GTrXLPreTrainedModel):
 
     def __init__(self, config: GTrXLConfig):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = build_token_embeddings(config)
         self.build_stack(config, GTrXLLayer)
         self.post_init()
 
@@ -97,7 +97,6 @@ class GTrXLForCausalLM(MemoryGenerationMixin, XLCausalLMHeadMixin, GTrXLPreTrain
 
     backbone_class = GTrXLModel
     output_class = GTrXLCausalLMOutput
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
 
 __all__ = [

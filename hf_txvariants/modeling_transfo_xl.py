@@ -16,10 +16,10 @@ from transformers import initialization as init
 from transformers.modeling_outputs import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
+from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_heads import SequenceClassificationHeadMixin
-from .txv_losses import check_labels
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
@@ -213,18 +213,8 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
-        """The legacy tying rules: softmax weights tied to the input embeddings (`tie_word_embeddings`), and per
-        cluster the softmax projection to the embedding projection (`tie_projs`)."""
-        config, tied = self.config, {}
-        if config.tie_word_embeddings:
-            for i in range(len(self.crit.out_layers)):
-                tied[f"crit.out_layers.{i}.weight"] = f"transformer.word_emb.emb_layers.{i}.weight"
-        for i, tie in enumerate(config.tie_projs):
-            if tie and config.div_val == 1 and config.hidden_size != config.d_embed:
-                tied[f"crit.out_projs.{i}"] = "transformer.word_emb.emb_projs.0"
-            elif tie and config.div_val != 1:
-                tied[f"crit.out_projs.{i}"] = f"transformer.word_emb.emb_projs.{i}"
-        return tied
+        """The legacy tying rules (`tie_word_embeddings`, `tie_projs`; see `txv_adaptive_head`)."""
+        return adaptive_tied_weights_keys(self.config, "transformer.word_emb")
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:  # read by transformers when saving shared tensors
@@ -278,28 +268,12 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
             return_dict=True,
             mems=mems,
         )
-        hidden_states = outputs.last_hidden_state
-        batch, length = hidden_states.shape[:2]
-
-        loss = losses = logits = None
-        if labels is not None or shift_labels is not None:
-            # the causal-LM loss of txv_losses.causal_lm_loss (same shift, ignore_index, denominator and 0.0 when
-            # every target is ignored), with the adaptive softmax's NLL in place of a cross-entropy over logits
-            if shift_labels is not None:
-                check_labels(shift_labels, (batch, length), self.config.vocab_size)
-                predicting, targets = hidden_states, shift_labels.to(hidden_states.device)
-            else:
-                check_labels(labels, (batch, length), self.config.vocab_size)
-                predicting, targets = hidden_states[:, :-1], labels[:, 1:].to(hidden_states.device)
-            losses = self.crit.nll(predicting.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1))
-            losses = losses.view(targets.shape)
-            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
-            loss = losses.sum() / denominator
-            if outputs.span_penalty is not None:
-                loss = loss + self.config.adapt_span_loss * outputs.span_penalty
-        if return_logits:
-            logits = self.crit.log_probs(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-
+        logits, losses, loss = adaptive_lm_outputs(
+            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep,
+            num_items_in_batch, shift_labels, return_logits,
+        )
+        if loss is not None and outputs.span_penalty is not None:
+            loss = loss + self.config.adapt_span_loss * outputs.span_penalty
         output = TransfoXLLMHeadModelOutput(
             loss=loss,
             logits=logits,

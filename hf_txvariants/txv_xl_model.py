@@ -9,6 +9,8 @@ from torch import nn
 from transformers import initialization as init
 from transformers.utils import can_return_tuple
 
+from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
+from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_cache import MemoryCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, head_output
@@ -35,11 +37,25 @@ class NormedFeedForward(PositionwiseFeedForward):
 
 def init_xl_weights(module: nn.Module, std: float):
     """`_init_weights` for what the XL family adds to the standard modules: the u / v biases of the relative
-    attention (N(0, std)) and the mechanisms' parameters (gates, spans)."""
+    attention, the adaptive embedding / softmax projections and cluster logits (N(0, std)) and the mechanisms'
+    parameters (gates, spans)."""
     if isinstance(module, RelativePositionAttention) and hasattr(module, "r_w_bias"):
         init.normal_(module.r_w_bias, 0.0, std)
         init.normal_(module.r_r_bias, 0.0, std)
+    elif isinstance(module, ProjectionList):
+        for projection in module:
+            init.normal_(projection, 0.0, std)
+    elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
+        init.normal_(module.cluster_weight, 0.0, std)
+        init.zeros_(module.cluster_bias)
     init_mechanism_weights(module, std)
+
+
+def build_token_embeddings(config) -> nn.Module:
+    """The input embeddings `embed_tokens`: the adaptive embedding with `config.adaptive`, else one table."""
+    if config.adaptive:
+        return AdaptiveEmbedding(config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val)
+    return nn.Embedding(config.vocab_size, config.hidden_size)
 
 
 class XLModelMixin:
@@ -104,9 +120,38 @@ class XLModelMixin:
 
 class XLCausalLMHeadMixin(CausalLMHeadMixin):
     """The causal-LM head of the XL family: loss = lm_loss + adapt_span_loss * span_penalty (just lm_loss without
-    adaptive span); the memory is kept across `generate()` steps."""
+    adaptive span); the memory is kept across `generate()` steps. With `config.adaptive` the head is Transformer-XL's
+    projected adaptive softmax (`crit`, tied to the adaptive input embedding `embed_tokens` as transfo-xl ties it),
+    whose logits are log-probabilities."""
 
     output_class = XLCausalLMOutput
+
+    def build_heads(self, config):
+        if not config.adaptive:
+            return super().build_heads(config)
+        self.crit = ProjectedAdaptiveLogSoftmax(
+            config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
+        )
+
+    def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, **loss_kwargs) -> dict:
+        if not self.config.adaptive:
+            return super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
+        logits, _, lm_loss = adaptive_lm_outputs(
+            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep, **loss_kwargs
+        )
+        loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
+        return {"loss": loss, "logits": logits, "lm_loss": lm_loss}
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        if self.config.adaptive:
+            return adaptive_tied_weights_keys(self.config, f"{self.base_model_prefix}.embed_tokens")
+        return {"lm_head.weight": f"{self.base_model_prefix}.embed_tokens.weight"}
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        if self.config.adaptive:  # the legacy rules decide (`tie_word_embeddings`, `tie_projs`)
+            return self._tied_weights_keys
+        return super().get_expanded_tied_weights_keys(all_submodels)
 
     def add_auxiliary_losses(self, loss, outputs, attention_mask):
         if outputs.span_penalty is None:
@@ -118,4 +163,4 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
         return self.base_model.init_memory(batch_size, dtype, device)
 
 
-__all__ = ["NormedFeedForward", "NormedRelativeAttention", "XLCausalLMHeadMixin", "XLModelMixin", "init_xl_weights"]
+__all__ = ["NormedFeedForward", "NormedRelativeAttention", "XLCausalLMHeadMixin", "XLModelMixin", "build_token_embeddings", "init_xl_weights"]
