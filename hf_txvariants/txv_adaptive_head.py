@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import torch
 
+from .txv_config_checks import integer_list
 from .txv_losses import check_causal_lm_targets
 
 
 def adaptive_softmax_defaults(config, proj_share_all_but_first: bool = True):
     """`cutoffs` as a list of ints, `d_embed` = hidden_size and `tie_projs` (the first cluster's projection untied,
     the others tied when `proj_share_all_but_first`) where not given."""
-    config.cutoffs = [int(cutoff) for cutoff in config.cutoffs]
+    config.cutoffs = integer_list(config, "cutoffs")
     if config.d_embed is None:
         config.d_embed = config.hidden_size
     if config.tie_projs is None:
