@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 
 from .configuration_adaptive_span import AdaptiveSpanConfig
