@@ -32,6 +32,8 @@ class AdaptiveSpanConfig(XLFamilyConfig):
         gate_type, gate_bias: the residual form (default "trxl": the plain post-layer-norm block); "trxl_i" or a
             gate ("gru", ...) gives the Gated Transformer-XL layer of Parisotto et al., see `GTrXLConfig`.
         final_layer_norm: a layer norm on the last hidden state (default False, as the original; set it with a gate).
+        adaptive, cutoffs, div_val, d_embed, tie_projs: the adaptive input embedding and projected adaptive softmax
+            of Transformer-XL for large vocabularies (same fields as `TransfoXLConfig`), off by default.
         dropout, attention_dropout, layer_norm_eps, initializer_range.
     """
 

@@ -40,6 +40,8 @@ class GTrXLConfig(XLFamilyConfig):
         final_layer_norm: a layer norm on the last hidden state (default True; GPT-2's `ln_f`). The gated layers
             never normalise their residual stream, so without it the LM head reads vectors of the embeddings' scale
             and a language model learns very slowly (benchmarks/RESULTS.md). False gives the bare layer stack.
+        adaptive, cutoffs, div_val, d_embed, tie_projs: the adaptive input embedding and projected adaptive softmax
+            of Transformer-XL for large vocabularies (same fields as `TransfoXLConfig`), off by default.
         dropout, attention_dropout (`dropatt`), initializer_range (`init_std`), layer_norm_eps.
     """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from huggingface_hub.dataclasses import strict
 
 from .txv_config_checks import check_choice
-from .txv_xl_config import XLFamilyConfig, check_adaptive_softmax_fields, derive_adaptive_softmax_defaults
+from .txv_xl_config import XLFamilyConfig
 
 
 @strict
@@ -57,7 +57,6 @@ class TransfoXLConfig(XLFamilyConfig):
     vocab_size: int = 267735
     cutoffs: list[int] | tuple[int, ...] = (20000, 40000, 200000)
     hidden_size: int = 1024
-    d_embed: int | None = None
     num_attention_heads: int = 16
     intermediate_size: int = 4096
     div_val: int = 4
@@ -66,7 +65,6 @@ class TransfoXLConfig(XLFamilyConfig):
     mem_len: int = 1600
     clamp_len: int = 1000
     same_length: bool = True
-    tie_projs: list[bool] | None = None
     attn_type: int = 0
     sample_softmax: int = -1
     adaptive: bool = True
@@ -78,14 +76,14 @@ class TransfoXLConfig(XLFamilyConfig):
     same_length_extra_key: bool = False
     eos_token_id: int | list[int] | None = 0
 
-    def derive_defaults(self, kwargs: dict):
-        derive_adaptive_softmax_defaults(self, kwargs)
-        super().derive_defaults(kwargs)
+    @property
+    def uses_adaptive_softmax(self) -> bool:
+        """Transformer-XL's embedding and softmax are always the adaptive ones (`adaptive` is a legacy field)."""
+        return True
 
     def validate_architecture(self):
         """Called at construction and before saving: a wrong config is a ValueError naming the field."""
         super().validate_architecture()
-        check_adaptive_softmax_fields(self)
         if self.attn_type != 0:
             raise ValueError(f"attn_type={self.attn_type} is not supported; only 0 (relative attention) is")
         if self.sample_softmax > 0:

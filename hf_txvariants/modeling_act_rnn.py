@@ -26,10 +26,9 @@ from transformers.utils import can_return_tuple
 from .configuration_act_rnn import ACTRNNConfig
 from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
 from .txv_cache import RowStateCache
+from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_head
 from .txv_pretrained import TxvModelMixin
-from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 # ---------------------------------------------------------------------------------------------------------- outputs
 
@@ -158,8 +157,6 @@ class ACTRNNPonderStep(GradientCheckpointingLayer):
 
 class ACTRNNPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = ACTRNNConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["ACTRNNPonderStep"]
     _is_stateful = True  # an RNN state cannot be cropped: transformers refuses assisted decoding with a clear error
     auto_classes = {
@@ -174,18 +171,12 @@ class ACTRNNPreTrainedModel(TxvModelMixin, PreTrainedModel):
         if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
             init.normal_(module.weight, 0.0, std)
             init.constant_(module.bias, module.bias_init)
-        elif isinstance(module, nn.Linear):
-            init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, 0.0, std)
-            if module.padding_idx is not None:
-                init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, (nn.RNNCell, nn.GRUCell, nn.LSTMCell)):
             bound = module.hidden_size**-0.5  # PyTorch's own RNN initialisation
             for weight in module.parameters():
                 init.uniform_(weight, -bound, bound)
+        else:
+            super()._init_weights(module)
 
 
 class ACTRNNModel(ACTRNNPreTrainedModel):
@@ -198,12 +189,6 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
         self.drop = nn.Dropout(config.dropout)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
 
     def _state_cache(self, past_key_values, use_cache: bool, batch: int) -> ACTRNNCache | None:
         if past_key_values is None:
@@ -277,110 +262,39 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
 # ------------------------------------------------------------------------------------------------------------ heads
 
 
-class ACTRNNForCausalLM(ACTRNNPreTrainedModel, GenerationMixin):
+class ACTRNNHeadMixin:
+    """The ACT RNN's heads: the ponder cost is added to the loss with `act_loss_weight`."""
+
+    backbone_class = ACTRNNModel
+
+    def add_auxiliary_losses(self, loss, outputs, attention_mask):
+        return add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+
+
+class ACTRNNForCausalLM(ACTRNNHeadMixin, CausalLMHeadMixin, ACTRNNPreTrainedModel, GenerationMixin):
     """The pondering RNN with the output layer y_t = W_y s_t + b_y over the vocabulary (next-token prediction)."""
+
+    output_class = ACTRNNCausalLMOutput
 
     def __init__(self, config: ACTRNNConfig):
         super().__init__(config)
-        self.model = ACTRNNModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
-        self.post_init()
         if self.generation_config is not None:
             self.generation_config.use_cache = True  # generate() carries the state (config.use_cache is for training)
+
+    def build_heads(self, config: ACTRNNConfig):
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model creates its own ACTRNNCache; generate() must not swap it for a DynamicCache
 
-    def get_output_embeddings(self):
-        return self.lm_head
 
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: ACTRNNCache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        logits_to_keep: int = 0,
-        **kwargs,
-    ) -> ACTRNNCausalLMOutput:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        transformers' loss kwargs (`num_items_in_batch`, `shift_labels`) are honoured."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_hidden_states=output_hidden_states,
-            output_attentions=kwargs.pop("output_attentions", None),
-        )
-        hidden_states = outputs.last_hidden_state
-        logits, lm_loss = causal_lm_head(
-            self.lm_head, hidden_states, self.config.vocab_size, labels, logits_to_keep, **kwargs
-        )
-        loss = None
-        if lm_loss is not None:
-            loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-        return ACTRNNCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            lm_loss=lm_loss,
-            ponder_cost=outputs.ponder_cost,
-            n_updates=outputs.n_updates,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-        )
-
-
-class ACTRNNForSequenceClassification(ACTRNNPreTrainedModel):
+class ACTRNNForSequenceClassification(ACTRNNHeadMixin, SequenceClassificationHeadMixin, ACTRNNPreTrainedModel):
     """The pondering RNN with a linear classifier on the state after the last real input step (the paper's parity
     task: one input vector, one sigmoid/softmax output)."""
 
-    def __init__(self, config: ACTRNNConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = ACTRNNModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> ACTRNNSequenceClassifierOutput:
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
-            output_attentions=kwargs.get("output_attentions"),
-        )
-        pooled = last_token_states(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(pooled)
-        loss = None
-        if labels is not None:
-            loss = sequence_classification_loss(self.config, logits, labels)
-            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-        return ACTRNNSequenceClassifierOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            ponder_cost=outputs.ponder_cost,
-            n_updates=outputs.n_updates,
-        )
+    output_class = ACTRNNSequenceClassifierOutput
+    score_bias = True
 
 
 __all__ = [

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, ModelOutput
@@ -31,8 +30,8 @@ from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
 from .txv_feedforward import PositionwiseFeedForward
+from .txv_heads import CausalLMHeadMixin
 from .txv_inputs import check_token_ids
-from .txv_losses import causal_lm_loss
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_pretrained import TxvModelMixin
 from .txv_patterns import AttentionPattern, Local1D, Local2D, pattern_attention, to_block_raster
@@ -194,30 +193,14 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
 
 class ImageTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = ImageTransformerConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["ImageTransformerLayer"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     auto_classes = {
         "AutoModel": "ImageTransformerModel",
         "AutoModelForCausalLM": "ImageTransformerForCausalLM",
         "AutoModelForImageToImage": "ImageTransformerForSuperResolution",
     }
     head_key_patterns = (r"^lm_head\.", r"^encoder\.")
-
-    def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
 
 
 class ImageTransformerModel(ImageTransformerPreTrainedModel):
@@ -232,12 +215,6 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
 
     def position_embeddings(self, length: int, device, dtype, offset: int = 0) -> torch.Tensor:
         """`[length, hidden]`: for step t (from `offset`), the row/column sinusoids (half the width each) and the
@@ -296,8 +273,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         values of every layer in a `DynamicCache` (`past_key_values`). encoder_hidden_states: the encoded
         low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=config)
@@ -339,87 +315,37 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         )
 
 
-def intensity_bits_per_dim(logits, labels, shape, **loss_kwargs) -> torch.Tensor:
-    """The causal-LM loss over the 256 intensities in bits per dimension; `labels` (shape `shape`, the start token
-    first) or `shift_labels` must hold intensities or -100 where they are targets."""
-    targets = loss_kwargs.get("shift_labels")
-    if labels is not None:
-        if tuple(labels.shape) != tuple(shape):
-            raise ValueError(f"labels must have shape {tuple(shape)}, got {tuple(labels.shape)}")
-        targets = labels[:, 1:] if targets is None else targets
+def check_intensity_targets(labels, shift_labels) -> None:
+    """The targets of the image heads (`labels` after the start token, or `shift_labels`) are intensities or -100."""
+    targets = shift_labels if shift_labels is not None else labels[:, 1:]
     if not torch.compiler.is_compiling() and bool(((targets != -100) & ((targets < 0) | (targets > 255))).any()):
         raise ValueError("labels after the first position (or shift_labels) must be intensities in [0, 255] or -100")
-    return causal_lm_loss(logits, labels, **loss_kwargs) / math.log(2)
 
 
-class ImageTransformerIntensityHeadMixin:
-    """The output of the image heads: logits over the 256 intensities from `lm_head`, loss in bits per dimension."""
+class ImageTransformerIntensityHeadMixin(CausalLMHeadMixin):
+    """The image heads: logits over the 256 intensities from `lm_head`; the causal-LM loss in bits per dimension
+    (labels: usually `input_ids`, start token first; -100 is ignored)."""
 
-    def intensity_head(self, outputs, labels, logits_to_keep: int = 0, **loss_kwargs) -> ImageTransformerCausalLMOutput:
-        hidden_states = outputs.last_hidden_state
-        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-        loss = None
-        if labels is not None or loss_kwargs.get("shift_labels") is not None:
-            loss = intensity_bits_per_dim(logits, labels, hidden_states.shape[:2], **loss_kwargs)
-        return ImageTransformerCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+    backbone_class = ImageTransformerModel
+    output_class = ImageTransformerCausalLMOutput
+
+    def build_heads(self, config: ImageTransformerConfig):
+        self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
+
+    def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, **loss_kwargs) -> dict:
+        fields = super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
+        if fields["loss"] is not None:
+            check_intensity_targets(labels, loss_kwargs.get("shift_labels"))
+            fields["loss"] = fields["loss"] / math.log(2)  # nats -> bits per dimension
+        return fields
+
+    def prepare_inputs_for_generation(self, input_ids, class_labels=None, **kwargs):
+        return {**super().prepare_inputs_for_generation(input_ids, **kwargs), "class_labels": class_labels}
 
 
 class ImageTransformerForCausalLM(ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin):
-    """Image generation: logits over the 256 intensities; `loss` in bits per dimension."""
-
-    def __init__(self, config: ImageTransformerConfig):
-        super().__init__(config)
-        self.model = ImageTransformerModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
-        self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    def prepare_inputs_for_generation(self, input_ids, class_labels=None, **kwargs):
-        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
-        inputs["class_labels"] = class_labels
-        return inputs
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        class_labels: torch.LongTensor | None = None,
-        logits_to_keep: int = 0,
-        **kwargs,
-    ) -> ImageTransformerCausalLMOutput:
-        """labels: usually `input_ids`; shifted inside (position t predicts labels[t + 1]); -100 is ignored;
-        `shift_labels` (already shifted) is honoured as in transformers. The loss is the mean negative
-        log2-likelihood per intensity: bits per dimension."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            class_labels=class_labels,
-        )
-        return self.intensity_head(outputs, labels, logits_to_keep, **kwargs)
+    """Image generation: logits over the 256 intensities; `loss` in bits per dimension. `class_labels` `[batch]` (with
+    `num_classes`) are passed to `ImageTransformerModel`."""
 
     @torch.no_grad()
     def generate_images(
@@ -517,64 +443,26 @@ class ImageTransformerForSuperResolution(
     ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin
 ):
     """Image-conditioned generation (Parmar et al. 2018, section 3.4, super-resolution): the low-resolution image
-    (`conditioning_ids`, `images_to_conditioning_ids`) is encoded with full self-attention; the high-resolution image
-    is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D attention, `input_ids` in generation order, start
-    token first), every decoder layer also attending to the encoder's output. `loss` in bits per dimension.
-    Generation caches the decoder's keys/values; the small encoder is rerun at each step."""
+    (`conditioning_ids` `[batch, low-resolution intensities]`, required; `images_to_conditioning_ids`) is encoded with
+    full self-attention; the high-resolution image is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D
+    attention, `input_ids` in generation order, start token first), every decoder layer also attending to the
+    encoder's output. `loss` in bits per dimension. Generation caches the decoder's keys/values; the small encoder is
+    rerun at each step."""
 
-    def __init__(self, config: ImageTransformerConfig):
-        super().__init__(config)
+
+    def build_backbone(self, config: ImageTransformerConfig):
         if config.conditioning_image_size is None:
             raise ValueError("ImageTransformerForSuperResolution needs config.conditioning_image_size ([height, width])")
         self.encoder = ImageTransformerEncoder(config)
-        self.model = ImageTransformerModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
-        self.post_init()
+        super().build_backbone(config)
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    def prepare_inputs_for_generation(self, input_ids, conditioning_ids=None, class_labels=None, **kwargs):
-        inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
-        inputs.update(conditioning_ids=conditioning_ids, class_labels=class_labels)
-        return inputs
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        conditioning_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        class_labels: torch.LongTensor | None = None,
-        logits_to_keep: int = 0,
-        **kwargs,
-    ) -> ImageTransformerCausalLMOutput:
-        """conditioning_ids: `[batch, low-resolution intensities]` (required). The rest as
-        `ImageTransformerForCausalLM.forward`."""
+    def run_backbone(self, conditioning_ids: torch.LongTensor | None = None, **inputs):
         if conditioning_ids is None:
             raise ValueError("conditioning_ids (the low-resolution image, images_to_conditioning_ids) is required")
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            class_labels=class_labels,
-            encoder_hidden_states=self.encoder(conditioning_ids),
-        )
-        return self.intensity_head(outputs, labels, logits_to_keep, **kwargs)
+        return super().run_backbone(**{**inputs, "encoder_hidden_states": self.encoder(conditioning_ids)})
+
+    def prepare_inputs_for_generation(self, input_ids, conditioning_ids=None, **kwargs):
+        return {**super().prepare_inputs_for_generation(input_ids, **kwargs), "conditioning_ids": conditioning_ids}
 
     @torch.no_grad()
     def upscale(

@@ -17,17 +17,16 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.cache_utils import DynamicCache
 from transformers.utils import can_return_tuple
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
 from .configuration_r_transformer import RTransformerConfig
 from .txv_inputs import embed_inputs
 from .txv_feedforward import PositionwiseFeedForward
+from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
-from .txv_losses import causal_lm_head
 from .txv_mha import MultiHeadAttention, fused_self_attention_mask
 from .txv_pretrained import TxvModelMixin
-from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 class RTransformerCache(DynamicCache):
@@ -95,15 +94,11 @@ class RTransformerBlock(GradientCheckpointingLayer):
 
 class RTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = RTransformerConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["RTransformerBlock"]
     # The LocalRNN state (the last k - 1 inputs of each RNN sub-layer) cannot be rolled back to an earlier length,
     # so transformers refuses assisted decoding with its own clear error.
     _is_stateful = True
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     auto_classes = {
         "AutoModel": "RTransformerModel",
         "AutoModelForCausalLM": "RTransformerForCausalLM",
@@ -112,14 +107,8 @@ class RTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, (nn.LayerNorm, AnnotatedLayerNorm)):
+        super()._init_weights(module)
+        if isinstance(module, AnnotatedLayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, (nn.GRU, nn.LSTM, nn.RNN)):
@@ -145,12 +134,6 @@ class RTransformerModel(RTransformerPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
-
     @can_return_tuple
     def forward(
         self,
@@ -166,10 +149,7 @@ class RTransformerModel(RTransformerPreTrainedModel):
         """attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding (left or right).
         past_key_values: the `RTransformerCache` of the previous call (created when `use_cache`)."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a checkpointed block is run twice: it would write its cache twice
@@ -207,108 +187,25 @@ class RTransformerModel(RTransformerPreTrainedModel):
         )
 
 
-class RTransformerForCausalLM(RTransformerPreTrainedModel, GenerationMixin):
+class RTransformerForCausalLM(CausalLMHeadMixin, RTransformerPreTrainedModel, GenerationMixin):
     """Language model with a (tied) linear softmax; `generate()` keeps an `RTransformerCache`."""
 
+    backbone_class = RTransformerModel
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: RTransformerConfig):
-        super().__init__(config)
-        self.model = RTransformerModel(config)
+    def build_heads(self, config: RTransformerConfig):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.output_bias)
-        self.post_init()
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model creates its own RTransformerCache; generate() must not swap it for a DynamicCache
 
-    def get_output_embeddings(self):
-        return self.lm_head
 
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: RTransformerCache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        logits_to_keep: int = 0,
-        shift_labels: torch.LongTensor | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
-    ) -> CausalLMOutputWithPast:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        shift_labels: the targets already shifted (position t predicts shift_labels[t]); used instead of labels."""
-        config = self.config
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        logits, loss = causal_lm_head(
-            self.lm_head, hidden_states, config.vocab_size, labels, logits_to_keep,
-            num_items_in_batch=num_items_in_batch, shift_labels=shift_labels,
-        )
-        return CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-
-
-class RTransformerForSequenceClassification(RTransformerPreTrainedModel):
+class RTransformerForSequenceClassification(SequenceClassificationHeadMixin, RTransformerPreTrainedModel):
     """A linear classifier on the hidden state of the last real token of each row."""
 
-    def __init__(self, config: RTransformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = RTransformerModel(config)
-        self.dropout = nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None else 0.0)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutput:
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(self.dropout(pooled))
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+    backbone_class = RTransformerModel
+    output_class = SequenceClassifierOutput
 
 
 __all__ = [

@@ -13,24 +13,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPastAndCrossAttentions,
-    MaskedLMOutput,
-    ModelOutput,
-    SequenceClassifierOutputWithPast,
-)
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, ModelOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
-from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_head, masked_lm_loss
-from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
+from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_mha import self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
-from .txv_sequence_classification import last_token_states, sequence_classification_loss
 from .txv_transformer_layer import TransformerLayer
+from .txv_transformer_stack import TransformerStackMixin
 
 
 @dataclass
@@ -45,13 +38,8 @@ class ShawCausalLMOutput(ModelOutput):
 
 class ShawPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = ShawConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["TransformerLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     auto_classes = {
         "AutoModel": "ShawModel",
         "AutoModelForCausalLM": "ShawForCausalLM",
@@ -60,20 +48,8 @@ class ShawPreTrainedModel(TxvModelMixin, PreTrainedModel):
     }
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
-    def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
 
-
-class ShawModel(ShawPreTrainedModel):
+class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
     """Token embeddings (no positions), `num_hidden_layers` Transformer layers with relation-aware self-attention
     (causal when `config.is_decoder`), a final layer norm with `pre_lnorm`."""
 
@@ -89,12 +65,6 @@ class ShawModel(ShawPreTrainedModel):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
 
     @can_return_tuple
     def forward(
@@ -116,225 +86,42 @@ class ShawModel(ShawPreTrainedModel):
         encoder_hidden_states / encoder_attention_mask: the encoder output for cross-attention.
         """
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # a checkpointed layer is run twice: it would write its keys/values twice
-
-        inputs_embeds = embed_inputs(
-            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
+        inputs_embeds, past_key_values, past_length, use_cache = self.prepare_stack(
+            input_ids, inputs_embeds, past_key_values, use_cache
         )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
 
-        if use_cache and past_key_values is None:
-            past_key_values = (
-                EncoderDecoderCache(DynamicCache(), DynamicCache()) if config.add_cross_attention else DynamicCache()
-            )
-        if past_key_values is not None and not isinstance(past_key_values, Cache):
-            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
-        past_length = cache_past_length(past_key_values)
-
-        hidden_states = inputs_embeds * self.embed_scale
-        hidden_states = self.dropout(hidden_states)
-
+        hidden_states = self.dropout(inputs_embeds * self.embed_scale)
         mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
-        cross_mask = None
-        if encoder_hidden_states is not None:
-            if not config.add_cross_attention:
-                raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
-            cross_mask = cross_attention_mask(
-                encoder_attention_mask, batch, encoder_hidden_states.shape[1], dtype, device
-            )
-
-        all_hidden, all_self, all_cross = [], [], []
-        for layer in self.layers:
-            all_hidden.append(hidden_states)
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states,
-                mask,
-                encoder_hidden_states,
-                cross_mask,
-                past_key_values=past_key_values,
-                output_attentions=output_attentions,
-            )
-            all_self.append(self_weights)
-            all_cross.append(cross_weights)
-        if self.norm is not None:
-            hidden_states = self.norm(hidden_states)
-        all_hidden.append(hidden_states)
-
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_self) if output_attentions else None,
-            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+        return self.run_stack(
+            hidden_states, mask, past_key_values, use_cache, output_attentions, output_hidden_states,
+            encoder_hidden_states, encoder_attention_mask,
         )
 
 
-class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
+class ShawForCausalLM(CausalLMHeadMixin, ShawPreTrainedModel, GenerationMixin):
     """The decoder language model; `generate()` keeps a `DynamicCache` of keys and values (the relative terms are
-    recomputed from positions, so the cache holds only x W^K and x W^V)."""
+    recomputed from positions, so the cache holds only x W^K and x W^V). As the decoder of an `EncoderDecoderModel`
+    it reads `encoder_hidden_states` / `encoder_attention_mask` through its cross-attention."""
 
+    backbone_class = ShawModel
+    output_class = ShawCausalLMOutput
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: ShawConfig):
-        super().__init__(config)
-        self.model = ShawModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        encoder_hidden_states: torch.FloatTensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
-        shift_labels: torch.LongTensor | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
-    ) -> ShawCausalLMOutput:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        shift_labels: the targets already shifted (position t predicts shift_labels[t]); used instead of labels."""
-        config = self.config
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask,
-        )
-        hidden_states = outputs.last_hidden_state
-        logits, loss = causal_lm_head(
-            self.lm_head, hidden_states, config.vocab_size, labels, logits_to_keep,
-            num_items_in_batch=num_items_in_batch, shift_labels=shift_labels,
-        )
-
-        return ShawCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            cross_attentions=outputs.cross_attentions,
-        )
-
-
-class ShawForMaskedLM(ShawPreTrainedModel):
+class ShawForMaskedLM(MaskedLMHeadMixin, ShawPreTrainedModel):
     """Bidirectional encoder (`config.is_decoder=False`) with a tied token-prediction head; labels are not shifted."""
 
+    backbone_class = ShawModel
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: ShawConfig):
-        if config.is_decoder:
-            raise ValueError("ShawForMaskedLM needs a bidirectional encoder: set is_decoder=False in the config")
-        super().__init__(config)
-        self.model = ShawModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
-    ) -> MaskedLMOutput:
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = masked_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
-        return MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-
-
-class ShawForSequenceClassification(ShawPreTrainedModel):
+class ShawForSequenceClassification(SequenceClassificationHeadMixin, ShawPreTrainedModel):
     """A linear classifier on the hidden state of the last real token of each row (causal or bidirectional)."""
 
-    def __init__(self, config: ShawConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = ShawModel(config)
-        self.dropout = nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None else 0.0)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutputWithPast:
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(self.dropout(pooled))
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        return SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+    backbone_class = ShawModel
 
 
 __all__ = [

@@ -19,20 +19,16 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.utils.import_utils import is_tracing
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPast,
-    CausalLMOutputWithPast,
-    SequenceClassifierOutputWithPast,
-)
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.utils import can_return_tuple
 
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .txv_attention import all_tokens_real
+from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_loss, check_causal_lm_targets
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_pretrained import TxvModelMixin
 from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided, pattern_attention
-from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 def layer_patterns(config: SparseTransformerConfig) -> list:
@@ -130,13 +126,8 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
 
 class SparseTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = SparseTransformerConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["SparseTransformerLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     auto_classes = {
         "AutoModel": "SparseTransformerModel",
         "AutoModelForCausalLM": "SparseTransformerForCausalLM",
@@ -145,20 +136,11 @@ class SparseTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
+        super()._init_weights(module)
         # Paper section 5.2: residual-branch output projections scaled by 1 / sqrt(2N).
         if isinstance(module, (SparseTransformerAttention, SparseTransformerMLP)):
             output = module.o_proj if isinstance(module, SparseTransformerAttention) else module.fc_out
-            init.normal_(output.weight, 0.0, std / math.sqrt(2 * self.config.num_hidden_layers))
+            init.normal_(output.weight, 0.0, self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers))
 
 
 class SparseTransformerModel(SparseTransformerPreTrainedModel):
@@ -182,12 +164,6 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         if 0 < config.gradient_checkpointing_min_layers <= config.num_hidden_layers:
             self.gradient_checkpointing_enable()
 
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
-
     def position_embeddings(self, positions: torch.Tensor) -> torch.Tensor:
         if self.config.image_shape is None:
             return self.embed_positions(positions)
@@ -197,6 +173,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         row = torch.div(positions, channels * width, rounding_mode="floor")
         return self.embed_rows(row) + self.embed_cols(column) + self.embed_channels(channel)
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -206,18 +183,15 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPast | tuple:
+    ) -> BaseModelOutputWithPast:
         """attention_mask: `[batch, past + length]`, 1 for real tokens, 0 for padding (padded keys are never seen).
         Positions (and the pattern) count from the first column, so padding must end a row (right padding); a
         left-padded row, or one that goes on after padding (batched generation of rows of different lengths), would
         differ from the row alone and is refused with a ValueError."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
-        return_dict = return_dict if return_dict is not None else config.return_dict
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
         )
@@ -252,123 +226,26 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
             )
             all_attentions.append(weights)
         hidden_states = self.norm(hidden_states)
-        output = BaseModelOutputWithPast(
+        return BaseModelOutputWithPast(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) + (hidden_states,) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
-        return output if return_dict else output.to_tuple()
 
 
-class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationMixin):
-    """Next-token language model over text or flattened images (`config.image_shape`)."""
+class SparseTransformerForCausalLM(CausalLMHeadMixin, SparseTransformerPreTrainedModel, GenerationMixin):
+    """Next-token language model over text or flattened images (`config.image_shape`). The loss is in nats per
+    token; divide by ln 2 for bits per dimension on images."""
 
+    backbone_class = SparseTransformerModel
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: SparseTransformerConfig):
-        super().__init__(config)
-        self.model = SparseTransformerModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        logits_to_keep: int = 0,
-        **kwargs,
-    ) -> CausalLMOutputWithPast | tuple:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored. The loss is
-        in nats per token; divide by ln 2 for bits per dimension on images."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        keep = slice(-logits_to_keep, None) if logits_to_keep else slice(None)
-        logits = self.lm_head(hidden_states[:, keep])
-        loss = None
-        shift_labels = kwargs.pop("shift_labels", None)
-        if labels is not None or shift_labels is not None:
-            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], self.config.vocab_size)
-            loss = causal_lm_loss(logits, labels, shift_labels=shift_labels, **kwargs)
-        output = CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
-
-
-class SparseTransformerForSequenceClassification(SparseTransformerPreTrainedModel):
+class SparseTransformerForSequenceClassification(SequenceClassificationHeadMixin, SparseTransformerPreTrainedModel):
     """A linear classifier on the hidden state of the last real token of each row."""
 
-    def __init__(self, config: SparseTransformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = SparseTransformerModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(pooled)
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
+    backbone_class = SparseTransformerModel
 
 
 __all__ = [

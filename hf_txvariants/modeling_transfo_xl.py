@@ -13,18 +13,17 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutputWithPast
+from transformers.modeling_outputs import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
+from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_cache import MemoryCache, MemoryGenerationMixin
-from .txv_feedforward import PositionwiseFeedForward
-from .txv_inputs import embed_inputs
-from .txv_losses import check_labels
+from .txv_heads import SequenceClassificationHeadMixin
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
-from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, build_final_norm, init_mechanism_weights
-from .txv_sequence_classification import last_token_states, sequence_classification_loss
+from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
+from .txv_xl_model import NormedFeedForward, NormedRelativeAttention, XLModelMixin
 
 
 @dataclass
@@ -64,21 +63,16 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
         return None if self.past_key_values is None else self.past_key_values.to_legacy_mems()
 
 
-class TransfoXLAttention(RelativePositionAttention):
+class TransfoXLAttention(NormedRelativeAttention):
     """`dec_attn`: relative attention and its layer norm (applied after the residual, or on the input of the
     sub-layer with `pre_lnorm`; with pre-norm the memory is normalised together with the segment)."""
 
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config, own_biases=config.untie_r)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
-class TransfoXLFeedForward(PositionwiseFeedForward):
+class TransfoXLFeedForward(NormedFeedForward):
     """`pos_ff`: the position-wise feed-forward network and its layer norm."""
-
-    def __init__(self, config: TransfoXLConfig):
-        super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
 class TransfoXLLayer(XLLayer):
@@ -100,12 +94,8 @@ class TransfoXLLayer(XLLayer):
 class TransfoXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
     config_class = TransfoXLConfig
     base_model_prefix = "transformer"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["TransfoXLLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     # Saved by the legacy model but not parameters here: the sinusoid frequencies (recomputed) and, with shared
     # u/v biases (untie_r=False), the per-layer copies of the shared `transformer.r_w_bias` / `r_r_bias`.
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.dec_attn\.r_[wr]_bias"]
@@ -184,73 +174,30 @@ class TransfoXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedMode
         return new
 
 
-class TransfoXLModel(XLBackboneMixin, TransfoXLPreTrainedModel):
+class TransfoXLModel(XLModelMixin, XLBackboneMixin, TransfoXLPreTrainedModel):
+    _input_embed_layer = "word_emb"
+    output_class = TransfoXLModelOutput
+
     def __init__(self, config: TransfoXLConfig):
         super().__init__(config)
         self.word_emb = AdaptiveEmbedding(
             config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
         )
-        self.drop = nn.Dropout(config.dropout)
         if not config.untie_r:
             self.r_w_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
             self.r_r_bias = nn.Parameter(torch.zeros(config.num_attention_heads, config.head_dim))
-        self.layers = nn.ModuleList(TransfoXLLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = build_final_norm(config)
-        self.gradient_checkpointing = False
+        self.build_stack(config, TransfoXLLayer)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.word_emb
-
-    def set_input_embeddings(self, new_embeddings):
-        self.word_emb = new_embeddings
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: MemoryCache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        mems: list[torch.Tensor] | None = None,
-        **kwargs,
-    ) -> TransfoXLModelOutput | tuple:
-        """
-        attention_mask: `[batch, length]` with 1 for real tokens and 0 for padding; it may be longer than the
-            segment (generation passes the whole sequence), its last `length` columns describe the segment.
-        past_key_values: the `MemoryCache` returned by the previous segment, updated in place and returned.
-        mems: the legacy memory (a list of `[mem_len, batch, hidden]` tensors), instead of past_key_values.
-        """
+    def backbone_inputs(self, past_key_values, mems: list[torch.Tensor] | None = None, **kwargs):
+        """mems: the legacy memory (a list of `[mem_len, batch, hidden]` tensors), instead of past_key_values."""
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else config.use_cache
-        return_dict = return_dict if return_dict is not None else config.return_dict
-
-        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.word_emb, config.vocab_size, config.hidden_size)
         if mems is not None:
             if past_key_values is not None:
                 raise ValueError("Pass either past_key_values or the legacy mems, not both")
             past_key_values = MemoryCache.from_legacy_mems(mems, config.mem_len)
             past_key_values.memory_init, past_key_values.model_type = config.memory_init, config.model_type
-        shared_biases = None if config.untie_r else (self.r_w_bias, self.r_r_bias)
-        backbone = self.run_backbone(
-            inputs_embeds, attention_mask, past_key_values, use_cache, output_attentions, shared_biases=shared_biases
-        )
-        hidden_states, layer_inputs = backbone.last_hidden_state, backbone.layer_inputs
-        output = TransfoXLModelOutput(
-            last_hidden_state=hidden_states,
-            span_penalty=backbone.span_penalty,
-            past_key_values=backbone.cache if use_cache else None,
-            hidden_states=tuple(layer_inputs) + (hidden_states,) if output_hidden_states else None,
-            attentions=tuple(backbone.attentions) if output_attentions else None,
-        )
-        return output if return_dict else output.to_tuple()
+        return past_key_values, {"shared_biases": None if config.untie_r else (self.r_w_bias, self.r_r_bias)}
 
 
 class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, GenerationMixin):
@@ -266,18 +213,8 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
         self.post_init()
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
-        """The legacy tying rules: softmax weights tied to the input embeddings (`tie_word_embeddings`), and per
-        cluster the softmax projection to the embedding projection (`tie_projs`)."""
-        config, tied = self.config, {}
-        if config.tie_word_embeddings:
-            for i in range(len(self.crit.out_layers)):
-                tied[f"crit.out_layers.{i}.weight"] = f"transformer.word_emb.emb_layers.{i}.weight"
-        for i, tie in enumerate(config.tie_projs):
-            if tie and config.div_val == 1 and config.hidden_size != config.d_embed:
-                tied[f"crit.out_projs.{i}"] = "transformer.word_emb.emb_projs.0"
-            elif tie and config.div_val != 1:
-                tied[f"crit.out_projs.{i}"] = f"transformer.word_emb.emb_projs.{i}"
-        return tied
+        """The legacy tying rules (`tie_word_embeddings`, `tie_projs`; see `txv_adaptive_head`)."""
+        return adaptive_tied_weights_keys(self.config, "transformer.word_emb")
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:  # read by transformers when saving shared tensors
@@ -331,28 +268,12 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
             return_dict=True,
             mems=mems,
         )
-        hidden_states = outputs.last_hidden_state
-        batch, length = hidden_states.shape[:2]
-
-        loss = losses = logits = None
-        if labels is not None or shift_labels is not None:
-            # the causal-LM loss of txv_losses.causal_lm_loss (same shift, ignore_index, denominator and 0.0 when
-            # every target is ignored), with the adaptive softmax's NLL in place of a cross-entropy over logits
-            if shift_labels is not None:
-                check_labels(shift_labels, (batch, length), self.config.vocab_size)
-                predicting, targets = hidden_states, shift_labels.to(hidden_states.device)
-            else:
-                check_labels(labels, (batch, length), self.config.vocab_size)
-                predicting, targets = hidden_states[:, :-1], labels[:, 1:].to(hidden_states.device)
-            losses = self.crit.nll(predicting.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1))
-            losses = losses.view(targets.shape)
-            denominator = num_items_in_batch if num_items_in_batch is not None else (targets != -100).sum().clamp(min=1)
-            loss = losses.sum() / denominator
-            if outputs.span_penalty is not None:
-                loss = loss + self.config.adapt_span_loss * outputs.span_penalty
-        if return_logits:
-            logits = self.crit.log_probs(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-
+        logits, losses, loss = adaptive_lm_outputs(
+            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep,
+            num_items_in_batch, shift_labels, return_logits,
+        )
+        if loss is not None and outputs.span_penalty is not None:
+            loss = loss + self.config.adapt_span_loss * outputs.span_penalty
         output = TransfoXLLMHeadModelOutput(
             loss=loss,
             logits=logits,
@@ -364,54 +285,11 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, Gene
         return output if return_dict else output.to_tuple()
 
 
-class TransfoXLForSequenceClassification(TransfoXLPreTrainedModel):
-    """Transformer-XL with a linear classifier on the hidden state of the last real token of each row."""
+class TransfoXLForSequenceClassification(SequenceClassificationHeadMixin, TransfoXLPreTrainedModel):
+    """Transformer-XL with a linear classifier on the hidden state of the last real token of each row; the legacy
+    `mems` are passed to `TransfoXLModel`."""
 
-    def __init__(self, config: TransfoXLConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.transformer = TransfoXLModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: MemoryCache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        mems: list[torch.Tensor] | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutputWithPast | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.transformer(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            mems=mems,
-        )
-        hidden_states = outputs.last_hidden_state
-        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(pooled)
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
+    backbone_class = TransfoXLModel
 
 
 __all__ = [

@@ -29,13 +29,13 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_txv_reformer import TxvReformerConfig
 from .txv_cache import RowStateCache
+from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_loss, check_labels
 from .txv_lsh import (
     default_num_buckets,
     local_attention,
@@ -45,7 +45,6 @@ from .txv_lsh import (
 )
 from .txv_pretrained import TxvModelMixin
 from .txv_reversible import chunked_feed_forward, reversible_sequence
-from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 class TxvReformerCache(RowStateCache):
@@ -347,11 +346,8 @@ class TxvReformerLayer(GradientCheckpointingLayer):
 class TxvReformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = TxvReformerConfig
     base_model_prefix = "reformer"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["TxvReformerLayer"]
     _supports_sdpa = False  # LSH and chunked attention are not dense attentions
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     auto_classes = {
         "AutoModel": "TxvReformerModel",
         "AutoModelForCausalLM": "TxvReformerForCausalLM",
@@ -360,22 +356,15 @@ class TxvReformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, nn.ParameterList):  # the axial position embeddings' `weights`
+        super()._init_weights(module)
+        if isinstance(module, nn.ParameterList):  # the axial position embeddings' `weights`
             for weight in module:
                 init.normal_(weight, 0.0, self.config.axial_norm_std)
 
 
 class TxvReformerModel(TxvReformerPreTrainedModel):
+    _input_embed_layer = "word_embeddings"  # under `embeddings`, as in transformers' Reformer
+
     def __init__(self, config: TxvReformerConfig):
         super().__init__(config)
         self.embeddings = TxvReformerEmbeddings(config)
@@ -384,12 +373,6 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         self.encoder.layer_norm = nn.LayerNorm(2 * config.hidden_size, eps=config.layer_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embeddings.word_embeddings = new_embeddings
 
     def _padding_length(self, length: int) -> int:
         """transformers' rule: pad to a multiple of the chunk lengths' lcm when longer than the smallest chunk."""
@@ -444,8 +427,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         rounds' weights). `use_cache` (inference) returns a `TxvReformerCache` as `past_key_values`; given back with
         one new token, only that token is computed (see the module docstring)."""
         config = self.config
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.embeddings.word_embeddings, config.vocab_size, config.hidden_size
@@ -556,20 +538,21 @@ class TxvReformerLMHead(nn.Module):
         return chunked_feed_forward(self.decoder, self.chunk_size, hidden_states)
 
 
-class TxvReformerForCausalLM(TxvReformerPreTrainedModel, GenerationMixin):
+class TxvReformerForCausalLM(CausalLMHeadMixin, TxvReformerPreTrainedModel, GenerationMixin):
     """Reformer language model (`config.is_decoder` must be True). Loads transformers' ReformerModelWithLMHead
     checkpoints."""
 
+    backbone_class = TxvReformerModel
     # transformers 5's ReformerOnlyLMHead saves a `bias` that its forward never adds; neither do we.
     _keys_to_ignore_on_load_unexpected = [r"^lm_head\.bias$", r"^lm_head\.decoder\.bias$"]
 
     def __init__(self, config: TxvReformerConfig):
-        super().__init__(config)
         if not config.is_decoder:
             raise ValueError("is_decoder must be True for TxvReformerForCausalLM (causal attention)")
-        self.reformer = TxvReformerModel(config)
+        super().__init__(config)
+
+    def build_heads(self, config: TxvReformerConfig):
         self.lm_head = TxvReformerLMHead(config)
-        self.post_init()
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -604,92 +587,16 @@ class TxvReformerForCausalLM(TxvReformerPreTrainedModel, GenerationMixin):
             **kwargs,
         )
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: TxvReformerCache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        position_ids: torch.LongTensor | None = None,
-        logits_to_keep: int = 0,
-        **kwargs,
-    ) -> CausalLMOutputWithPast:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored;
-        `shift_labels` (already shifted) is honoured as in transformers."""
-        outputs = self.reformer(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            position_ids=position_ids,
-        )
-        hidden_states = outputs.last_hidden_state
-        if logits_to_keep:
-            hidden_states = hidden_states[:, -logits_to_keep:]
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None or kwargs.get("shift_labels") is not None:
-            if labels is not None:
-                check_labels(labels, outputs.last_hidden_state.shape[:2], self.config.vocab_size)
-            loss = causal_lm_loss(logits, labels, **kwargs)
-        return CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
 
-
-class TxvReformerForSequenceClassification(TxvReformerPreTrainedModel):
+class TxvReformerForSequenceClassification(SequenceClassificationHeadMixin, TxvReformerPreTrainedModel):
     """A linear classifier on the (2 * hidden_size wide) state of the last real token of each row. Not the head of
     transformers' ReformerForSequenceClassification (first token, non-causal), whose weights do not load here."""
 
-    def __init__(self, config: TxvReformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.reformer = TxvReformerModel(config)
-        self.score = nn.Linear(2 * config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
+    backbone_class = TxvReformerModel
+    output_class = SequenceClassifierOutput
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutput:
-        outputs = self.reformer(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-        )
-        hidden_states = outputs.last_hidden_state
-        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(pooled)
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        return SequenceClassifierOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
+    def pooled_size(self, config: TxvReformerConfig) -> int:
+        return 2 * config.hidden_size
 
 
 __all__ = [

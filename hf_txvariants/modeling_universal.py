@@ -36,11 +36,10 @@ from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
-from .txv_losses import causal_lm_head, check_labels, masked_lm_loss
+from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_mha import MultiHeadAttention, cross_attention_mask, self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
-from .txv_sequence_classification import sequence_classification_loss
 
 # ---------------------------------------------------------------------------------------------------------- outputs
 
@@ -318,12 +317,8 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
 
 class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = UniversalTransformerConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["UniversalTransformerLayer"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     auto_classes = {
         "AutoModel": "UniversalTransformerModel",
         "AutoModelForCausalLM": "UniversalTransformerForCausalLM",
@@ -397,12 +392,6 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         """False with the convolution transition: it mixes neighbouring positions, which the step cache (the step
         inputs of the past positions) cannot serve."""
         return self.config.transition == "feed_forward"
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
 
     def time_embedding(self, step: int, device, dtype) -> torch.Tensor:
         """T_t, `[1, hidden]`, for t = step + 1."""
@@ -574,18 +563,30 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
 # ------------------------------------------------------------------------------------------------------------ heads
 
 
-class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, GenerationMixin):
+class UniversalTransformerHeadMixin:
+    """The Universal Transformer's heads: with ACT the mean ponder cost is added to the loss (`act_loss_weight`)."""
+
+    backbone_class = UniversalTransformerModel
+    backbone_kwargs = {"is_causal": False}
+    decoder_config_allowed = True  # `is_causal` says which attention a head wants, whatever `config.is_decoder`
+
+    def add_auxiliary_losses(self, loss, outputs, attention_mask):
+        return add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+
+
+class UniversalTransformerForCausalLM(
+    UniversalTransformerHeadMixin, CausalLMHeadMixin, UniversalTransformerPreTrainedModel, GenerationMixin
+):
     """The causal (decoder) Universal Transformer with a language-model head tied to the input embeddings.
 
     As the decoder of an `EncoderDecoderModel` it reads `encoder_hidden_states` through its cross-attention."""
 
+    output_class = UniversalTransformerCausalLMOutput
+    backbone_kwargs = {"is_causal": True}
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
-        self.model = UniversalTransformerModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
         # generate() keeps the step cache (config.use_cache stays False for training) unless told use_cache=False
         if self.generation_config is not None:
             self.generation_config.use_cache = self.model.keeps_step_cache
@@ -599,12 +600,6 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         if generation_config.use_cache and self.model.keeps_step_cache and model_kwargs.get("past_key_values") is None:
             model_kwargs["past_key_values"] = UniversalStepCache()
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
 
     def prepare_inputs_for_generation(
         self, input_ids, next_sequence_length=None, past_key_values=None, inputs_embeds=None, **kwargs
@@ -622,157 +617,29 @@ class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, Gener
             **kwargs,
         )
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        encoder_hidden_states: torch.FloatTensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        logits_to_keep: int = 0,
-        **kwargs,
-    ) -> UniversalTransformerCausalLMOutput:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        transformers' loss kwargs (`num_items_in_batch`, `shift_labels`) are honoured."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            is_causal=True,
-        )
-        hidden_states = outputs.last_hidden_state
-        logits, lm_loss = causal_lm_head(
-            self.lm_head, hidden_states, self.config.vocab_size, labels, logits_to_keep, **kwargs
-        )
-        loss = None
-        if lm_loss is not None:
-            loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-        return UniversalTransformerCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            lm_loss=lm_loss,
-            ponder_cost=outputs.ponder_cost,
-            n_updates=outputs.n_updates,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            cross_attentions=outputs.cross_attentions,
-        )
 
-
-class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
+class UniversalTransformerForMaskedLM(
+    UniversalTransformerHeadMixin, MaskedLMHeadMixin, UniversalTransformerPreTrainedModel
+):
     """The bidirectional (encoder) Universal Transformer with a masked-LM head tied to the input embeddings."""
 
+    output_class = UniversalTransformerMaskedLMOutput
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: UniversalTransformerConfig):
-        super().__init__(config)
-        self.model = UniversalTransformerModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> UniversalTransformerMaskedLMOutput:
-        """labels: `[batch, length]` token ids at masked positions and -100 elsewhere (not shifted)."""
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            is_causal=False,
-        )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            check_labels(labels, logits.shape[:2], self.config.vocab_size)
-            mlm_loss = masked_lm_loss(logits, labels, **kwargs)
-            loss = add_ponder_cost(mlm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-        return UniversalTransformerMaskedLMOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            ponder_cost=outputs.ponder_cost,
-            n_updates=outputs.n_updates,
-        )
-
-
-class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrainedModel):
+class UniversalTransformerForSequenceClassification(
+    UniversalTransformerHeadMixin, SequenceClassificationHeadMixin, UniversalTransformerPreTrainedModel
+):
     """The bidirectional Universal Transformer with a linear classifier on the mean of the real positions."""
 
-    def __init__(self, config: UniversalTransformerConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = UniversalTransformerModel(config)
-        self.score = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+    output_class = UniversalTransformerSequenceClassifierOutput
+    score_bias = True
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> UniversalTransformerSequenceClassifierOutput:
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            is_causal=False,
-        )
-        hidden_states = outputs.last_hidden_state
+    def pool(self, hidden_states, input_ids, attention_mask):
         if attention_mask is None:
-            pooled = hidden_states.mean(dim=1)
-        else:
-            weights = attention_mask.to(hidden_states.dtype).unsqueeze(-1)
-            pooled = (hidden_states * weights).sum(1) / weights.sum(1).clamp(min=1)
-        logits = self.score(pooled)
-        loss = None
-        if labels is not None:
-            loss = sequence_classification_loss(self.config, logits, labels)
-            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-        return UniversalTransformerSequenceClassifierOutput(
-            loss=loss,
-            logits=logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            ponder_cost=outputs.ponder_cost,
-            n_updates=outputs.n_updates,
-        )
+            return hidden_states.mean(dim=1)
+        weights = attention_mask.to(hidden_states.dtype).unsqueeze(-1)
+        return (hidden_states * weights).sum(1) / weights.sum(1).clamp(min=1)
 
 
 __all__ = [

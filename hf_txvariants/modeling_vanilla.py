@@ -14,24 +14,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import (
-    BaseModelOutputWithPastAndCrossAttentions,
-    MaskedLMOutput,
-    ModelOutput,
-    SequenceClassifierOutputWithPast,
-)
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, ModelOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_vanilla import VanillaConfig
-from .txv_inputs import embed_inputs
-from .txv_losses import check_causal_lm_targets, masked_lm_loss, next_token_targets, token_cross_entropy
-from .txv_mha import MultiHeadAttention, cache_past_length, cross_attention_mask, fused_self_attention_mask
+from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_losses import check_causal_lm_targets, next_token_targets, token_cross_entropy
+from .txv_mha import MultiHeadAttention, fused_self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
-from .txv_sequence_classification import last_token_states, sequence_classification_loss
 from .txv_transformer_layer import TransformerLayer
+from .txv_transformer_stack import TransformerStackMixin
 
 
 @dataclass
@@ -52,13 +46,8 @@ class VanillaCausalLMOutput(ModelOutput):
 
 class VanillaPreTrainedModel(TxvModelMixin, PreTrainedModel):
     config_class = VanillaConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
     _no_split_modules = ["TransformerLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _supports_flash_attn = False
-    _supports_flex_attn = False
     auto_classes = {
         "AutoModel": "VanillaModel",
         "AutoModelForCausalLM": "VanillaForCausalLM",
@@ -67,20 +56,8 @@ class VanillaPreTrainedModel(TxvModelMixin, PreTrainedModel):
     }
     head_key_patterns = (r"^lm_head\.", r"^future_heads\.", r"^score\.")
 
-    def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
 
-
-class VanillaModel(VanillaPreTrainedModel):
+class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
     """Token embeddings + absolute positions, `num_hidden_layers` Transformer layers (causal when
     `config.is_decoder`), a final layer norm with `pre_lnorm`."""
 
@@ -106,12 +83,6 @@ class VanillaModel(VanillaPreTrainedModel):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, new_embeddings):
-        self.embed_tokens = new_embeddings
 
     def position_embeddings(self, position_ids: torch.Tensor, dtype) -> torch.Tensor:
         if self.embed_positions is not None:
@@ -147,27 +118,12 @@ class VanillaModel(VanillaPreTrainedModel):
         encoder_hidden_states / encoder_attention_mask: the encoder output for cross-attention.
         """
         config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # a checkpointed layer is run twice: it would write its keys/values twice
-
-        inputs_embeds = embed_inputs(
-            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
+        inputs_embeds, past_key_values, past_length, use_cache = self.prepare_stack(
+            input_ids, inputs_embeds, past_key_values, use_cache
         )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
-
-        if use_cache and past_key_values is None:
-            past_key_values = (
-                EncoderDecoderCache(DynamicCache(), DynamicCache()) if config.add_cross_attention else DynamicCache()
-            )
-        if past_key_values is not None and not isinstance(past_key_values, Cache):
-            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
-        past_length = cache_past_length(past_key_values)
 
         # the mask first: it checks attention_mask's shape, which the position ids below read
         mask = fused_self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
@@ -179,63 +135,32 @@ class VanillaModel(VanillaPreTrainedModel):
         hidden_states = inputs_embeds * self.embed_scale + self.position_embeddings(position_ids.to(device), dtype)
         hidden_states = self.dropout(hidden_states)
 
-        cross_mask = None
-        if encoder_hidden_states is not None:
-            if not config.add_cross_attention:
-                raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
-            cross_mask = cross_attention_mask(
-                encoder_attention_mask, batch, encoder_hidden_states.shape[1], dtype, device
-            )
-
-        all_hidden, all_self, all_cross = [], [], []
-        for layer_idx, layer in enumerate(self.layers):
-            if layer_idx > 0 and self.layer_positions is not None:
+        def layer_input(layer_idx, hidden_states):
+            if layer_idx > 0 and self.layer_positions is not None:  # Al-Rfou: positions again at layers 2 .. L
                 hidden_states = hidden_states + self.layer_positions[layer_idx - 1](position_ids.to(device)).to(dtype)
-            all_hidden.append(hidden_states)
-            hidden_states, self_weights, cross_weights = layer(
-                hidden_states,
-                mask,
-                encoder_hidden_states,
-                cross_mask,
-                past_key_values=past_key_values,
-                output_attentions=output_attentions,
-            )
-            all_self.append(self_weights)
-            all_cross.append(cross_weights)
-        if self.norm is not None:
-            hidden_states = self.norm(hidden_states)
-        all_hidden.append(hidden_states)
+            return hidden_states
 
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_self) if output_attentions else None,
-            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+        return self.run_stack(
+            hidden_states, mask, past_key_values, use_cache, output_attentions, output_hidden_states,
+            encoder_hidden_states, encoder_attention_mask, layer_input,
         )
 
 
-class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
-    """The decoder language model with Al-Rfou's auxiliary losses (see `VanillaConfig`)."""
+class VanillaForCausalLM(CausalLMHeadMixin, VanillaPreTrainedModel, GenerationMixin):
+    """The decoder language model with Al-Rfou's auxiliary losses (see `VanillaConfig`), added only in training mode.
+    As the decoder of an `EncoderDecoderModel` it reads `encoder_hidden_states` through its cross-attention."""
 
+    backbone_class = VanillaModel
+    output_class = VanillaCausalLMOutput
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: VanillaConfig):
-        super().__init__(config)
-        self.model = VanillaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+    def build_heads(self, config: VanillaConfig):
+        super().build_heads(config)
         self.future_heads = nn.ModuleList(
             nn.Linear(config.hidden_size, config.vocab_size, bias=False)
             for _ in range(config.num_future_targets - 1)
         )
         self.training_progress = 0.0
-        self.post_init()
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
 
     def set_training_progress(self, progress: float):
         """Fraction of training done (step / total steps), which switches the intermediate losses off."""
@@ -250,206 +175,77 @@ class VanillaForCausalLM(VanillaPreTrainedModel, GenerationMixin):
             1.0 if self.training_progress < layer / (2 * layers) else 0.0 for layer in range(1, layers)
         ]
 
-    def _prediction_loss(self, logits, labels, shift_labels, offset, position_weights, num_items_in_batch):
-        """Cross-entropy of position t predicting the token `offset` ahead (see `next_token_targets`), restricted to
-        the positions whose `position_weights` is True when given."""
-        targets = next_token_targets(labels, shift_labels, offset)
-        if position_weights is not None:
-            targets = targets.masked_fill(~position_weights, -100)
-        return token_cross_entropy(logits, targets, num_items_in_batch)
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        position_ids: torch.LongTensor | None = None,
-        encoder_hidden_states: torch.FloatTensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
-        shift_labels: torch.LongTensor | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
-    ) -> VanillaCausalLMOutput:
-        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        shift_labels: the targets already shifted (position t predicts shift_labels[t]); used instead of labels.
-        The auxiliary losses (intermediate layers, future targets) are added only in training mode."""
+    def needs_layer_outputs(self, has_targets: bool) -> bool:
+        """The intermediate losses read the output of every layer."""
         config = self.config
-        if output_hidden_states is None:
-            output_hidden_states = config.output_hidden_states
-        has_targets = labels is not None or shift_labels is not None
-        aux_intermediate = (
+        return (
             has_targets and self.training and config.intermediate_loss_weight > 0
             and config.num_hidden_layers > 1 and any(self.intermediate_layer_weights())
         )
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states or aux_intermediate,
-            return_dict=True,
-            position_ids=position_ids,
-            encoder_hidden_states=encoder_hidden_states,
-            encoder_attention_mask=encoder_attention_mask,
-        )
+
+    def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, shift_labels=None, num_items_in_batch=None):
+        """`loss` = lm_loss + intermediate_loss_weight * intermediate_loss + future_target_loss_weight * future_loss."""
+        config = self.config
         hidden_states = outputs.last_hidden_state
-        loss = lm_loss = intermediate_loss = future_loss = None
-        if has_targets:
-            check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
-            position_weights = None
-            if config.loss_on_all_positions:
-                items = num_items_in_batch
-            else:
-                # Only the prediction of the last real target of each row (num_items_in_batch, which counts every
-                # target, does not apply).
-                items = None
-                targets_valid = next_token_targets(labels, shift_labels, 1) != -100
-                last = (torch.arange(targets_valid.shape[1], device=targets_valid.device) * targets_valid).argmax(-1)
-                position_weights = torch.zeros_like(targets_valid)
-                position_weights[torch.arange(targets_valid.shape[0]), last] = True
+        if labels is None and shift_labels is None:
+            return super().lm_outputs(outputs, None, logits_to_keep, attention_mask)
+        check_causal_lm_targets(labels, shift_labels, hidden_states.shape[:2], config.vocab_size)
+        position_weights, items = None, num_items_in_batch
+        if not config.loss_on_all_positions:
+            # Only the prediction of the last real target of each row (num_items_in_batch, which counts every
+            # target, does not apply).
+            items = None
+            targets_valid = next_token_targets(labels, shift_labels, 1) != -100
+            last = (torch.arange(targets_valid.shape[1], device=targets_valid.device) * targets_valid).argmax(-1)
+            position_weights = torch.zeros_like(targets_valid)
+            position_weights[torch.arange(targets_valid.shape[0]), last] = True
 
-            def loss_of(logits, offset=1):
-                return self._prediction_loss(logits, labels, shift_labels, offset, position_weights, items)
+        def loss_of(logits, offset=1):
+            """Cross-entropy of position t predicting the token `offset` ahead, over the weighted positions."""
+            targets = next_token_targets(labels, shift_labels, offset)
+            if position_weights is not None:
+                targets = targets.masked_fill(~position_weights, -100)
+            return token_cross_entropy(logits, targets, items)
 
-            logits = self.lm_head(hidden_states)
-            lm_loss = loss = loss_of(logits)
-            if aux_intermediate:
-                intermediate_loss = hidden_states.new_zeros(())
-                layer_outputs = outputs.hidden_states[1:-1]  # the outputs of layers 1 .. L-1
-                for weight, layer_output in zip(self.intermediate_layer_weights(), layer_outputs):
-                    if weight > 0:
-                        if self.model.norm is not None:
-                            layer_output = self.model.norm(layer_output)
-                        intermediate_loss = intermediate_loss + weight * loss_of(self.lm_head(layer_output))
-                loss = loss + config.intermediate_loss_weight * intermediate_loss
-            if self.training and len(self.future_heads):
-                future_loss = sum(
-                    loss_of(head(hidden_states), offset) for offset, head in enumerate(self.future_heads, start=2)
-                )
-                loss = loss + config.future_target_loss_weight * future_loss
-            if logits_to_keep:
-                logits = logits[:, -logits_to_keep:]
-        else:
-            logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
-
-        return VanillaCausalLMOutput(
-            loss=loss,
-            logits=logits,
-            lm_loss=lm_loss,
-            intermediate_loss=intermediate_loss,
-            future_loss=future_loss,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states if output_hidden_states else None,
-            attentions=outputs.attentions,
-            cross_attentions=outputs.cross_attentions,
-        )
+        logits = self.lm_head(hidden_states)
+        lm_loss = loss = loss_of(logits)
+        intermediate_loss = future_loss = None
+        if self.needs_layer_outputs(True):
+            intermediate_loss = hidden_states.new_zeros(())
+            layer_outputs = outputs.hidden_states[1:-1]  # the outputs of layers 1 .. L-1
+            for weight, layer_output in zip(self.intermediate_layer_weights(), layer_outputs):
+                if weight > 0:
+                    if self.model.norm is not None:
+                        layer_output = self.model.norm(layer_output)
+                    intermediate_loss = intermediate_loss + weight * loss_of(self.lm_head(layer_output))
+            loss = loss + config.intermediate_loss_weight * intermediate_loss
+        if self.training and len(self.future_heads):
+            future_loss = sum(
+                loss_of(head(hidden_states), offset) for offset, head in enumerate(self.future_heads, start=2)
+            )
+            loss = loss + config.future_target_loss_weight * future_loss
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return {
+            "loss": loss,
+            "logits": logits,
+            "lm_loss": lm_loss,
+            "intermediate_loss": intermediate_loss,
+            "future_loss": future_loss,
+        }
 
 
-class VanillaForMaskedLM(VanillaPreTrainedModel):
+class VanillaForMaskedLM(MaskedLMHeadMixin, VanillaPreTrainedModel):
     """Bidirectional encoder (`config.is_decoder=False`) with a tied token-prediction head; labels are not shifted."""
 
+    backbone_class = VanillaModel
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: VanillaConfig):
-        if config.is_decoder:
-            raise ValueError("VanillaForMaskedLM needs a bidirectional encoder: set is_decoder=False in the config")
-        super().__init__(config)
-        self.model = VanillaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
 
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings):
-        self.lm_head = new_embeddings
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        position_ids: torch.LongTensor | None = None,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
-    ) -> MaskedLMOutput:
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            inputs_embeds=inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            position_ids=position_ids,
-        )
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = masked_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
-        return MaskedLMOutput(
-            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
-        )
-
-
-class VanillaForSequenceClassification(VanillaPreTrainedModel):
+class VanillaForSequenceClassification(SequenceClassificationHeadMixin, VanillaPreTrainedModel):
     """A linear classifier on the hidden state of the last real token of each row (causal or bidirectional)."""
 
-    def __init__(self, config: VanillaConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.model = VanillaModel(config)
-        self.dropout = nn.Dropout(config.classifier_dropout if config.classifier_dropout is not None else 0.0)
-        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        position_ids: torch.LongTensor | None = None,
-        **kwargs,
-    ) -> SequenceClassifierOutputWithPast:
-        outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            position_ids=position_ids,
-        )
-        hidden_states = outputs.last_hidden_state
-        pooled = last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
-        logits = self.score(self.dropout(pooled))
-        loss = sequence_classification_loss(self.config, logits, labels) if labels is not None else None
-        return SequenceClassifierOutputWithPast(
-            loss=loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+    backbone_class = VanillaModel
 
 
 __all__ = [

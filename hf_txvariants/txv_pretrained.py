@@ -12,6 +12,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from torch import nn
+from transformers import initialization as init
 from transformers.dynamic_module_utils import get_relative_import_files
 
 WEIGHT_FILE_PATTERN = re.compile(r"^(model.*\.safetensors|pytorch_model.*\.bin)(\.index\.json)?$")
@@ -65,14 +67,43 @@ def write_remote_code(model, folder: str | os.PathLike):
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def init_standard_weights(module: nn.Module, std: float):
+    """The usual initialisation: N(0, std) Linear and Embedding weights, zero biases, unit LayerNorms."""
+    if isinstance(module, nn.Linear):
+        init.normal_(module.weight, 0.0, std)
+        if module.bias is not None:
+            init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        init.normal_(module.weight, 0.0, std)
+    elif isinstance(module, nn.LayerNorm):
+        init.ones_(module.weight)
+        init.zeros_(module.bias)
+
+
 class TxvModelMixin:
-    """Mixed into every `<V>PreTrainedModel` (before PreTrainedModel).
+    """Mixed into every `<V>PreTrainedModel` (before PreTrainedModel), with the flags every variant shares (the base
+    model under `model`, gradient checkpointing, the cache never moved by device hooks) and the standard
+    `_init_weights`, which a variant extends for its own parameters.
 
     Subclasses set `auto_classes` ({"AutoModel": "<V>Model", ...}) and `head_key_patterns` (regexes of the task-head
     parameters, which may be missing or unexpected when a checkpoint of one head is loaded into another)."""
 
     auto_classes: dict[str, str] = {}
     head_key_patterns: tuple[str, ...] = ()
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _skip_keys_device_placement = ["past_key_values"]
+
+    def _init_weights(self, module):
+        init_standard_weights(module, self.config.initializer_range)
+
+    def output_flags(self, output_attentions: bool | None, output_hidden_states: bool | None) -> tuple[bool, bool]:
+        """`output_attentions` and `output_hidden_states` of a call, each from the config where not given."""
+        config = self.config
+        return (
+            config.output_attentions if output_attentions is None else output_attentions,
+            config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+        )
 
     @classmethod
     def from_pretrained(cls, *args, strict_weights: bool = True, **kwargs):

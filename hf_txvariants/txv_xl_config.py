@@ -1,8 +1,9 @@
 """The base config of the XL family (Transformer-XL, Gated Transformer-XL, Adaptive Span): the fields of the shared
 backbone (`txv_xl`) declared once, so that every mechanism is an option of every XL-family config: the segment
 memory (`mem_len`, `memory_init`), the residual form (`gate_type`, `gate_bias`, `final_layer_norm`; Parisotto et al.
-2020) and the adaptive attention span (`attn_span`, `adapt_span_*`; Sukhbaatar et al. 2019). Each variant keeps its
-own defaults, names and extra fields. Also the adaptive-softmax helpers of the configs that have one."""
+2020), the adaptive attention span (`attn_span`, `adapt_span_*`; Sukhbaatar et al. 2019) and Transformer-XL's
+adaptive embedding and softmax for large vocabularies (`adaptive`, `cutoffs`, `div_val`, `d_embed`, `tie_projs`; off
+by default). Each variant keeps its own defaults, names and extra fields."""
 
 from __future__ import annotations
 
@@ -40,9 +41,25 @@ class XLFamilyConfig(TxvTransformerConfig):
     adapt_span_loss: float = 2e-6
     adapt_span_cache: bool = True
     adapt_span_dynamic: bool = False
+    adaptive: bool = False
+    cutoffs: list[int] | tuple[int, ...] = ()
+    d_embed: int | None = None
+    div_val: int = 1
+    tie_projs: list[bool] | None = None
+
+    @property
+    def uses_adaptive_softmax(self) -> bool:
+        """Whether the adaptive embedding and softmax are built (their fields are checked then only)."""
+        return self.adaptive
+
+    def derive_defaults(self, kwargs: dict):
+        derive_adaptive_softmax_defaults(self, kwargs)
+        super().derive_defaults(kwargs)
 
     def validate_architecture(self):
         super().validate_architecture()
+        if self.uses_adaptive_softmax:
+            check_adaptive_softmax_fields(self)
         check_even(self, "hidden_size", "sinusoidal relative positions")
         check_non_negative(self, "mem_len")
         check_choice(self, "memory_init", MEMORY_INITS)

@@ -55,6 +55,16 @@ class TestAdaptiveSpanDynamic(TestAdaptiveSpan):
         super().test_remote_code_loads_without_plugin(tmp_path)
 
 
+class TestAdaptiveSpanAdaptiveSoftmax(TestAdaptiveSpan):
+    """The shared tester with Transformer-XL's adaptive embedding and softmax on (a large-vocabulary option)."""
+
+    tiny_config_kwargs = {**TINY, "vocab_size": 40, "adaptive": True, "cutoffs": [8, 20], "div_val": 2}
+
+    @pytest.mark.slow  # the same files as the static variant
+    def test_remote_code_loads_without_plugin(self, tmp_path):
+        super().test_remote_code_loads_without_plugin(tmp_path)
+
+
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
     return AdaptiveSpanForCausalLM(AdaptiveSpanConfig(**{**TINY, **overrides})).eval()

@@ -306,3 +306,79 @@ def test_final_layer_norm_normalises_what_the_lm_head_reads():
     assert normed.std(-1, unbiased=False).min() > 0.9  # (eps 1e-5 against a variance of ~4e-4)
     assert bare.std() < 0.1
     torch.testing.assert_close(normed, torch.nn.functional.layer_norm(bare, (16,), eps=1e-5), atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------ adaptive softmax (large vocabularies)
+
+ADAPTIVE = dict(TINY, vocab_size=40, adaptive=True, cutoffs=[8, 20], div_val=2, d_embed=16)
+
+
+class TestGTrXLAdaptiveSoftmax(TxvModelTesterMixin):
+    """The whole shared tester (save/load, remote code, generate, memory, ...) with the adaptive softmax on."""
+
+    config_class = GTrXLConfig
+    model_classes = (GTrXLModel, GTrXLForCausalLM)
+    causal_lm_class = GTrXLForCausalLM
+    tiny_config_kwargs = ADAPTIVE
+    has_memory = True
+    memory_test_config_kwargs = {"mem_len": 7}
+
+
+def test_adaptive_softmax_loss_equals_the_naive_cluster_factorisation():
+    """log p(w) = log p_head(w) for a shortlist token, log p_head(cluster i) + log p_i(w | cluster i) for a tail token
+    (Grave et al. 2017), written out from the head's weights; the loss is the mean of -log p(next token)."""
+    torch.manual_seed(0)
+    model = GTrXLForCausalLM(GTrXLConfig(**ADAPTIVE)).eval()
+    ids = torch.randint(0, ADAPTIVE["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = model(ids, labels=ids)
+        hidden = model.model(ids).last_hidden_state
+    crit, bounds = model.crit, [(0, 8), (8, 20), (20, 40)]
+    head_logits = (hidden @ crit.out_projs[0]) @ crit.out_layers[0].weight.T + crit.out_layers[0].bias
+    cluster_logits = (hidden @ crit.out_projs[0]) @ crit.cluster_weight.T + crit.cluster_bias
+    head = torch.log_softmax(torch.cat([head_logits, cluster_logits], dim=-1), dim=-1)
+    log_probs = [head[..., :8]]
+    for i in (1, 2):
+        tail = (hidden @ crit.out_projs[i]) @ crit.out_layers[i].weight.T + crit.out_layers[i].bias
+        log_probs.append(head[..., 8 + i - 1 : 8 + i] + torch.log_softmax(tail, dim=-1))
+    log_probs = torch.cat(log_probs, dim=-1)
+    naive = -log_probs[:, :-1].gather(-1, ids[:, 1:, None]).mean()
+    torch.testing.assert_close(out.logits, log_probs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, naive, atol=1e-5, rtol=1e-5)
+    assert [b for b, _ in bounds] == [0, 8, 20]
+
+
+def test_adaptive_softmax_is_tied_like_transformer_xl():
+    model = GTrXLForCausalLM(GTrXLConfig(**ADAPTIVE))
+    for i in range(3):
+        assert model.crit.out_layers[i].weight is model.model.embed_tokens.emb_layers[i].weight
+    assert model.crit.out_projs[1] is model.model.embed_tokens.emb_projs[1]  # tie_projs: all but the first
+    assert model.crit.out_projs[0] is not model.model.embed_tokens.emb_projs[0]
+
+
+def test_a_50k_vocabulary_trains_with_the_adaptive_softmax():
+    """A GPT-2-sized vocabulary: the adaptive embedding and softmax stay small, and an optimiser step lowers the
+    loss on the batch."""
+    config = GTrXLConfig(**{**TINY, "vocab_size": 50257, "adaptive": True, "cutoffs": [2000, 10000], "div_val": 4,
+                            "d_embed": 16})
+    torch.manual_seed(0)
+    model = GTrXLForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) < 50257 * 16  # less than one full-width embedding table
+    ids = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        loss = model(ids, labels=ids, use_cache=False).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_adaptive_softmax_fields_are_checked():
+    with pytest.raises(ValueError, match="cutoffs"):
+        GTrXLConfig(**{**ADAPTIVE, "cutoffs": [30, 8]})
+    with pytest.raises(ValueError, match="tie_projs"):
+        GTrXLConfig(**{**ADAPTIVE, "tie_projs": [True]})
+    GTrXLConfig(**{**TINY, "cutoffs": [30, 8]})  # not checked while adaptive is off (today's behaviour)

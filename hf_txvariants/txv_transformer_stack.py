@@ -1,0 +1,93 @@
+"""The body of a base model made of `txv_transformer_layer.TransformerLayer`s (the Shaw and vanilla Transformers):
+the key/value cache, the cross-attention mask, the layer loop with its recorded outputs and the final layer norm.
+A variant's `<V>Model` embeds its inputs and builds its self-attention mask, then calls `run_stack`."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
+
+from .txv_inputs import embed_inputs
+from .txv_mha import cache_past_length, cross_attention_mask
+
+
+class TransformerStackMixin:
+    """For a base model with `config` (`add_cross_attention`), `embed_tokens`, `layers` (`TransformerLayer`s) and
+    `norm` (or None)."""
+
+    def prepare_stack(self, input_ids, inputs_embeds, past_key_values, use_cache: bool | None):
+        """`(token embeddings, cache, cache length, use_cache)`. `use_cache` defaults to `config.use_cache` for a
+        decoder; it is off while training with gradient checkpointing (a checkpointed layer is run twice: it would
+        write its keys/values twice)."""
+        config = self.config
+        use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
+        past_key_values, past_length = self.key_value_cache(past_key_values, use_cache)
+        return inputs_embeds, past_key_values, past_length, use_cache
+
+    def key_value_cache(self, past_key_values, use_cache: bool) -> tuple[Cache | None, int]:
+        """The cache this call reads and extends (a new one when `use_cache` and none is given) and its length."""
+        if use_cache and past_key_values is None:
+            past_key_values = (
+                EncoderDecoderCache(DynamicCache(), DynamicCache())
+                if self.config.add_cross_attention
+                else DynamicCache()
+            )
+        if past_key_values is not None and not isinstance(past_key_values, Cache):
+            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
+        return past_key_values, cache_past_length(past_key_values)
+
+    def run_stack(
+        self,
+        hidden_states: torch.Tensor,
+        mask,
+        past_key_values: Cache | None,
+        use_cache: bool,
+        output_attentions: bool,
+        output_hidden_states: bool,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        layer_input=None,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """The layers over the embedded `hidden_states` with the self-attention `mask`, cross-attending to
+        `encoder_hidden_states` (masked by `encoder_attention_mask`) when given, then the final norm.
+        `layer_input(layer_idx, hidden_states)`, when given, is what enters each layer (e.g. plus per-layer positions)."""
+        batch = hidden_states.shape[0]
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            if not self.config.add_cross_attention:
+                raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+            cross_mask = cross_attention_mask(
+                encoder_attention_mask, batch, encoder_hidden_states.shape[1], hidden_states.dtype, hidden_states.device
+            )
+        all_hidden, all_self, all_cross = [], [], []
+        for layer_idx, layer in enumerate(self.layers):
+            if layer_input is not None:
+                hidden_states = layer_input(layer_idx, hidden_states)
+            all_hidden.append(hidden_states)
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                mask,
+                encoder_hidden_states,
+                cross_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+            )
+            all_self.append(self_weights)
+            all_cross.append(cross_weights)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        all_hidden.append(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
+            attentions=tuple(all_self) if output_attentions else None,
+            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+        )
+
+
+__all__ = ["TransformerStackMixin"]

@@ -1,0 +1,166 @@
+"""The base-model forward and the causal-LM head of the XL family (Transformer-XL, Gated Transformer-XL, Adaptive
+Span), written once around `txv_xl`'s backbone: a variant's `<V>Model` and `<V>ForCausalLM` keep their names,
+parameter names and output classes and only say what differs (`output_class`, `backbone_inputs`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.utils import can_return_tuple
+
+from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
+from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
+from .txv_cache import MemoryCache
+from .txv_feedforward import PositionwiseFeedForward
+from .txv_heads import CausalLMHeadMixin, head_output
+from .txv_inputs import embed_inputs
+from .txv_relative_attention import RelativePositionAttention
+from .txv_xl import XLCausalLMOutput, XLModelOutput, build_final_norm, init_mechanism_weights
+
+
+class NormedRelativeAttention(RelativePositionAttention):
+    """Relative attention holding the layer norm of its sub-layer (`layer_norm`), as transfo-xl's `dec_attn`."""
+
+    def __init__(self, config, own_biases: bool = True):
+        super().__init__(config, own_biases=own_biases)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
+class NormedFeedForward(PositionwiseFeedForward):
+    """The position-wise feed-forward network holding the layer norm of its sub-layer (`layer_norm`)."""
+
+    def __init__(self, config):
+        super().__init__(config.hidden_size, config.intermediate_size, config.dropout)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
+def init_xl_weights(module: nn.Module, std: float):
+    """`_init_weights` for what the XL family adds to the standard modules: the u / v biases of the relative
+    attention, the adaptive embedding / softmax projections and cluster logits (N(0, std)) and the mechanisms'
+    parameters (gates, spans)."""
+    if isinstance(module, RelativePositionAttention) and hasattr(module, "r_w_bias"):
+        init.normal_(module.r_w_bias, 0.0, std)
+        init.normal_(module.r_r_bias, 0.0, std)
+    elif isinstance(module, ProjectionList):
+        for projection in module:
+            init.normal_(projection, 0.0, std)
+    elif isinstance(module, ProjectedAdaptiveLogSoftmax) and module.num_tail_clusters:
+        init.normal_(module.cluster_weight, 0.0, std)
+        init.zeros_(module.cluster_bias)
+    init_mechanism_weights(module, std)
+
+
+def build_token_embeddings(config) -> nn.Module:
+    """The input embeddings `embed_tokens`: the adaptive embedding with `config.adaptive`, else one table."""
+    if config.adaptive:
+        return AdaptiveEmbedding(config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val)
+    return nn.Embedding(config.vocab_size, config.hidden_size)
+
+
+class XLModelMixin:
+    """`forward` of an XL-family base model (mixed in before `XLBackboneMixin`): the input embeddings
+    (`get_input_embeddings()`), the XL backbone over [memory; segment], then `output_class` with the fields it has
+    (`last_hidden_state`, `span_penalty`, `past_key_values`, `hidden_states`, `attentions`, `attended_keys`)."""
+
+    output_class = XLModelOutput
+
+    def build_stack(self, config, layer_class):
+        """The parts `XLBackboneMixin` runs: `drop`, `num_hidden_layers` layers of `layer_class` and the final `norm`."""
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(layer_class(config) for _ in range(config.num_hidden_layers))
+        self.norm = build_final_norm(config)
+        self.gradient_checkpointing = False
+
+    def backbone_inputs(self, past_key_values, **kwargs) -> tuple[MemoryCache | None, dict]:
+        """The memory this segment starts from and the variant's extra `run_backbone` options (none by default)."""
+        return past_key_values, {}
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: MemoryCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ):
+        """
+        input_ids `[batch, length]`, or inputs_embeds `[batch, length, hidden_size]` (e.g. embedded observations).
+        attention_mask: `[batch, >= length]`, 1 for real tokens and 0 for padding; its last `length` columns describe
+            the segment (generation passes the whole sequence).
+        past_key_values: the `MemoryCache` returned by the previous segment, updated in place and returned.
+        The variant's own inputs (e.g. `episode_starts`, `mems`) are described by its `backbone_inputs`.
+        """
+        config = self.config
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
+        use_cache = use_cache if use_cache is not None else config.use_cache
+        inputs_embeds = embed_inputs(
+            input_ids, inputs_embeds, self.get_input_embeddings(), config.vocab_size, config.hidden_size
+        )
+        past_key_values, options = self.backbone_inputs(past_key_values, **kwargs)
+        backbone = self.run_backbone(
+            inputs_embeds, attention_mask, past_key_values, use_cache, output_attentions, **options
+        )
+        hidden_states = backbone.last_hidden_state
+        return head_output(
+            self.output_class,
+            {},
+            last_hidden_state=hidden_states,
+            span_penalty=backbone.span_penalty,
+            past_key_values=backbone.cache if use_cache else None,
+            hidden_states=tuple(backbone.layer_inputs) + (hidden_states,) if output_hidden_states else None,
+            attentions=tuple(backbone.attentions) if output_attentions else None,
+            attended_keys=backbone.attended_keys,
+        )
+
+
+class XLCausalLMHeadMixin(CausalLMHeadMixin):
+    """The causal-LM head of the XL family: loss = lm_loss + adapt_span_loss * span_penalty (just lm_loss without
+    adaptive span); the memory is kept across `generate()` steps. With `config.adaptive` the head is Transformer-XL's
+    projected adaptive softmax (`crit`, tied to the adaptive input embedding `embed_tokens` as transfo-xl ties it),
+    whose logits are log-probabilities."""
+
+    output_class = XLCausalLMOutput
+
+    def build_heads(self, config):
+        if not config.adaptive:
+            return super().build_heads(config)
+        self.crit = ProjectedAdaptiveLogSoftmax(
+            config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
+        )
+
+    def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, **loss_kwargs) -> dict:
+        if not self.config.adaptive:
+            return super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
+        logits, _, lm_loss = adaptive_lm_outputs(
+            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep, **loss_kwargs
+        )
+        loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
+        return {"loss": loss, "logits": logits, "lm_loss": lm_loss}
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        if self.config.adaptive:
+            return adaptive_tied_weights_keys(self.config, f"{self.base_model_prefix}.embed_tokens")
+        return {"lm_head.weight": f"{self.base_model_prefix}.embed_tokens.weight"}
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        if self.config.adaptive:  # the legacy rules decide (`tie_word_embeddings`, `tie_projs`)
+            return self._tied_weights_keys
+        return super().get_expanded_tied_weights_keys(all_submodels)
+
+    def add_auxiliary_losses(self, loss, outputs, attention_mask):
+        if outputs.span_penalty is None:
+            return loss
+        return loss + self.config.adapt_span_loss * outputs.span_penalty
+
+    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+        """The memory a first segment starts with (see `config.memory_init`)."""
+        return self.base_model.init_memory(batch_size, dtype, device)
+
+
+__all__ = ["NormedFeedForward", "NormedRelativeAttention", "XLCausalLMHeadMixin", "XLModelMixin", "build_token_embeddings", "init_xl_weights"]
