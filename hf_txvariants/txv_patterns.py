@@ -6,7 +6,8 @@ key). From it come:
 * `tiled_attention` ("blocked"): the pattern as tiles of dense attention, the way the papers compute it (Child et al.
   2019 sec. 4; Parmar et al. 2018 sec. 3.2): the sequence is reshaped so that every factor is a batch of dense tiles
   (a band of contiguous blocks for local / sliding-window attention, the transposed [L/l, l] grid for strided
-  columns, contiguous blocks for fixed blocks, the summary columns for fixed summaries), no gather, memory
+  columns, contiguous blocks for fixed blocks, the summary columns for fixed summaries, for local 2D each query
+  block with its memory block cut from the keys laid out as an image), no gather, memory
   O(L * keys per query). A single factor runs every tile through the fused SDPA kernel (`is_causal=True` where the
   tile is plainly causal); a union of factors (merged mode) takes one softmax over all its tiles (their row maxima
   and sums combined, flash-attention style), each key counted once. Plain tensor ops: it trains on CPU.
@@ -22,7 +23,8 @@ Patterns (Child et al. 2019, Parmar et al. 2018):
 * `StridedLocal(w)` / `StridedColumn(l)` and their union `Strided(l)`: the previous w positions / every l-th one.
 * `FixedBlock(l)` / `FixedSummary(l, c)` and their union `Fixed(l, c)`: the own block of l / the last c positions
   of every block (and the query itself unless `include_query=False`).
-* `Local1D(b)`: a query block of b attends to itself and the previous block.
+* `Local1D(b, m)`: a query block of b attends to itself and the m positions before it (default m = b: the previous
+  block).
 * `Local2D(width, query_shape, memory_flange)`: positions in block-raster order (see `to_block_raster`); a query
   block of (bh, bw) attends to the keys of its memory block, which extends it by fh rows above and fw columns on
   either side, that precede it in block-raster order.
@@ -185,17 +187,19 @@ def Fixed(stride: int, summary: int, paper: bool = False) -> Union:
 
 @dataclass(frozen=True)
 class Local1D(AttentionPattern):
-    """Parmar et al. local 1D: query block floor(q / b) sees key blocks floor(q / b) - 1 and floor(q / b), causally."""
+    """Parmar et al. local 1D: a query block of `block` positions sees itself and the `memory` positions before it
+    (default: one block, i.e. key blocks floor(q / b) - 1 and floor(q / b)), causally."""
 
     block: int
+    memory: int | None = None
 
     def allowed(self, q_idx, kv_idx, head=None):
-        q_block = torch.div(q_idx, self.block, rounding_mode="floor")
-        k_block = torch.div(kv_idx, self.block, rounding_mode="floor")
-        return (kv_idx <= q_idx) & (k_block >= q_block - 1)
+        block_start = torch.div(q_idx, self.block, rounding_mode="floor") * self.block
+        memory = self.block if self.memory is None else self.memory
+        return (kv_idx <= q_idx) & (kv_idx >= block_start - memory)
 
     def tilings(self):
-        return [Band(self.block)]
+        return [Band(self.block, self.memory)]
 
 
 @dataclass(frozen=True)
@@ -218,15 +222,21 @@ class Local2D(AttentionPattern):
         col = block_col * bw + torch.remainder(inside, bw)
         return row, col
 
-    def allowed(self, q_idx, kv_idx, head=None):
+    def in_memory_block(self, q_idx, kv_idx):
+        """Whether key k lies in the memory block of query q's block (before or after q)."""
         bh, bw = self.query_shape
         fh, fw = self.memory_flange
         q_row, q_col = self.row_col(q_idx)
         k_row, k_col = self.row_col(kv_idx)
         top = torch.div(q_row, bh, rounding_mode="floor") * bh
         left = torch.div(q_col, bw, rounding_mode="floor") * bw
-        inside = (k_row >= top - fh) & (k_row < top + bh) & (k_col >= left - fw) & (k_col < left + bw + fw)
-        return (kv_idx <= q_idx) & inside
+        return (k_row >= top - fh) & (k_row < top + bh) & (k_col >= left - fw) & (k_col < left + bw + fw)
+
+    def allowed(self, q_idx, kv_idx, head=None):
+        return (kv_idx <= q_idx) & self.in_memory_block(q_idx, kv_idx)
+
+    def tilings(self):
+        return [MemoryBlocks2D(self)]
 
 
 @dataclass(frozen=True)
@@ -337,22 +347,28 @@ class Blocks(Tiling):
 
 @dataclass(frozen=True)
 class Band(Blocks):
-    """Contiguous blocks of `block` queries; each sees the keys of its own and of the previous block (2 * block keys,
-    the first block's previous one being out of the sequence)."""
+    """Contiguous blocks of `block` queries; each sees the keys of its own block and the `memory` positions before it
+    (default: the previous block; before the sequence's start: out-of-sequence slots)."""
+
+    memory: int | None = None
+
+    @property
+    def _memory(self) -> int:
+        return self.block if self.memory is None else self.memory
 
     def tile_keys(self, x):
-        # Overlapping windows of 2 * block over the sequence padded by one block in front: a strided view.
+        # Overlapping windows of memory + block over the sequence padded by `memory` in front: a strided view.
         tiles = math.ceil(x.shape[2] / self.block)
-        padded = nn.functional.pad(x, (0, 0, self.block, tiles * self.block - x.shape[2]))
-        return padded.unfold(2, 2 * self.block, self.block).transpose(-1, -2)
+        padded = nn.functional.pad(x, (0, 0, self._memory, tiles * self.block - x.shape[2]))
+        return padded.unfold(2, self._memory + self.block, self.block).transpose(-1, -2)
 
     def key_positions(self, length, device):
         own = self.query_positions(length, device)
-        return torch.cat([own - self.block, own], dim=1)
+        return torch.cat([own[:, :1] - self._memory + torch.arange(self._memory, device=device), own], dim=1)
 
     def covers(self, q_idx, kv_idx):
-        block = torch.div(q_idx, self.block, rounding_mode="floor")
-        return (kv_idx >= (block - 1) * self.block) & (kv_idx < (block + 1) * self.block)
+        block_start = torch.div(q_idx, self.block, rounding_mode="floor") * self.block
+        return (kv_idx >= block_start - self._memory) & (kv_idx < block_start + self.block)
 
 
 @dataclass(frozen=True)
@@ -396,6 +412,49 @@ class SummaryColumns(Tiling):
 
     def covers(self, q_idx, kv_idx):
         return torch.remainder(kv_idx, self.stride) >= self.stride - self.summary
+
+
+@dataclass(frozen=True)
+class MemoryBlocks2D(Tiling):
+    """Local 2D (Parmar et al. sec. 3.2) as 2D tiles: every query block of (bh, bw) positions (contiguous in
+    block-raster order) with its memory block, the (bh + fh) x (bw + 2 fw) rectangle of the image around and above
+    it, cut from the keys laid out as an image (raster order, zero-padded by the flanges) by two `unfold`s: no
+    gather, memory O(L * keys per query). The sequence is padded to whole rows of query blocks."""
+
+    pattern: Local2D
+
+    def _padded_length(self, length: int) -> int:
+        row_of_blocks = self.pattern.width * self.pattern.query_shape[0]
+        return math.ceil(length / row_of_blocks) * row_of_blocks
+
+    def size(self, length):
+        return self.pattern.query_shape[0] * self.pattern.query_shape[1]
+
+    def tile_queries(self, x):
+        x = _pad_length(x, self._padded_length(x.shape[2]))
+        return x.view(*x.shape[:2], -1, self.size(x.shape[2]), x.shape[-1])
+
+    def query_positions(self, length, device):
+        return torch.arange(self._padded_length(length), device=device).view(-1, self.size(length))
+
+    def tile_keys(self, x):
+        (bh, bw), (fh, fw), width = self.pattern.query_shape, self.pattern.memory_flange, self.pattern.width
+        x = _pad_length(x, self._padded_length(x.shape[2]))
+        rows = x.shape[2] // width
+        image = from_block_raster(x.transpose(1, 2), rows, width, (bh, bw)).transpose(1, 2)  # [B, H, L, D] raster
+        image = image.reshape(*x.shape[:2], rows, width, x.shape[-1])
+        image = nn.functional.pad(image, (0, 0, fw, fw, fh, 0))  # the flanges outside the image: zeros
+        tiles = image.unfold(2, bh + fh, bh).unfold(3, bw + 2 * fw, bw)  # [B, H, R, C, D, bh + fh, bw + 2 fw]
+        tiles = tiles.permute(0, 1, 2, 3, 5, 6, 4)
+        return tiles.reshape(*x.shape[:2], -1, (bh + fh) * (bw + 2 * fw), x.shape[-1])
+
+    def key_positions(self, length, device):
+        # The tiles of the positions themselves (+ 1, so that the zero padding outside the image becomes -1).
+        positions = torch.arange(1, self._padded_length(length) + 1, device=device)
+        return self.tile_keys(positions[None, None, :, None])[0, 0, :, :, 0] - 1
+
+    def covers(self, q_idx, kv_idx):
+        return self.pattern.in_memory_block(q_idx, kv_idx)
 
 
 @dataclass(frozen=True)
@@ -652,9 +711,9 @@ def _build_gather_index(pattern, q_len, k_len, block_size, device, q_offset):
 def gathered_attention(
     query, key, value, pattern, scaling, block_size=64, key_padding_mask=None, dropout=0.0, training=False, q_offset=0
 ):
-    """Block-sparse attention by gathering, for patterns without tiles (Local2D: a query block's keys are its memory
-    block, so the gather is O(L * keys per query)) and queries at an offset. `query [B, H, Lq, D]`, `key`/`value
-    [B, H, Lk, D]`, `key_padding_mask [B, Lk]` bool (True = real). Returns `[B, Lq, H, D]` (and no weights)."""
+    """Block-sparse attention by gathering, the fallback for patterns without tilings (every pattern defined here has
+    them; a pattern of your own may not): each query block gathers the union of the keys its queries may see.
+    `query [B, H, Lq, D]`, `key`/`value [B, H, Lk, D]`, `key_padding_mask [B, Lk]` bool (True = real). Returns `[B, Lq, H, D]` (and no weights)."""
     if pattern.per_head:
         heads = query.shape[1]
         output = query.new_empty(query.shape[0], query.shape[2], heads, value.shape[-1])
@@ -735,7 +794,7 @@ def pattern_attention(
     (tiles of dense attention: trains on CPU), "flex" (FlexAttention), "dense" (a dense mask through
     `dense_implementation`), "eager" or "sdpa" (dense masks: the reference). Returns `([B, Lq, H, D], weights or
     None)`; weights (dense, `[B, H, Lq, Lk]`) only come from the eager path, which `output_attentions` selects.
-    `block_size`: query block of the gathered path (patterns without tiles: Local2D)."""
+    `block_size`: query block of the gathered path (patterns without tilings)."""
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     full_sequence = q_offset == 0 and query.shape[2] == key.shape[2]
     implementation = choose_implementation(

@@ -56,6 +56,8 @@ def naive_allowed(name, q, k, stride=6, c=2, block=8, window=5):
         return naive_allowed("fixed_a2_paper", q, k, stride, c) or k == q
     if name == "local1d":
         return k // block in (q // block, q // block - 1)
+    if name == "local1d_memory":  # the block and the `memory` positions before it (Parmar et al.'s memory length)
+        return k >= q // block * block - window
     raise KeyError(name)
 
 
@@ -65,6 +67,7 @@ PATTERNS = {
     "strided": Strided(6),
     "fixed": Fixed(6, 2),
     "local1d": Local1D(8),
+    "local1d_memory": Local1D(8, 5),
     "strided_a1_paper": Strided(6, paper=True).parts[0],
     "strided_a1_reference": Strided(6).parts[0],
     "strided_a2": Strided(6).parts[1],
@@ -127,6 +130,9 @@ def test_factors_and_per_head():
 ALL = {
     **PATTERNS,
     "local2d": Local2D(8, (2, 4), (2, 2)),
+    "local2d_partial_rows": Local2D(10, (2, 5), (3, 5)),  # L = 48: two whole rows of query blocks and a partial one
+    "local1d_long_memory": Local1D(4, 10),
+    "local2d_no_flange": Local2D(8, (4, 2), (0, 0)),
     "column": StridedColumn(5),
     "per_head_strided": PerHead(tuple(Strided(6).parts)),
     "per_head_strided_paper": PerHead(tuple(Strided(6, paper=True).parts)),
@@ -191,7 +197,7 @@ def test_offset_queries_equal_full():
         torch.testing.assert_close(tail, full[:, 40:], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ALL if n != "local2d"))
+@pytest.mark.parametrize("name", sorted(ALL))
 def test_tiles_without_gathers(name, monkeypatch):
     """The tiled path never gathers keys, and its masks hold O(L * keys per query) entries, not O(L^2)."""
     import hf_txvariants.txv_patterns as patterns
