@@ -173,13 +173,18 @@ def test_three_implementations_agree(name, block_size):
     torch.testing.assert_close(blocked, eager, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("name", sorted(ALL))
-def test_blocked_gradients_equal_eager(name):
+def test_blocked_gradients_equal_eager(name, padded):
     pattern, module = ALL[name], _Module().train()
+    padding = None
+    if padded:
+        padding = torch.ones(2, L, dtype=torch.bool)
+        padding[0, -11:] = False
     grads = []
     for implementation in ("eager", "blocked"):
         q, k, v = [t.requires_grad_() for t in _inputs(seed=1)]
-        output, _ = pattern_attention(module, q, k, v, pattern, implementation, block_size=7)
+        output, _ = pattern_attention(module, q, k, v, pattern, implementation, block_size=7, key_padding_mask=padding)
         (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum().backward()
         grads.append([t.grad for t in (q, k, v)])
     for a, b in zip(*grads):
@@ -264,3 +269,26 @@ def test_flex_refuses_cpu_training():
         pattern_attention(_Module().train(), q, k, v, Causal(), "flex")
     with pytest.raises(ValueError, match="implementation"):
         pattern_attention(_Module(), q, k, v, Causal(), "sparse")
+
+
+@pytest.mark.parametrize("name", ["strided", "fixed", "fixed_a2_reference", "fixed_a2_paper", "per_head_fixed"])
+def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
+    """On CPU a union of tilings takes one softmax over fused-kernel calls (combined by their log-sum-exp), never
+    the materialised scores; the fixed pattern's summary keys of earlier blocks go to the kernel without a mask."""
+    import hf_txvariants.txv_patterns as patterns
+
+    monkeypatch.setattr(patterns, "_merged_tilings_attention", lambda *a, **k: pytest.fail("scores materialised"))
+    if name == "fixed_a2_paper":  # one tile of every query with every summary key: cut in groups, not one masked call
+        monkeypatch.setattr(patterns, "_single_tiling_attention", lambda *a, **k: pytest.fail("one masked call"))
+    pattern, length = ALL[name], 96
+    q, k, v = [t.requires_grad_() for t in _inputs(seed=4, length=length)]
+    blocked, _ = pattern_attention(_Module().train(), q, k, v, pattern, "blocked")
+    eager, _ = pattern_attention(_Module().train(), q, k, v, pattern, "eager")
+    torch.testing.assert_close(blocked, eager, atol=1e-5, rtol=0)
+    for part in pattern.parts if pattern.per_head else [pattern]:
+        pieces = patterns._union_pieces(tile_masks(part, length, "cpu"), length, torch.float32, None)
+        unmasked = [piece for piece in pieces if piece.bias is None]
+        assert bool(unmasked) == ("fixed" in name and not isinstance(part, FixedBlock)), part
+        for piece in unmasked:  # every pair of an unmasked piece is allowed
+            tiling, mask, _ = tile_masks(part, length, "cpu")[piece.tiling]
+            assert mask[0, piece.rows, piece.keys].all()
