@@ -7,10 +7,12 @@ key). From it come:
   2019 sec. 4; Parmar et al. 2018 sec. 3.2): the sequence is reshaped so that every factor is a batch of dense tiles
   (a band of contiguous blocks for local / sliding-window attention, the transposed [L/l, l] grid for strided
   columns, contiguous blocks for fixed blocks, the summary columns for fixed summaries, for local 2D each query
-  block with its memory block cut from the keys laid out as an image), no gather, memory
-  O(L * keys per query). A single factor runs every tile through the fused SDPA kernel (`is_causal=True` where the
-  tile is plainly causal); a union of factors (merged mode) takes one softmax over all its tiles (their row maxima
-  and sums combined, flash-attention style), each key counted once. Plain tensor ops: it trains on CPU.
+  block with its memory block cut from the keys laid out as an image), no gather, memory O(L * keys per query).
+  A single factor runs every tile through the fused SDPA kernel (`is_causal=True` where the tile is plainly causal);
+  a union of factors (merged mode; the fixed summaries with the query itself) takes one softmax over all its tiles,
+  each key counted once: on CPU every tiling through torch's fused kernel, the results combined by their
+  log-sum-exp (flash-attention style) and differentiated by the kernel's own backward (`_FusedUnion`); elsewhere,
+  or with attention dropout, with plain tensor ops. It trains on CPU.
 * `dense_allowed`: the full `[heads or 1, q_len, k_len]` boolean mask, for the eager (or SDPA) reference;
 * `flex_block_mask`: a FlexAttention `BlockMask`, built once per (pattern, lengths, device) and cached (fused kernels
   on CUDA; on CPU torch 2.13 runs FlexAttention in inference only, without gradients).
@@ -588,7 +590,8 @@ def _single_tiling_attention(
 
 
 def _merged_tilings_attention(query, key, value, tiles, bias_key, scaling, key_padding_mask, dropout):
-    """One softmax over the tiles of several tilings (a union pattern): each tiling's scores `[.., T, tq, tk]` are
+    """One softmax over the tiles of several tilings (a union pattern) with plain tensor ops (attention dropout, or
+    off CPU where the fused union does not run): each tiling's scores `[.., T, tq, tk]` are
     laid out in query order `[.., L, tk]` (untiled like queries), joined along the keys and normalised by one softmax,
     then split and tiled back to weight each tiling's values. Each key is in one tiling only (see `tile_masks`), so
     this is the pattern's softmax exactly; memory O(L * keys per query)."""

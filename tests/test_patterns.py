@@ -227,6 +227,16 @@ def test_tile_shapes_follow_the_paper():
     assert tile_masks(StridedColumn(stride), length, "cpu")[0][2]  # alone: plainly causal tiles (is_causal)
     (_, block_mask, _), (_, summary_mask, _), = tile_masks(Fixed(stride, 2, paper=True), length, "cpu")
     assert block_mask.shape == (16, 16, 16) and summary_mask.shape == (1, length, 16 * 2)
+    # Local 2D: a query block of (bh, bw) with the (bh + fh) x (bw + 2 fw) rectangle around and above it, as an image.
+    height, width, (bh, bw), (fh, fw) = 8, 16, (2, 4), (2, 4)
+    ((tiling, mask, _),) = tile_masks(Local2D(width, (bh, bw), (fh, fw)), height * width, "cpu")
+    assert mask.shape == (height * width // (bh * bw), bh * bw, (bh + fh) * (bw + 2 * fw))
+    raster = to_block_raster(torch.arange(height * width)[None], height, width, (bh, bw))[0]  # position -> raster
+    tile = 2 * (width // bw) + 1  # query block at block row 2, block column 1: its memory block lies inside the image
+    slots = tiling.key_positions(height * width, "cpu")[tile]
+    rows, cols = raster[slots] // width, raster[slots] % width
+    assert torch.equal(rows.view(bh + fh, bw + 2 * fw), torch.arange(2 * bh - fh, 3 * bh)[:, None].expand(-1, bw + 2 * fw))
+    assert torch.equal(cols.view(bh + fh, bw + 2 * fw), torch.arange(bw - fw, 2 * bw + fw)[None].expand(bh + fh, -1))
 
 
 def test_block_mask_built_once(monkeypatch):
