@@ -634,12 +634,14 @@ SUMMARY_QUERY_GROUPS = 16  # a single tile of every query (the fixed summaries) 
 class _Piece(NamedTuple):
     """One call of the fused kernel inside a union: the tiles of the union's tiling number `tiling`, all of them, or
     (`rows` given, for a tiling of one tile holding the queries in order) the queries `rows` of its one tile with
-    the keys `keys` of the tile; an additive mask `bias` (broadcast over heads) or none (every pair allowed)."""
+    the keys `keys` of the tile; an additive mask `bias` (broadcast over heads) or none (every pair allowed, or with
+    `causal` the plainly causal pairs of square tiles: the kernel's is_causal)."""
 
     tiling: int
     rows: slice = slice(None)
     keys: slice = slice(None)
     bias: torch.Tensor | None = None
+    causal: bool = False
 
 
 def _group_pieces(number, mask, dtype):
@@ -673,6 +675,9 @@ def _union_pieces(tiles, length, dtype, key_padding_mask):
             pieces += _group_pieces(number, mask, dtype)
             continue
         padding = _tile_padding(tiling, key_padding_mask)
+        if padding is None and mask.shape[1] == mask.shape[2] and torch.equal(mask, _lower_triangle(mask)):
+            pieces.append(_Piece(number, causal=True))  # the fixed pattern's blocks
+            continue
         batch = 1 if padding is None else padding.shape[0]
         mask = (mask if padding is None else mask & padding).reshape(batch * mask.shape[0], 1, *mask.shape[-2:])
         pieces.append(_Piece(number, bias=additive_mask(mask, dtype)))
@@ -680,6 +685,10 @@ def _union_pieces(tiles, length, dtype, key_padding_mask):
 
 
 _FUSED_PIECES = _LRU(32)
+
+
+def _lower_triangle(mask):
+    return torch.ones_like(mask[0]).tril()[None].expand_as(mask)
 
 
 class _FusedUnion(torch.autograd.Function):
@@ -699,7 +708,7 @@ class _FusedUnion(torch.autograd.Function):
             query, key, value = tiles[3 * piece.tiling : 3 * piece.tiling + 3]
             rows, keys = piece.rows, piece.keys
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query[:, :, rows], key[:, :, keys], value[:, :, keys], 0.0, False,
+                query[:, :, rows], key[:, :, keys], value[:, :, keys], 0.0, piece.causal,
                 attn_mask=_batched_bias(piece.bias, query.shape[0]), scale=scaling,
             )
             _merge_into(tiled_output[piece.tiling][:, :, rows], tiled_lse[piece.tiling][:, :, rows], out, lse.float())
@@ -729,7 +738,8 @@ class _FusedUnion(torch.autograd.Function):
             grad_out, out, lse = (x[:, :, piece.rows] for x in layouts[piece.tiling])
             rows, keys = piece.rows, piece.keys
             grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, query[:, :, rows], key[:, :, keys], value[:, :, keys], out, lse[..., 0].float(), 0.0, False,
+                grad_out, query[:, :, rows], key[:, :, keys], value[:, :, keys], out, lse[..., 0].float(), 0.0,
+                piece.causal,
                 attn_mask=_batched_bias(piece.bias, query.shape[0]), scale=ctx.scaling,
             )
             grads[3 * piece.tiling][:, :, rows] += grad_query

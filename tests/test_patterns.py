@@ -297,8 +297,13 @@ def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
     torch.testing.assert_close(blocked, eager, atol=1e-5, rtol=0)
     for part in pattern.parts if pattern.per_head else [pattern]:
         pieces = patterns._union_pieces(tile_masks(part, length, "cpu"), length, torch.float32, None)
-        unmasked = [piece for piece in pieces if piece.bias is None]
+        unmasked = [piece for piece in pieces if piece.bias is None and not piece.causal]
         assert bool(unmasked) == ("fixed" in name and not isinstance(part, FixedBlock)), part
         for piece in unmasked:  # every pair of an unmasked piece is allowed
             tiling, mask, _ = tile_masks(part, length, "cpu")[piece.tiling]
             assert mask[0, piece.rows, piece.keys].all()
+        causal = [piece for piece in pieces if piece.causal]  # the blocks of the merged fixed pattern: is_causal
+        assert len(causal) == any(isinstance(factor, FixedBlock) for factor in part.factors())
+        for piece in causal:
+            mask = tile_masks(part, length, "cpu")[piece.tiling][1]
+            assert torch.equal(mask, torch.ones_like(mask).tril())
