@@ -727,9 +727,9 @@ class _FusedUnion(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         output, log_sum_exp, *tiles = ctx.saved_tensors
-        # The combined output, log-sum-exp and output gradient in every tiling's query layout.
+        # The combined output, log-sum-exp (float32) and output gradient in every tiling's query layout.
         layouts = [
-            [_sdpa_layout(tiling.tile_queries(x)) for x in (grad_output, output, log_sum_exp[..., None].to(output.dtype))]
+            [_sdpa_layout(tiling.tile_queries(x)) for x in (grad_output, output, log_sum_exp[..., None])]
             for tiling in ctx.tilings
         ]
         grads = [torch.zeros_like(tile) for tile in tiles]
@@ -738,8 +738,7 @@ class _FusedUnion(torch.autograd.Function):
             grad_out, out, lse = (x[:, :, piece.rows] for x in layouts[piece.tiling])
             rows, keys = piece.rows, piece.keys
             grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, query[:, :, rows], key[:, :, keys], value[:, :, keys], out, lse[..., 0].float(), 0.0,
-                piece.causal,
+                grad_out, query[:, :, rows], key[:, :, keys], value[:, :, keys], out, lse[..., 0], 0.0, piece.causal,
                 attn_mask=_batched_bias(piece.bias, query.shape[0]), scale=ctx.scaling,
             )
             grads[3 * piece.tiling][:, :, rows] += grad_query
@@ -783,7 +782,8 @@ def _fused_union_attention(query, key, value, tiles, pieces_key, scaling, key_pa
     tilings = [tiling for tiling, _, _ in tiles]
     inputs = []
     for tiling in tilings:
-        inputs += [_sdpa_layout(tiling.tile_queries(query)), _sdpa_layout(tiling.tile_keys(key)), _sdpa_layout(tiling.tile_keys(value))]
+        inputs += [_sdpa_layout(tiling.tile_queries(query))]
+        inputs += [_sdpa_layout(tiling.tile_keys(states)) for states in (key, value)]
     output = _FusedUnion.apply(tilings, pieces, query.shape[0], length, scaling, *inputs)
     if key_padding_mask is not None or not every_query_sees_a_key:
         sees = []
