@@ -8,7 +8,8 @@ training step, time and peak memory, in one process and one run.
 
 Batch 1, vocabulary 256, intermediate 4d, dropout 0 everywhere (GPT-2's default dropout would send its SDPA call to
 the unfused math kernel). Sparse patterns use stride l = 128 (window / block 128 for sliding_window / local1d) and
-c = 8 summary positions; `pattern_implementation="auto"` (what a user gets by setting `attention_pattern` alone).
+c = 8 summary positions; the Image Transformer runs on a grey image 128 intensities wide (L a multiple of 1024),
+local 1D with blocks of 128, local 2D with query blocks 8 x 16 and memory flanges 8 x 16 (its defaults); `pattern_implementation="auto"` (what a user gets by setting `attention_pattern` alone).
 "forward" is a no-grad forward; "train" is forward + loss + backward (no optimizer step). Time: best of `--repeats`
 after one warm-up call (the warm-up also builds the cached pattern masks / BlockMasks; its time is printed as
 "first call"), as wall time and as the CPU time of the process (all threads; on a CPU shared with other jobs the
@@ -36,7 +37,14 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_txvariants import SparseTransformerConfig, SparseTransformerForCausalLM, VanillaConfig, VanillaForCausalLM
+from hf_txvariants import (
+    ImageTransformerConfig,
+    ImageTransformerForCausalLM,
+    SparseTransformerConfig,
+    SparseTransformerForCausalLM,
+    VanillaConfig,
+    VanillaForCausalLM,
+)
 
 SPARSE = {
     "sparse causal": dict(attention_pattern="causal"),
@@ -48,6 +56,12 @@ SPARSE = {
     "fixed per_head": dict(attention_pattern="fixed", pattern_mode="per_head"),
     "sliding_window": dict(attention_pattern="sliding_window"),
     "local1d": dict(attention_pattern="local1d"),
+}
+# The Image Transformer on a grey image IMAGE_WIDTH wide and L / IMAGE_WIDTH high (L a multiple of 8 * IMAGE_WIDTH).
+IMAGE_WIDTH = 128
+IMAGE = {
+    "image local_1d": dict(attention_type="local_1d", block_length=128),
+    "image local_2d": dict(attention_type="local_2d", query_shape=(8, 16), memory_flange=(8, 16)),
 }
 
 
@@ -123,6 +137,12 @@ def build_model(name, args, length):
             **size, intermediate_size=4 * args.hidden, max_position_embeddings=length, dropout=0.0,
         )
         return VanillaForCausalLM._from_config(config, attn_implementation="sdpa")
+    if name in IMAGE:
+        config = ImageTransformerConfig(
+            **{**size, "vocab_size": 257}, intermediate_size=4 * args.hidden, image_size=(length // IMAGE_WIDTH, IMAGE_WIDTH), num_channels=1,
+            dropout=0.0, attention_dropout=0.0, **IMAGE[name],
+        )
+        return ImageTransformerForCausalLM._from_config(config, attn_implementation="sdpa")
     config = SparseTransformerConfig(
         **size, intermediate_size=4 * args.hidden, max_position_embeddings=length, stride=128, summary_size=8,
         gradient_checkpointing_min_layers=0, **SPARSE[name],
@@ -167,10 +187,14 @@ def main():
     parser.add_argument("--hidden", type=int)
     parser.add_argument("--heads", type=int)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 on a CPU shared with other "
+                        "jobs, where waiting threads inflate the CPU time of many small calls)")
     parser.add_argument("--only", nargs="+", help="model names (gpt2 is always run: it is the peer)")
     parser.add_argument("--core-max-length", type=int, default=8192, help="longest L of the attention-core rows "
                         "(the explicit mask's backward holds heads x L^2 floats: 4 GiB at 16k, 4 heads)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
     args.lengths = args.lengths or ([4096, 16384, 65536] if on_gpu else [4096, 8192, 16384])
@@ -178,7 +202,7 @@ def main():
     args.hidden = args.hidden or (512 if on_gpu else 128)
     args.heads = args.heads or (8 if on_gpu else 4)
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    names = ["gpt2", "vanilla causal", *SPARSE]
+    names = ["gpt2", "vanilla causal", *SPARSE, *IMAGE]
     if args.only:
         names = ["gpt2"] + [name for name in names[1:] if any(part in name for part in args.only)]
     torch.manual_seed(0)

@@ -76,26 +76,11 @@ def input_ids_to_images(input_ids: torch.Tensor, config: ImageTransformerConfig)
     return raster.clamp(0, 255).to(torch.uint8).view(-1, height, width, config.num_channels)
 
 
-@dataclass(frozen=True)
-class Local1DWithMemory(AttentionPattern):
-    """Parmar et al. local 1D with a memory length of its own: a query block of `block` positions attends to itself
-    and the `memory` positions before it, causally. `memory == block` is `Local1D(block)`."""
-
-    block: int
-    memory: int
-
-    def allowed(self, q_idx, kv_idx, head=None):
-        block_start = torch.div(q_idx, self.block, rounding_mode="floor") * self.block
-        return (kv_idx <= q_idx) & (kv_idx >= block_start - self.memory)
-
-
 def local_pattern(config: ImageTransformerConfig) -> AttentionPattern:
     """The attention pattern `config` describes (local 1D with its memory length, or local 2D)."""
     if config.attention_type == "local_2d":
         return Local2D(config.grid_width, tuple(config.query_shape), tuple(config.memory_flange))
-    if config.memory_length == config.block_length:
-        return Local1D(config.block_length)
-    return Local1DWithMemory(config.block_length, config.memory_length)
+    return Local1D(config.block_length, config.memory_length)
 
 
 @dataclass

@@ -6,10 +6,13 @@ key). From it come:
 * `tiled_attention` ("blocked"): the pattern as tiles of dense attention, the way the papers compute it (Child et al.
   2019 sec. 4; Parmar et al. 2018 sec. 3.2): the sequence is reshaped so that every factor is a batch of dense tiles
   (a band of contiguous blocks for local / sliding-window attention, the transposed [L/l, l] grid for strided
-  columns, contiguous blocks for fixed blocks, the summary columns for fixed summaries), no gather, memory
-  O(L * keys per query). A single factor runs every tile through the fused SDPA kernel (`is_causal=True` where the
-  tile is plainly causal); a union of factors (merged mode) takes one softmax over all its tiles (their row maxima
-  and sums combined, flash-attention style), each key counted once. Plain tensor ops: it trains on CPU.
+  columns, contiguous blocks for fixed blocks, the summary columns for fixed summaries, for local 2D each query
+  block with its memory block cut from the keys laid out as an image), no gather, memory O(L * keys per query).
+  A single factor runs every tile through the fused SDPA kernel (`is_causal=True` where the tile is plainly causal);
+  a union of factors (merged mode; the fixed summaries with the query itself) takes one softmax over all its tiles,
+  each key counted once: on CPU every tiling through torch's fused kernel, the results combined by their
+  log-sum-exp (flash-attention style) and differentiated by the kernel's own backward (`_FusedUnion`); elsewhere,
+  or with attention dropout, with plain tensor ops. It trains on CPU.
 * `dense_allowed`: the full `[heads or 1, q_len, k_len]` boolean mask, for the eager (or SDPA) reference;
 * `flex_block_mask`: a FlexAttention `BlockMask`, built once per (pattern, lengths, device) and cached (fused kernels
   on CUDA; on CPU torch 2.13 runs FlexAttention in inference only, without gradients).
@@ -22,7 +25,8 @@ Patterns (Child et al. 2019, Parmar et al. 2018):
 * `StridedLocal(w)` / `StridedColumn(l)` and their union `Strided(l)`: the previous w positions / every l-th one.
 * `FixedBlock(l)` / `FixedSummary(l, c)` and their union `Fixed(l, c)`: the own block of l / the last c positions
   of every block (and the query itself unless `include_query=False`).
-* `Local1D(b)`: a query block of b attends to itself and the previous block.
+* `Local1D(b, m)`: a query block of b attends to itself and the m positions before it (default m = b: the previous
+  block).
 * `Local2D(width, query_shape, memory_flange)`: positions in block-raster order (see `to_block_raster`); a query
   block of (bh, bw) attends to the keys of its memory block, which extends it by fh rows above and fw columns on
   either side, that precede it in block-raster order.
@@ -35,6 +39,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -151,7 +156,8 @@ class FixedSummary(AttentionPattern):
 
     def tilings(self):
         tiles = [SummaryColumns(self.stride, self.summary)]
-        return tiles + [Diagonal()] if self.include_query else tiles
+        # The query itself (when it is no summary position) from its own block's tile.
+        return tiles + [Blocks(self.stride)] if self.include_query else tiles
 
 
 @dataclass(frozen=True)
@@ -185,17 +191,19 @@ def Fixed(stride: int, summary: int, paper: bool = False) -> Union:
 
 @dataclass(frozen=True)
 class Local1D(AttentionPattern):
-    """Parmar et al. local 1D: query block floor(q / b) sees key blocks floor(q / b) - 1 and floor(q / b), causally."""
+    """Parmar et al. local 1D: a query block of `block` positions sees itself and the `memory` positions before it
+    (default: one block, i.e. key blocks floor(q / b) - 1 and floor(q / b)), causally."""
 
     block: int
+    memory: int | None = None
 
     def allowed(self, q_idx, kv_idx, head=None):
-        q_block = torch.div(q_idx, self.block, rounding_mode="floor")
-        k_block = torch.div(kv_idx, self.block, rounding_mode="floor")
-        return (kv_idx <= q_idx) & (k_block >= q_block - 1)
+        block_start = torch.div(q_idx, self.block, rounding_mode="floor") * self.block
+        memory = self.block if self.memory is None else self.memory
+        return (kv_idx <= q_idx) & (kv_idx >= block_start - memory)
 
     def tilings(self):
-        return [Band(self.block)]
+        return [Band(self.block, self.memory)]
 
 
 @dataclass(frozen=True)
@@ -218,15 +226,21 @@ class Local2D(AttentionPattern):
         col = block_col * bw + torch.remainder(inside, bw)
         return row, col
 
-    def allowed(self, q_idx, kv_idx, head=None):
+    def in_memory_block(self, q_idx, kv_idx):
+        """Whether key k lies in the memory block of query q's block (before or after q)."""
         bh, bw = self.query_shape
         fh, fw = self.memory_flange
         q_row, q_col = self.row_col(q_idx)
         k_row, k_col = self.row_col(kv_idx)
         top = torch.div(q_row, bh, rounding_mode="floor") * bh
         left = torch.div(q_col, bw, rounding_mode="floor") * bw
-        inside = (k_row >= top - fh) & (k_row < top + bh) & (k_col >= left - fw) & (k_col < left + bw + fw)
-        return (kv_idx <= q_idx) & inside
+        return (k_row >= top - fh) & (k_row < top + bh) & (k_col >= left - fw) & (k_col < left + bw + fw)
+
+    def allowed(self, q_idx, kv_idx, head=None):
+        return (kv_idx <= q_idx) & self.in_memory_block(q_idx, kv_idx)
+
+    def tilings(self):
+        return [MemoryBlocks2D(self)]
 
 
 @dataclass(frozen=True)
@@ -337,22 +351,28 @@ class Blocks(Tiling):
 
 @dataclass(frozen=True)
 class Band(Blocks):
-    """Contiguous blocks of `block` queries; each sees the keys of its own and of the previous block (2 * block keys,
-    the first block's previous one being out of the sequence)."""
+    """Contiguous blocks of `block` queries; each sees the keys of its own block and the `memory` positions before it
+    (default: the previous block; before the sequence's start: out-of-sequence slots)."""
+
+    memory: int | None = None
+
+    @property
+    def _memory(self) -> int:
+        return self.block if self.memory is None else self.memory
 
     def tile_keys(self, x):
-        # Overlapping windows of 2 * block over the sequence padded by one block in front: a strided view.
+        # Overlapping windows of memory + block over the sequence padded by `memory` in front: a strided view.
         tiles = math.ceil(x.shape[2] / self.block)
-        padded = nn.functional.pad(x, (0, 0, self.block, tiles * self.block - x.shape[2]))
-        return padded.unfold(2, 2 * self.block, self.block).transpose(-1, -2)
+        padded = nn.functional.pad(x, (0, 0, self._memory, tiles * self.block - x.shape[2]))
+        return padded.unfold(2, self._memory + self.block, self.block).transpose(-1, -2)
 
     def key_positions(self, length, device):
         own = self.query_positions(length, device)
-        return torch.cat([own - self.block, own], dim=1)
+        return torch.cat([own[:, :1] - self._memory + torch.arange(self._memory, device=device), own], dim=1)
 
     def covers(self, q_idx, kv_idx):
-        block = torch.div(q_idx, self.block, rounding_mode="floor")
-        return (kv_idx >= (block - 1) * self.block) & (kv_idx < (block + 1) * self.block)
+        block_start = torch.div(q_idx, self.block, rounding_mode="floor") * self.block
+        return (kv_idx >= block_start - self._memory) & (kv_idx < block_start + self.block)
 
 
 @dataclass(frozen=True)
@@ -399,10 +419,46 @@ class SummaryColumns(Tiling):
 
 
 @dataclass(frozen=True)
-class Diagonal(Blocks):
-    """Every query with its own key only."""
+class MemoryBlocks2D(Tiling):
+    """Local 2D (Parmar et al. sec. 3.2) as 2D tiles: every query block of (bh, bw) positions (contiguous in
+    block-raster order) with its memory block, the (bh + fh) x (bw + 2 fw) rectangle of the image around and above
+    it, cut from the keys laid out as an image (raster order, zero-padded by the flanges) by two `unfold`s: no
+    gather, memory O(L * keys per query). The sequence is padded to whole rows of query blocks."""
 
-    block: int = 1
+    pattern: Local2D
+
+    def _padded_length(self, length: int) -> int:
+        row_of_blocks = self.pattern.width * self.pattern.query_shape[0]
+        return math.ceil(length / row_of_blocks) * row_of_blocks
+
+    def size(self, length):
+        return self.pattern.query_shape[0] * self.pattern.query_shape[1]
+
+    def tile_queries(self, x):
+        x = _pad_length(x, self._padded_length(x.shape[2]))
+        return x.view(*x.shape[:2], -1, self.size(x.shape[2]), x.shape[-1])
+
+    def query_positions(self, length, device):
+        return torch.arange(self._padded_length(length), device=device).view(-1, self.size(length))
+
+    def tile_keys(self, x):
+        (bh, bw), (fh, fw), width = self.pattern.query_shape, self.pattern.memory_flange, self.pattern.width
+        x = _pad_length(x, self._padded_length(x.shape[2]))
+        rows = x.shape[2] // width
+        image = from_block_raster(x.transpose(1, 2), rows, width, (bh, bw)).transpose(1, 2)  # [B, H, L, D] raster
+        image = image.reshape(*x.shape[:2], rows, width, x.shape[-1])
+        image = nn.functional.pad(image, (0, 0, fw, fw, fh, 0))  # the flanges outside the image: zeros
+        tiles = image.unfold(2, bh + fh, bh).unfold(3, bw + 2 * fw, bw)  # [B, H, R, C, D, bh + fh, bw + 2 fw]
+        tiles = tiles.permute(0, 1, 2, 3, 5, 6, 4)
+        return tiles.reshape(*x.shape[:2], -1, (bh + fh) * (bw + 2 * fw), x.shape[-1])
+
+    def key_positions(self, length, device):
+        # The tiles of the positions themselves (+ 1, so that the zero padding outside the image becomes -1).
+        positions = torch.arange(1, self._padded_length(length) + 1, device=device)
+        return self.tile_keys(positions[None, None, :, None])[0, 0, :, :, 0] - 1
+
+    def covers(self, q_idx, kv_idx):
+        return self.pattern.in_memory_block(q_idx, kv_idx)
 
 
 # ------------------------------------------------------------------------------------------------------ tiled
@@ -435,7 +491,7 @@ def tile_masks(pattern: AttentionPattern, length: int, device) -> list[tuple[Til
 
     def build():
         tilings = pattern.tilings()
-        result = []
+        masks = []
         for number, tiling in enumerate(tilings):
             q_idx = tiling.query_positions(length, device)[:, :, None]
             kv_idx = tiling.key_positions(length, device)[:, None, :]
@@ -443,9 +499,12 @@ def tile_masks(pattern: AttentionPattern, length: int, device) -> list[tuple[Til
             mask = pattern.allowed(q_idx, kv_idx) & in_tile
             for earlier in tilings[:number]:
                 mask = mask & ~earlier.covers(q_idx, kv_idx)
-            plain_causal = len(tilings) == 1 and pattern.causal_in_tiles
-            result.append((tiling, mask & (kv_idx < length), plain_causal))
-        return result
+            masks.append((tiling, mask & (kv_idx < length)))
+        # A tiling whose pairs all sit in earlier ones adds nothing (e.g. the fixed pattern's own-block tile for the
+        # query itself, when the block factor holds the whole block).
+        masks = [(tiling, mask) for tiling, mask in masks if mask.any()] or masks[:1]
+        plain_causal = len(masks) == 1 and pattern.causal_in_tiles
+        return [(tiling, mask, plain_causal) for tiling, mask in masks]
 
     return _TILE_MASKS.get_or_build((pattern, length, str(device)), build)
 
@@ -473,7 +532,15 @@ def tiled_attention(query, key, value, pattern, scaling, key_padding_mask=None, 
     dropout = dropout if training else 0.0
     tiles = tile_masks(pattern, query.shape[2], query.device)
     bias_key = (pattern, query.shape[2], str(query.device), query.dtype)  # the additive masks, cached like the masks
-    if len(tiles) == 1:
+    fused_union = query.device.type == "cpu" and not dropout and query.dtype in (torch.float32, torch.bfloat16)
+    # A union of tilings, or one tile of every query (cut in groups by the union's pieces), goes through the fused
+    # union on CPU; single tilings of many tiles through SDPA directly.
+    one_tile = len(tiles) == 1 and tiles[0][1].shape[0] == 1 and not tiles[0][2]
+    if fused_union and (len(tiles) > 1 or one_tile):
+        output = _fused_union_attention(
+            query, key, value, tiles, bias_key, scaling, key_padding_mask, pattern.every_query_sees_a_key
+        )
+    elif len(tiles) == 1:
         output = _single_tiling_attention(
             query, key, value, *tiles[0], pattern.every_query_sees_a_key, bias_key, scaling, key_padding_mask, dropout
         )
@@ -523,7 +590,8 @@ def _single_tiling_attention(
 
 
 def _merged_tilings_attention(query, key, value, tiles, bias_key, scaling, key_padding_mask, dropout):
-    """One softmax over the tiles of several tilings (a union pattern): each tiling's scores `[.., T, tq, tk]` are
+    """One softmax over the tiles of several tilings (a union pattern) with plain tensor ops (attention dropout, or
+    off CPU where the fused union does not run): each tiling's scores `[.., T, tq, tk]` are
     laid out in query order `[.., L, tk]` (untiled like queries), joined along the keys and normalised by one softmax,
     then split and tiled back to weight each tiling's values. Each key is in one tiling only (see `tile_masks`), so
     this is the pattern's softmax exactly; memory O(L * keys per query)."""
@@ -556,6 +624,174 @@ def _merged_tilings_attention(query, key, value, tiles, bias_key, scaling, key_p
         values = tiling.tile_keys(value)
         tile_output = torch.matmul(tiling.tile_queries(tile_weights).to(values.dtype), values)
         output = output + tiling.untile_queries(tile_output, length)
+    return output
+
+
+# ------------------------------------------------------------------------------------------------------ fused union
+SUMMARY_QUERY_GROUPS = 16  # a single tile of every query (the fixed summaries) is cut in this many groups of queries
+
+
+class _Piece(NamedTuple):
+    """One call of the fused kernel inside a union: the tiles of the union's tiling number `tiling`, all of them, or
+    (`rows` given, for a tiling of one tile holding the queries in order) the queries `rows` of its one tile with
+    the keys `keys` of the tile; an additive mask `bias` (broadcast over heads) or none (every pair allowed, or with
+    `causal` the plainly causal pairs of square tiles: the kernel's is_causal)."""
+
+    tiling: int
+    rows: slice = slice(None)
+    keys: slice = slice(None)
+    bias: torch.Tensor | None = None
+    causal: bool = False
+
+
+def _group_pieces(number, mask, dtype):
+    """Tiling `number`, one tile (`mask [1, L, K]`, queries in order), cut into groups of queries; a group's keys
+    split into the leading ones every query of the group may see (a piece without a mask: the summary keys of the
+    earlier blocks) and the rest up to its last visible key (a piece with the mask). Exact by construction."""
+    mask = mask[0]
+    length = mask.shape[0]
+    group = math.ceil(length / SUMMARY_QUERY_GROUPS)
+    pieces = []
+    for start in range(0, length, group):
+        rows = slice(start, min(start + group, length))
+        part = mask[rows]
+        seen = torch.nonzero(part.any(0))
+        end = int(seen.max()) + 1 if len(seen) else 0
+        prefix = min(end, int(part.all(0).to(torch.int32).cumprod(0).sum()))
+        if prefix:
+            pieces.append(_Piece(number, rows, slice(0, prefix)))
+        if end > prefix:
+            pieces.append(_Piece(number, rows, slice(prefix, end), additive_mask(part[None, None, :, prefix:end], dtype)))
+    return pieces
+
+
+def _union_pieces(tiles, length, dtype, key_padding_mask):
+    """The fused-kernel calls of a union of tilings (`tile_masks`): one per tiling (its tile masks as the bias), a
+    one-tile tiling without padding cut by `_group_pieces`."""
+    pieces = []
+    for number, (tiling, mask, _) in enumerate(tiles):
+        one_tile_in_order = mask.shape[0] == 1 and mask.shape[1] == length
+        if key_padding_mask is None and one_tile_in_order:
+            pieces += _group_pieces(number, mask, dtype)
+            continue
+        padding = _tile_padding(tiling, key_padding_mask)
+        if padding is None and mask.shape[1] == mask.shape[2] and torch.equal(mask, _lower_triangle(mask)):
+            pieces.append(_Piece(number, causal=True))  # the fixed pattern's blocks
+            continue
+        batch = 1 if padding is None else padding.shape[0]
+        mask = (mask if padding is None else mask & padding).reshape(batch * mask.shape[0], 1, *mask.shape[-2:])
+        pieces.append(_Piece(number, bias=additive_mask(mask, dtype)))
+    return pieces
+
+
+_FUSED_PIECES = _LRU(32)
+
+
+def _lower_triangle(mask):
+    return torch.ones_like(mask[0]).tril()[None].expand_as(mask)
+
+
+class _FusedUnion(torch.autograd.Function):
+    """One softmax over the pieces of a union, each run by torch's fused CPU attention kernel: the kernel returns
+    every piece's output and log-sum-exp, which combine exactly (flash-attention style: weights exp(lse_p - lse));
+    the backward runs the kernel's own backward per piece with the combined output and log-sum-exp, which gives the
+    gradients of the union's softmax (its rows' D = dO . O and normaliser are the union's). Inputs: every tiling's
+    query / key / value tiles `[B * T, H, t, D]` (autograd carries their gradients back through the tiling views)."""
+
+    @staticmethod
+    def forward(ctx, tilings, pieces, batch, length, scaling, *tiles):
+        tiled_output, tiled_lse = [], []
+        for tiling, (query, _, value) in zip(tilings, _triples(tiles)):
+            tiled_output.append(query.new_zeros(*query.shape[:-1], value.shape[-1]))
+            tiled_lse.append(query.new_full(query.shape[:-1], -math.inf, dtype=torch.float32))
+        for piece in pieces:
+            query, key, value = tiles[3 * piece.tiling : 3 * piece.tiling + 3]
+            rows, keys = piece.rows, piece.keys
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                query[:, :, rows], key[:, :, keys], value[:, :, keys], 0.0, piece.causal,
+                attn_mask=_batched_bias(piece.bias, query.shape[0]), scale=scaling,
+            )
+            _merge_into(tiled_output[piece.tiling][:, :, rows], tiled_lse[piece.tiling][:, :, rows], out, lse.float())
+        # The tilings' results in query order, combined.
+        output = log_sum_exp = None
+        for tiling, out, lse in zip(tilings, tiled_output, tiled_lse):
+            out, lse = _query_order(tiling, out, batch, length), _query_order(tiling, lse[..., None], batch, length)
+            if output is None:
+                output, log_sum_exp = out.clone(), lse[..., 0].clone()
+            else:
+                _merge_into(output, log_sum_exp, out, lse[..., 0])
+        ctx.tilings, ctx.pieces, ctx.scaling = tilings, pieces, scaling
+        ctx.save_for_backward(output, log_sum_exp, *tiles)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        output, log_sum_exp, *tiles = ctx.saved_tensors
+        # The combined output, log-sum-exp (float32) and output gradient in every tiling's query layout.
+        layouts = [
+            [_sdpa_layout(tiling.tile_queries(x)) for x in (grad_output, output, log_sum_exp[..., None])]
+            for tiling in ctx.tilings
+        ]
+        grads = [torch.zeros_like(tile) for tile in tiles]
+        for piece in ctx.pieces:
+            query, key, value = tiles[3 * piece.tiling : 3 * piece.tiling + 3]
+            grad_out, out, lse = (x[:, :, piece.rows] for x in layouts[piece.tiling])
+            rows, keys = piece.rows, piece.keys
+            grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out, query[:, :, rows], key[:, :, keys], value[:, :, keys], out, lse[..., 0], 0.0, piece.causal,
+                attn_mask=_batched_bias(piece.bias, query.shape[0]), scale=ctx.scaling,
+            )
+            grads[3 * piece.tiling][:, :, rows] += grad_query
+            grads[3 * piece.tiling + 1][:, :, keys] += grad_key
+            grads[3 * piece.tiling + 2][:, :, keys] += grad_value
+        return None, None, None, None, None, *grads
+
+
+def _merge_into(output, log_sum_exp, out, lse):
+    """In place: (output, log_sum_exp) <- the softmax over both key sets, from each one's output and log-sum-exp."""
+    new = torch.logaddexp(log_sum_exp, lse)
+    finite = new.clamp(min=torch.finfo(new.dtype).min)  # rows no key reached yet (-inf) keep weight 0, not nan
+    output.mul_(torch.exp(log_sum_exp - finite)[..., None].to(output.dtype))
+    output.add_(out * torch.exp(lse - finite)[..., None].to(out.dtype))
+    log_sum_exp.copy_(new)
+
+
+def _query_order(tiling, tiled, batch, length):
+    """`[B * T, H, t, E]` (`_sdpa_layout`) -> `[B, H, L, E]` in query order."""
+    return tiling.untile_queries(tiled.view(batch, -1, *tiled.shape[1:]).transpose(1, 2), length)
+
+
+def _triples(tiles):
+    return zip(tiles[0::3], tiles[1::3], tiles[2::3])
+
+
+def _batched_bias(bias, batch_tiles):
+    """A cached `[T, 1, tq, tk]` bias for batch 1, repeated for a larger batch (`[B * T, ...]`)."""
+    if bias is None or bias.shape[0] == batch_tiles:
+        return bias
+    return bias.repeat(batch_tiles // bias.shape[0], 1, 1, 1)
+
+
+def _fused_union_attention(query, key, value, tiles, pieces_key, scaling, key_padding_mask, every_query_sees_a_key):
+    """A union of tilings through the fused kernel (`_FusedUnion`); queries that see no key get zeros."""
+    length = query.shape[2]
+    if key_padding_mask is None:
+        pieces = _FUSED_PIECES.get_or_build(pieces_key, lambda: _union_pieces(tiles, length, query.dtype, None))
+    else:
+        pieces = _union_pieces(tiles, length, query.dtype, key_padding_mask)
+    tilings = [tiling for tiling, _, _ in tiles]
+    inputs = []
+    for tiling in tilings:
+        inputs += [_sdpa_layout(tiling.tile_queries(query))]
+        inputs += [_sdpa_layout(tiling.tile_keys(states)) for states in (key, value)]
+    output = _FusedUnion.apply(tilings, pieces, query.shape[0], length, scaling, *inputs)
+    if key_padding_mask is not None or not every_query_sees_a_key:
+        sees = []
+        for tiling, mask, _ in tiles:
+            padding = _tile_padding(tiling, key_padding_mask)
+            mask = mask[None, None] if padding is None else mask & padding
+            sees.append(tiling.untile_queries(mask.any(-1, keepdim=True), length))
+        output = output * torch.stack(sees).any(0).to(output.dtype)
     return output
 
 
@@ -652,9 +888,9 @@ def _build_gather_index(pattern, q_len, k_len, block_size, device, q_offset):
 def gathered_attention(
     query, key, value, pattern, scaling, block_size=64, key_padding_mask=None, dropout=0.0, training=False, q_offset=0
 ):
-    """Block-sparse attention by gathering, for patterns without tiles (Local2D: a query block's keys are its memory
-    block, so the gather is O(L * keys per query)) and queries at an offset. `query [B, H, Lq, D]`, `key`/`value
-    [B, H, Lk, D]`, `key_padding_mask [B, Lk]` bool (True = real). Returns `[B, Lq, H, D]` (and no weights)."""
+    """Block-sparse attention by gathering, the fallback for patterns without tilings (every pattern defined here has
+    them; a pattern of your own may not): each query block gathers the union of the keys its queries may see.
+    `query [B, H, Lq, D]`, `key`/`value [B, H, Lk, D]`, `key_padding_mask [B, Lk]` bool (True = real). Returns `[B, Lq, H, D]` (and no weights)."""
     if pattern.per_head:
         heads = query.shape[1]
         output = query.new_empty(query.shape[0], query.shape[2], heads, value.shape[-1])
@@ -735,7 +971,7 @@ def pattern_attention(
     (tiles of dense attention: trains on CPU), "flex" (FlexAttention), "dense" (a dense mask through
     `dense_implementation`), "eager" or "sdpa" (dense masks: the reference). Returns `([B, Lq, H, D], weights or
     None)`; weights (dense, `[B, H, Lq, Lk]`) only come from the eager path, which `output_attentions` selects.
-    `block_size`: query block of the gathered path (patterns without tiles: Local2D)."""
+    `block_size`: query block of the gathered path (patterns without tilings)."""
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     full_sequence = q_offset == 0 and query.shape[2] == key.shape[2]
     implementation = choose_implementation(

@@ -56,6 +56,8 @@ def naive_allowed(name, q, k, stride=6, c=2, block=8, window=5):
         return naive_allowed("fixed_a2_paper", q, k, stride, c) or k == q
     if name == "local1d":
         return k // block in (q // block, q // block - 1)
+    if name == "local1d_memory":  # the block and the `memory` positions before it (Parmar et al.'s memory length)
+        return k >= q // block * block - window
     raise KeyError(name)
 
 
@@ -65,6 +67,7 @@ PATTERNS = {
     "strided": Strided(6),
     "fixed": Fixed(6, 2),
     "local1d": Local1D(8),
+    "local1d_memory": Local1D(8, 5),
     "strided_a1_paper": Strided(6, paper=True).parts[0],
     "strided_a1_reference": Strided(6).parts[0],
     "strided_a2": Strided(6).parts[1],
@@ -127,6 +130,9 @@ def test_factors_and_per_head():
 ALL = {
     **PATTERNS,
     "local2d": Local2D(8, (2, 4), (2, 2)),
+    "local2d_partial_rows": Local2D(10, (2, 5), (3, 5)),  # L = 48: two whole rows of query blocks and a partial one
+    "local1d_long_memory": Local1D(4, 10),
+    "local2d_no_flange": Local2D(8, (4, 2), (0, 0)),
     "column": StridedColumn(5),
     "per_head_strided": PerHead(tuple(Strided(6).parts)),
     "per_head_strided_paper": PerHead(tuple(Strided(6, paper=True).parts)),
@@ -167,13 +173,18 @@ def test_three_implementations_agree(name, block_size):
     torch.testing.assert_close(blocked, eager, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("name", sorted(ALL))
-def test_blocked_gradients_equal_eager(name):
+def test_blocked_gradients_equal_eager(name, padded):
     pattern, module = ALL[name], _Module().train()
+    padding = None
+    if padded:
+        padding = torch.ones(2, L, dtype=torch.bool)
+        padding[0, -11:] = False
     grads = []
     for implementation in ("eager", "blocked"):
         q, k, v = [t.requires_grad_() for t in _inputs(seed=1)]
-        output, _ = pattern_attention(module, q, k, v, pattern, implementation, block_size=7)
+        output, _ = pattern_attention(module, q, k, v, pattern, implementation, block_size=7, key_padding_mask=padding)
         (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum().backward()
         grads.append([t.grad for t in (q, k, v)])
     for a, b in zip(*grads):
@@ -191,7 +202,7 @@ def test_offset_queries_equal_full():
         torch.testing.assert_close(tail, full[:, 40:], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ALL if n != "local2d"))
+@pytest.mark.parametrize("name", sorted(ALL))
 def test_tiles_without_gathers(name, monkeypatch):
     """The tiled path never gathers keys, and its masks hold O(L * keys per query) entries, not O(L^2)."""
     import hf_txvariants.txv_patterns as patterns
@@ -216,6 +227,16 @@ def test_tile_shapes_follow_the_paper():
     assert tile_masks(StridedColumn(stride), length, "cpu")[0][2]  # alone: plainly causal tiles (is_causal)
     (_, block_mask, _), (_, summary_mask, _), = tile_masks(Fixed(stride, 2, paper=True), length, "cpu")
     assert block_mask.shape == (16, 16, 16) and summary_mask.shape == (1, length, 16 * 2)
+    # Local 2D: a query block of (bh, bw) with the (bh + fh) x (bw + 2 fw) rectangle around and above it, as an image.
+    height, width, (bh, bw), (fh, fw) = 8, 16, (2, 4), (2, 4)
+    ((tiling, mask, _),) = tile_masks(Local2D(width, (bh, bw), (fh, fw)), height * width, "cpu")
+    assert mask.shape == (height * width // (bh * bw), bh * bw, (bh + fh) * (bw + 2 * fw))
+    raster = to_block_raster(torch.arange(height * width)[None], height, width, (bh, bw))[0]  # position -> raster
+    tile = 2 * (width // bw) + 1  # query block at block row 2, block column 1: its memory block lies inside the image
+    slots = tiling.key_positions(height * width, "cpu")[tile]
+    rows, cols = raster[slots] // width, raster[slots] % width
+    assert torch.equal(rows.view(bh + fh, bw + 2 * fw), torch.arange(2 * bh - fh, 3 * bh)[:, None].expand(-1, bw + 2 * fw))
+    assert torch.equal(cols.view(bh + fh, bw + 2 * fw), torch.arange(bw - fw, 2 * bw + fw)[None].expand(bh + fh, -1))
 
 
 def test_block_mask_built_once(monkeypatch):
@@ -258,3 +279,31 @@ def test_flex_refuses_cpu_training():
         pattern_attention(_Module().train(), q, k, v, Causal(), "flex")
     with pytest.raises(ValueError, match="implementation"):
         pattern_attention(_Module(), q, k, v, Causal(), "sparse")
+
+
+@pytest.mark.parametrize("name", ["strided", "fixed", "fixed_a2_reference", "fixed_a2_paper", "per_head_fixed"])
+def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
+    """On CPU a union of tilings takes one softmax over fused-kernel calls (combined by their log-sum-exp), never
+    the materialised scores; the fixed pattern's summary keys of earlier blocks go to the kernel without a mask."""
+    import hf_txvariants.txv_patterns as patterns
+
+    monkeypatch.setattr(patterns, "_merged_tilings_attention", lambda *a, **k: pytest.fail("scores materialised"))
+    if name == "fixed_a2_paper":  # one tile of every query with every summary key: cut in groups, not one masked call
+        monkeypatch.setattr(patterns, "_single_tiling_attention", lambda *a, **k: pytest.fail("one masked call"))
+    pattern, length = ALL[name], 96
+    q, k, v = [t.requires_grad_() for t in _inputs(seed=4, length=length)]
+    blocked, _ = pattern_attention(_Module().train(), q, k, v, pattern, "blocked")
+    eager, _ = pattern_attention(_Module().train(), q, k, v, pattern, "eager")
+    torch.testing.assert_close(blocked, eager, atol=1e-5, rtol=0)
+    for part in pattern.parts if pattern.per_head else [pattern]:
+        pieces = patterns._union_pieces(tile_masks(part, length, "cpu"), length, torch.float32, None)
+        unmasked = [piece for piece in pieces if piece.bias is None and not piece.causal]
+        assert bool(unmasked) == ("fixed" in name and not isinstance(part, FixedBlock)), part
+        for piece in unmasked:  # every pair of an unmasked piece is allowed
+            tiling, mask, _ = tile_masks(part, length, "cpu")[piece.tiling]
+            assert mask[0, piece.rows, piece.keys].all()
+        causal = [piece for piece in pieces if piece.causal]  # the blocks of the merged fixed pattern: is_causal
+        assert len(causal) == any(isinstance(factor, FixedBlock) for factor in part.factors())
+        for piece in causal:
+            mask = tile_masks(part, length, "cpu")[piece.tiling][1]
+            assert torch.equal(mask, torch.ones_like(mask).tril())
