@@ -532,7 +532,12 @@ def tiled_attention(query, key, value, pattern, scaling, key_padding_mask=None, 
     dropout = dropout if training else 0.0
     tiles = tile_masks(pattern, query.shape[2], query.device)
     bias_key = (pattern, query.shape[2], str(query.device), query.dtype)  # the additive masks, cached like the masks
-    fused_union = query.device.type == "cpu" and not dropout and query.dtype in (torch.float32, torch.bfloat16)
+    fused_union = (
+        _HAS_FUSED_CPU_KERNEL
+        and query.device.type == "cpu"
+        and not dropout
+        and query.dtype in (torch.float32, torch.bfloat16)
+    )
     # A union of tilings, or one tile of every query (cut in groups by the union's pieces), goes through the fused
     # union on CPU; single tilings of many tiles through SDPA directly.
     one_tile = len(tiles) == 1 and tiles[0][1].shape[0] == 1 and not tiles[0][2]
@@ -685,6 +690,11 @@ def _union_pieces(tiles, length, dtype, key_padding_mask):
 
 
 _FUSED_PIECES = _LRU(32)
+# The fused CPU kernel that returns the log-sum-exp is a private aten op (torch 2.13 has it); without it the union
+# takes the plain-ops path.
+_HAS_FUSED_CPU_KERNEL = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
+)
 
 
 def _lower_triangle(mask):
