@@ -35,6 +35,11 @@ class ImageTransformerConfig(PreTrainedConfig):
             low-resolution image is encoded, the high-resolution one decoded with local attention and cross-attention
             to the encoder). None: unconditional model. num_encoder_layers: layers of that encoder (full
             self-attention over the low-resolution intensities).
+        conditioning_attention_radius: which encoder positions a decoder position attends to: those of the
+            low-resolution pixels within this many rows and columns of the one covering it (1: a 3 x 3 neighbourhood);
+            None: every encoder position (the full encoder-decoder attention of Vaswani et al.). Full attention starts
+            uniform over the whole low-resolution image and, in short runs, stays so: the decoder then gets only
+            an image-wide average (benchmarks/RESULTS.md, super-resolution).
         pattern_implementation: "auto" (the default: the fastest exact path for the device), "blocked" (tiles of dense
             attention; local 2D gathers its memory blocks; trains on CPU), "flex" (FlexAttention), "dense" (reference
             mask).
@@ -67,6 +72,7 @@ class ImageTransformerConfig(PreTrainedConfig):
     num_classes: int = 0
     conditioning_image_size: list[int] | None = None
     num_encoder_layers: int = 2
+    conditioning_attention_radius: int | None = 0
     pattern_implementation: str = "auto"
     block_size: int | None = None
     dropout: float | int = 0.0
@@ -151,6 +157,10 @@ class ImageTransformerConfig(PreTrainedConfig):
                 raise ValueError(f"conditioning_image_size must be [height, width] > 0, got {self.conditioning_image_size}")
             if self.num_encoder_layers <= 0:
                 raise ValueError(f"num_encoder_layers must be > 0 with a conditioning image, got {self.num_encoder_layers}")
+            if self.conditioning_attention_radius is not None and self.conditioning_attention_radius < 0:
+                raise ValueError(
+                    f"conditioning_attention_radius must be >= 0 or None, got {self.conditioning_attention_radius}"
+                )
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {self.num_classes}")
         check_probabilities(self, "dropout", "attention_dropout")
