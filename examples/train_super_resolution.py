@@ -70,6 +70,11 @@ def train(args, conditional: bool, train_images, test_images, radius: int = 0):
     with torch.no_grad():
         inputs = batch_inputs(test_images, config, conditional)
         held_out = model(**inputs, labels=inputs["input_ids"]).loss.item()
+        if conditional:  # the same images given another image's low-resolution input: what the input is worth
+            inputs["conditioning_ids"] = inputs["conditioning_ids"].roll(1, 0)
+            shuffled = model(**inputs, labels=inputs["input_ids"]).loss.item()
+            print(f"held-out bits/dim with the true / another image's low-resolution input: {held_out:.3f} / "
+                  f"{shuffled:.3f}", flush=True)
     return model, losses, held_out
 
 
