@@ -35,6 +35,11 @@ class ImageTransformerConfig(TxvTransformerConfig):
             low-resolution image is encoded, the high-resolution one decoded with local attention and cross-attention
             to the encoder). None: unconditional model. num_encoder_layers: layers of that encoder (full
             self-attention over the low-resolution intensities).
+        conditioning_attention_radius: which encoder positions a decoder position attends to: those of the
+            low-resolution pixels within this many rows and columns of the one covering it (1: a 3 x 3 neighbourhood);
+            None: every encoder position (the full encoder-decoder attention of Vaswani et al.). Full attention starts
+            uniform over the whole low-resolution image and, in short runs, stays so: the decoder then gets only
+            an image-wide average (benchmarks/RESULTS.md, super-resolution).
         pattern_implementation: "auto" (the default: the fastest exact path for the device), "blocked" (tiles of dense
             attention; local 2D gathers its memory blocks; trains on CPU), "flex" (FlexAttention), "dense" (reference
             mask).
@@ -55,6 +60,7 @@ class ImageTransformerConfig(TxvTransformerConfig):
     num_classes: int = 0
     conditioning_image_size: list[int] | None = None
     num_encoder_layers: int = 2
+    conditioning_attention_radius: int | None = 0
     pattern_implementation: str = "auto"
     block_size: int | None = None
     dropout: float | int = 0.0
@@ -111,6 +117,8 @@ class ImageTransformerConfig(TxvTransformerConfig):
             if len(self.conditioning_image_size) != 2 or min(self.conditioning_image_size) <= 0:
                 raise ValueError(f"conditioning_image_size must be [height, width] > 0, got {self.conditioning_image_size}")
             check_positive(self, "num_encoder_layers")
+            if self.conditioning_attention_radius is not None:
+                check_non_negative(self, "conditioning_attention_radius")
 
 
 __all__ = ["ImageTransformerConfig"]

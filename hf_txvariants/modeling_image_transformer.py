@@ -29,6 +29,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, ModelOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
+from .txv_attention import additive_mask
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin
 from .txv_inputs import check_token_ids
@@ -161,6 +162,7 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
         output_attentions=False,
         past_key_values=None,
         encoder_hidden_states=None,
+        encoder_attention_mask=None,
     ):
         attention_output, weights = self.attn(
             self.ln_attn(hidden_states), key_padding_mask, output_attentions, past_key_values
@@ -171,7 +173,9 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
                 raise ValueError("encoder_hidden_states (the encoded low-resolution image) is required when "
                                  "config.conditioning_image_size is set")
             # The encoder's keys/values are recomputed at each step (the low-resolution image is small).
-            cross_output, _ = self.cross_attn(self.ln_cross(hidden_states), None, key_value_states=encoder_hidden_states)
+            cross_output, _ = self.cross_attn(
+                self.ln_cross(hidden_states), encoder_attention_mask, key_value_states=encoder_hidden_states
+            )
             hidden_states = hidden_states + self.dropout(cross_output)
         return hidden_states + self.ff(self.ln_ff(hidden_states)), weights
 
@@ -250,13 +254,15 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         return_dict: bool | None = None,
         class_labels: torch.LongTensor | None = None,
         encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """input_ids: `[batch, <= 1 + positions]` in generation order, start token first (with `past_key_values`,
         the positions after the cached ones). class_labels: `[batch]` (required when `num_classes > 0`).
         attention_mask: `[batch, length]` or, with a cache, `[batch, past + length]`. `use_cache` returns the keys and
         values of every layer in a `DynamicCache` (`past_key_values`). encoder_hidden_states: the encoded
-        low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer."""
+        low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer, through the additive
+        `encoder_attention_mask` `[1, 1, length, encoder positions]` when given."""
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
@@ -289,6 +295,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
                 output_attentions,
                 past_key_values=past_key_values,
                 encoder_hidden_states=encoder_hidden_states,
+                encoder_attention_mask=encoder_attention_mask,
             )
             all_attentions.append(weights)
         hidden_states = self.norm(hidden_states)
@@ -374,6 +381,24 @@ def images_to_conditioning_ids(images: torch.Tensor, config: ImageTransformerCon
     return flat
 
 
+def conditioning_neighbourhood(config: ImageTransformerConfig, steps: torch.Tensor) -> torch.Tensor:
+    """bool `[len(steps), conditioning positions]`: for decoder step t (predicting x_t), the low-resolution
+    intensities of the pixels within `conditioning_attention_radius` rows and columns of the pixel covering x_t."""
+    order = generation_order(config, steps.device)[steps.clamp(max=config.num_positions - 1)]
+    height, width = config.image_size
+    low_height, low_width = config.conditioning_image_size
+    row = torch.div(order, config.grid_width, rounding_mode="floor")
+    column = torch.div(order % config.grid_width, config.num_channels, rounding_mode="floor")
+    covering_row = torch.div(row * low_height, height, rounding_mode="floor")
+    covering_column = torch.div(column * low_width, width, rounding_mode="floor")
+    low = torch.arange(config.num_conditioning_positions, device=steps.device)
+    low_row = torch.div(low, low_width * config.num_channels, rounding_mode="floor")
+    low_column = torch.div(low % (low_width * config.num_channels), config.num_channels, rounding_mode="floor")
+    radius = config.conditioning_attention_radius
+    near_rows = (covering_row[:, None] - low_row[None]).abs() <= radius
+    return near_rows & ((covering_column[:, None] - low_column[None]).abs() <= radius)
+
+
 class ImageTransformerEncoderLayer(GradientCheckpointingLayer):
     """Pre-norm encoder layer over the low-resolution intensities: full (non-causal) self-attention, feed-forward."""
 
@@ -418,7 +443,10 @@ class ImageTransformerEncoder(nn.Module):
         low_height, low_width = config.conditioning_image_size
         scale = (config.image_size[0] / low_height, config.image_size[1] / low_width)
         positions = grid_position_embeddings(raster, low_width * config.num_channels, config, self.embed_channels, scale)
-        hidden_states = self.dropout(self.embed_tokens(conditioning_ids) + positions.to(self.embed_tokens.weight.dtype))
+        # Intensity embeddings scaled by sqrt(hidden_size) (Vaswani et al. 2017, section 3.4; tensor2tensor's Image
+        # Transformer does the same), else the unit-amplitude position sinusoids drown them.
+        intensities = self.embed_tokens(conditioning_ids) * math.sqrt(config.hidden_size)
+        hidden_states = self.dropout(intensities + positions.to(self.embed_tokens.weight.dtype))
         for layer in self.layers:
             hidden_states = layer(hidden_states)
         return self.norm(hidden_states)
@@ -428,11 +456,14 @@ class ImageTransformerForSuperResolution(
     ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin
 ):
     """Image-conditioned generation (Parmar et al. 2018, section 3.4, super-resolution): the low-resolution image
-    (`conditioning_ids` `[batch, low-resolution intensities]`, required; `images_to_conditioning_ids`) is encoded with
-    full self-attention; the high-resolution image is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D
-    attention, `input_ids` in generation order, start token first), every decoder layer also attending to the
-    encoder's output. `loss` in bits per dimension. Generation caches the decoder's keys/values; the small encoder is
-    rerun at each step."""
+    (`conditioning_ids`, `images_to_conditioning_ids`) is encoded with full self-attention; the high-resolution image
+    is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D attention, `input_ids` in generation order, start
+    token first), every decoder layer also attending to the encoder's output: by default
+    (`conditioning_attention_radius=0`) only to the encoding of the low-resolution pixel covering the position it
+    predicts (the encoder's full self-attention gives that encoding the whole image's context); with None, to every
+    encoder position, which starts as a uniform average and, in short runs, is not learned away (the decoder then
+    ignores its input). `loss` in bits per dimension. Generation caches the decoder's keys/values; the small encoder
+    is rerun at each step."""
 
 
     def build_backbone(self, config: ImageTransformerConfig):
@@ -444,7 +475,14 @@ class ImageTransformerForSuperResolution(
     def run_backbone(self, conditioning_ids: torch.LongTensor | None = None, **inputs):
         if conditioning_ids is None:
             raise ValueError("conditioning_ids (the low-resolution image, images_to_conditioning_ids) is required")
-        return super().run_backbone(**{**inputs, "encoder_hidden_states": self.encoder(conditioning_ids)})
+        inputs["encoder_hidden_states"] = encoder_hidden_states = self.encoder(conditioning_ids)
+        if self.config.conditioning_attention_radius is not None:
+            tokens = inputs["input_ids"] if inputs.get("input_ids") is not None else inputs["inputs_embeds"]
+            past_length = cache_past_length(inputs.get("past_key_values"))
+            steps = torch.arange(past_length, past_length + tokens.shape[1], device=encoder_hidden_states.device)
+            allowed = conditioning_neighbourhood(self.config, steps)
+            inputs["encoder_attention_mask"] = additive_mask(allowed[None, None], encoder_hidden_states.dtype)
+        return super().run_backbone(**inputs)
 
     def prepare_inputs_for_generation(self, input_ids, conditioning_ids=None, **kwargs):
         return {**super().prepare_inputs_for_generation(input_ids, **kwargs), "conditioning_ids": conditioning_ids}

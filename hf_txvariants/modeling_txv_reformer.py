@@ -10,14 +10,17 @@ of the chunk lengths (padding is masked and hashed into its own bucket) and the 
 The two residual streams (a, h) start as copies of the embeddings; each layer computes a = a + Attention(h),
 h = h + FeedForward(a); the model's output is LayerNorm([a ; h]), of width 2 * hidden_size, as in the original.
 
-Generation keeps a `TxvReformerCache` (as transformers' Reformer keeps its buckets and states): per layer the keys and
-values of the past positions (LSH layers: the shared query-keys) and the LSH buckets, so each new token costs one
-chunk window of attention per layer. A position's states are kept as computed when it was generated. Local layers,
-and LSH layers while the (padded) sequence fits in one LSH chunk, are causal: the cache then gives exactly the outputs
-of recomputing the whole sequence. Beyond one chunk, LSH sorts the whole sequence by bucket, so a full recomputation
-also changes the chunks (hence the outputs) of earlier positions when a token is added; no O(chunk) cache can follow
-that, and the cached model is the incremental one (as transformers' is): layers up to and including the first LSH
-layer still match the full recomputation exactly, later ones do not.
+Generation keeps a `TxvReformerCache`: per layer the keys and values of the past positions (LSH layers: the shared
+query-keys) and the LSH buckets, so each new token costs one chunk window of attention per layer, plus the two
+residual streams entering the first LSH layer at every past position. `generate()` with the cache gives exactly the
+tokens (and, to float rounding, the logits) of `use_cache=False`:
+- local layers, and LSH layers while the (padded) sequence fits in one LSH chunk, are causal: a past position's states
+  never change, and the new token costs one chunk window;
+- beyond one chunk, LSH sorts the whole sequence by bucket, so adding a token also changes the chunks (hence the
+  outputs) of earlier positions; no O(chunk) cache can follow that (transformers' Reformer caches anyway and gives the
+  "incremental" model, which differs). The layers before the first LSH layer are still causal and stepped; the first
+  LSH layer's inputs are exact, so from there on the layers are recomputed over the whole sequence from the cached
+  inputs: O(n) per token for those layers only, where `use_cache=False` pays it for every layer.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ class TxvReformerCache(RowStateCache):
     """What `generate()` carries between steps: for every layer the keys and values of the past positions
     (`[batch, heads, length, head_dim]`; LSH layers keep their shared query-keys), the LSH buckets hashed so far
     (`[batch, heads, num_hashes, length]`, empty until the sequence outgrows one chunk) with the `num_buckets` they
-    were hashed with, and which past positions are real (`key_valid [batch, length]`). One token per step."""
+    were hashed with, which past positions are real (`key_valid [batch, length]`), and the two residual streams
+    entering the first LSH layer (`lsh_inputs [batch, length, 2 * hidden]`: the layers from there on are recomputed
+    from them once the sequence outgrows one LSH chunk). One token per step."""
 
     def __init__(self, num_layers: int):
         super().__init__()
@@ -61,6 +66,7 @@ class TxvReformerCache(RowStateCache):
         self.buckets: list[torch.Tensor] = []
         self.bucket_settings: list = [None] * num_layers
         self.key_valid: torch.Tensor | None = None
+        self.lsh_inputs: torch.Tensor | None = None
         self.seen_tokens = 0
         self.step: dict | None = None  # set by the model during a forward: padded length, whether it is one step
 
@@ -79,7 +85,14 @@ class TxvReformerCache(RowStateCache):
             "values": self.values or None,
             "buckets": self.buckets or None,
             "key_valid": self.key_valid,
+            "lsh_inputs": self.lsh_inputs,
         }
+
+    def append_lsh_inputs(self, attn_stream: torch.Tensor, hidden_stream: torch.Tensor) -> torch.Tensor:
+        """Adds the new positions' streams entering the first LSH layer; returns those of every position."""
+        streams = torch.cat([attn_stream, hidden_stream], dim=-1)
+        self.lsh_inputs = streams if self.lsh_inputs is None else torch.cat([self.lsh_inputs, streams], dim=1)
+        return self.lsh_inputs
 
     def append(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Adds the new positions' keys/values of a layer; returns the layer's keys/values of every position."""
@@ -480,7 +493,10 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
                 attn_stream, hidden_stream, blocks, [p for p in layers.parameters()]
             )
         else:
-            for layer in layers:
+            first_lsh = self._first_lsh_layer()
+            for index, layer in enumerate(layers):
+                if cache is not None and index == first_lsh:
+                    cache.append_lsh_inputs(attn_stream[:, :length], hidden_stream[:, :length])
                 all_hidden.append(hidden_stream)
                 attn_stream, hidden_stream, weights = layer(attn_stream, hidden_stream, key_valid, output_attentions, cache)
                 all_attentions.append(weights)
@@ -498,6 +514,27 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
             attentions=tuple(w[:, :, :length, :length] for w in all_attentions) if output_attentions else None,
         )
 
+    def _first_lsh_layer(self) -> int | None:
+        """Index of the first LSH layer (None without one): the cache keeps the streams entering it."""
+        return self.config.attn_layers.index("lsh") if "lsh" in self.config.attn_layers else None
+
+    def _recompute_layers(self, first, streams, key_valid, padded_length, output_attentions, all_hidden, all_attentions):
+        """Layers `first`.. over the whole sequence from the streams entering layer `first` (`[B, n, 2 * hidden]`,
+        the cached past and the new position), padded to `padded_length` as the full forward pads: padding is masked
+        (and hashed into its own bucket), so its content, zeros here, changes no real position. Appends the new
+        position's inputs/weights of each layer to `all_hidden` / `all_attentions`; returns its two streams."""
+        batch, length = streams.shape[:2]
+        padding = padded_length - length
+        streams = nn.functional.pad(streams, (0, 0, 0, padding))
+        key_valid = nn.functional.pad(key_valid, (0, padding), value=False)
+        attn_stream, hidden_stream = streams.chunk(2, dim=-1)
+        last = slice(length - 1, length)
+        for layer in self.encoder.layers[first:]:
+            all_hidden.append(hidden_stream[:, last])
+            attn_stream, hidden_stream, weights = layer(attn_stream, hidden_stream, key_valid, output_attentions)
+            all_attentions.append(weights[:, :, last, :length] if weights is not None else None)
+        return attn_stream[:, last], hidden_stream[:, last]
+
     def _forward_step(self, inputs_embeds, key_valid, cache, output_attentions, output_hidden_states):
         """One new token against the cache (inference)."""
         batch, device = inputs_embeds.shape[0], inputs_embeds.device
@@ -513,7 +550,16 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         hidden = self.embeddings(inputs_embeds, position_ids)
         attn_stream, hidden_stream = hidden, hidden
         all_hidden, all_attentions = [], []
-        for layer in self.encoder.layers:
+        first_lsh = self._first_lsh_layer()
+        for index, layer in enumerate(self.encoder.layers):
+            if index == first_lsh:
+                streams = cache.append_lsh_inputs(attn_stream, hidden_stream)
+                if cache.step["padded_length"] > self.config.lsh_attn_chunk_length:
+                    attn_stream, hidden_stream = self._recompute_layers(
+                        index, streams, key_valid, cache.step["padded_length"], output_attentions, all_hidden,
+                        all_attentions,
+                    )
+                    break
             all_hidden.append(hidden_stream)
             attn_stream, hidden_stream, weights = layer(attn_stream, hidden_stream, key_valid, output_attentions, cache)
             all_attentions.append(weights)

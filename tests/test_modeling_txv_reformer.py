@@ -162,18 +162,37 @@ def test_cached_generation_equals_recomputing_the_sequence(attn_layers):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"step {step}")
 
 
-def test_cached_step_equals_the_layers_on_the_cached_states():
-    """Where the cache is the incremental model (LSH after LSH), each step still equals the model's own layers run
-    over the cached past states: the model's hidden state entering the second LSH layer, recomputed with one full
-    forward of the first layer, gives the step's output."""
-    model = _trained_like(_model(attn_layers=["lsh", "lsh"], num_hashes=2)).eval()
-    ids = torch.randint(0, 31, (1, 14), generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("attn_layers", [["local", "lsh", "local", "lsh"], ["lsh", "lsh", "local"]])
+def test_cached_generation_is_exact_past_one_lsh_chunk_with_several_lsh_layers(attn_layers):
+    """Past one LSH chunk, an LSH layer's outputs at earlier positions change when a token is added (the sort is
+    over the whole sequence), so the layers after the first LSH layer are recomputed from its cached inputs: greedy
+    tokens and every step's logits equal those of `use_cache=False`, batch 2 with an attention mask, padded lengths
+    4 to 32 (several LSH chunks, rounds and bucket counts)."""
+    model = _trained_like(_model(attn_layers=attn_layers, num_hashes=2, num_buckets=None)).eval()
+    ids = torch.randint(1, 31, (2, 5), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones_like(ids)
+    cached = model.generate(ids, attention_mask=mask, max_new_tokens=25, use_cache=True, **GREEDY)
+    full = model.generate(ids, attention_mask=mask, max_new_tokens=25, use_cache=False, **GREEDY)
+    assert isinstance(cached.past_key_values, TxvReformerCache) and cached.past_key_values.seen_tokens == 29
+    for step, (a, b) in enumerate(zip(cached.logits, full.logits)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")
+    assert torch.equal(cached.sequences, full.sequences)
+
+
+def test_cached_step_equals_full_forward_with_padding_and_hidden_states():
+    """One step against a cache built from a right-padded prompt (row 1 has two padding positions) gives the hidden
+    states and the logits of one full forward of the sequence, in every layer, past one LSH chunk."""
+    model = _trained_like(_model(attn_layers=["lsh", "local", "lsh"], num_hashes=3)).eval()
+    ids = torch.randint(1, 31, (2, 14), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 11:13] = 0
     with torch.no_grad():
-        out = model(ids[:, :-1], use_cache=True)
-        step = model(ids[:, -1:], past_key_values=out.past_key_values, output_hidden_states=True)
-        full = model(ids, output_hidden_states=True, use_cache=False)
-    # Layer 0 (the first LSH layer) sees the same inputs either way: its output at the new position is exact.
-    torch.testing.assert_close(step.hidden_states[1][:, -1], full.hidden_states[1][:, -1], atol=1e-5, rtol=1e-5)
+        out = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
+        step = model(ids[:, -1:], attention_mask=mask, past_key_values=out.past_key_values, output_hidden_states=True)
+        full = model(ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    for layer, (a, b) in enumerate(zip(step.hidden_states, full.hidden_states)):
+        torch.testing.assert_close(a[:, -1], b[:, -1], atol=1e-5, rtol=1e-5, msg=f"layer {layer}")
+    torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-5)
 
 
 def test_cache_reorders_rows_for_beam_search():
