@@ -41,9 +41,10 @@ class ImageTransformerConfig(TxvTransformerConfig):
             uniform over the whole low-resolution image and, in short runs, stays so: the decoder then gets only
             an image-wide average (benchmarks/RESULTS.md, super-resolution).
         pattern_implementation: "auto" (the default: the fastest exact path for the device), "blocked" (tiles of dense
-            attention; local 2D gathers its memory blocks; trains on CPU), "flex" (FlexAttention), "dense" (reference
+            attention, local 1D and 2D alike; trains on CPU), "flex" (FlexAttention), "dense" (reference
             mask).
-        block_size: query block of the blocked path (default: the attention block).
+        block_size: query block of the gathered fallback, which only patterns without tilings take (unused by local 1D
+            and 2D, which both tile); kept so that saved configs load unchanged.
     """
 
     model_type = "txv_image_transformer"
