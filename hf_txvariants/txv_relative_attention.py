@@ -148,12 +148,16 @@ class RelativePositionAttention(nn.Module):
         position_keys = self.r_net(position_embeddings).view(position_embeddings.shape[0], *heads) * self.scaling
 
         r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
-        # (b) + (d): (q + v) . W_r R for every distance, [B, H, Q, R], then shifted so that column j is key j.
-        position_scores = torch.matmul((query + r_r_bias).transpose(1, 2), position_keys.permute(1, 2, 0))
-        position_bias = relative_shift(position_scores, key_length)
+        # (b) + (d): (q + v) . W_r R for every distance, one matmul per head over all B * Q queries, [H, B, Q, R],
+        # then shifted so that column j is key j, [B, H, Q, K] (a view)
+        position_queries = (query + r_r_bias).permute(2, 0, 1, 3).reshape(self.num_heads, -1, self.head_dim)
+        position_scores = torch.bmm(position_queries, position_keys.permute(1, 2, 0))
+        position_scores = position_scores.view(self.num_heads, batch, query_length, -1)
+        position_bias = relative_shift(position_scores, key_length).transpose(0, 1)
         if attention_bias is not None:
-            position_bias = position_bias + attention_bias
-        attention_bias = additive_mask(allowed, query.dtype, position_bias)
+            attention_bias = additive_mask(allowed, query.dtype, position_bias + attention_bias)
+        else:  # one pass over the scores: the mask's finfo.min absorbs any finite score
+            attention_bias = position_bias + additive_mask(allowed, query.dtype)
 
         attention = get_attention_function(self.config, output_attentions)
         output, weights = attention(
