@@ -419,14 +419,6 @@ def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
 
 
 # ------------------------------------------------------------------------------------------ export and compile
-def _pad_reshape_relative_shift(position_scores, key_length):
-    """The relative shift written with pad and reshape (no as_strided/storage_offset), for the compile check."""
-    *batch, query_length, rows = position_scores.shape
-    flat = torch.nn.functional.pad(position_scores.reshape(*batch, query_length * rows), (0, query_length))
-    flat = flat[..., query_length - 1 : query_length - 1 + query_length * (rows - 1)]
-    return flat.reshape(*batch, query_length, rows - 1)[..., :key_length]
-
-
 @pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
 def test_torch_export_traces_the_xl_variants(name):
     model = _causal_lms()[name]
@@ -442,18 +434,44 @@ def test_torch_export_traces_the_xl_variants(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
-def test_torch_compile_fullgraph_traces_the_xl_backbone(name, monkeypatch):
-    """fullgraph=True through the backbone, the layers, the mechanisms and the memory. The relative shift itself
-    (txv_relative_attention, its own block) is swapped for an equal pad/reshape form, checked equal here first."""
-    scores = torch.randn(2, 3, 4, 8)
-    torch.testing.assert_close(
-        _pad_reshape_relative_shift(scores, 7), txv_relative_attention.relative_shift(scores, 7), atol=0, rtol=0
-    )
-    monkeypatch.setattr(txv_relative_attention, "relative_shift", _pad_reshape_relative_shift)
+@pytest.mark.parametrize("phase", ["first segment", "evaluation with memory", "training step"])
+def test_torch_compile_fullgraph_traces_the_xl_backbone(name, phase):
+    """`torch.compile(model, fullgraph=True)` (no graph break) through the backbone, the layers, the relative shift, the
+    mechanisms and the memory: a first segment, a segment with the memory in evaluation, and a training step with the
+    memory (loss and the gradients of every parameter equal eager's)."""
     model = _causal_lms()[name]
-    ids = _ids(2, 5)
+    ids = _ids(2, 10)
     with torch.no_grad():
-        expected = model(ids).logits
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend="eager")
-        torch.testing.assert_close(compiled(ids).logits, expected, atol=ATOL, rtol=0)
+        memory = model(ids[:, :5]).past_key_values
+    inputs = {"input_ids": ids[:, 5:]}
+    if phase != "first segment":
+        inputs["past_key_values"] = memory
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    if phase != "training step":
+        with torch.no_grad():
+            expected = model(**{**inputs, **_fresh_memory(inputs)}).logits
+            actual = compiled(**{**inputs, **_fresh_memory(inputs)}).logits
+        torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+        return
+    model.train()
+    model.config.dropout = 0.0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    gradients = []
+    for run in (model, compiled):
+        model.zero_grad()
+        loss = run(**{**inputs, **_fresh_memory(inputs)}, labels=ids[:, 5:]).loss
+        loss.backward()
+        gradients.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (expected_loss, expected_grads), (loss, grads) = gradients
+    torch.testing.assert_close(loss, expected_loss, atol=ATOL, rtol=0)
+    assert grads.keys() == expected_grads.keys() and grads
+    for parameter_name, gradient in grads.items():
+        torch.testing.assert_close(gradient, expected_grads[parameter_name], atol=ATOL, rtol=1e-4, msg=parameter_name)
+
+
+def _fresh_memory(inputs):
+    """A copy of the memory in `inputs` (a forward updates the memory it is given in place)."""
+    return {"past_key_values": inputs["past_key_values"].clone()} if "past_key_values" in inputs else {}
