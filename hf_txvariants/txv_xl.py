@@ -119,8 +119,8 @@ class XLLayer(GradientCheckpointingLayer):
         output_attentions=False,
         key_values=None,
     ):
-        """position_embeddings `[M + Q (+ 1), hidden]` and allowed `[..., Q, M + Q]` for the full memory `[B, M, hidden]`;
-        key_values: the layer's `KeyValueSlot` in evaluation (see `RelativePositionAttention`).
+        """position_embeddings `[M + Q (+ 1), hidden]` and allowed `[..., Q, M + Q]` for the full memory
+        `[B, M, hidden]`; key_values: the layer's `KeyValueSlot` in evaluation (see `RelativePositionAttention`).
         Returns the output, the attention weights (or None), the layer's span penalty (or None) and
         `(attended key count, memory the layer needs or None)`."""
         span = self.part("adaptive_span") if self.has_adaptive_span else None

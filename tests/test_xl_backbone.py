@@ -464,7 +464,8 @@ def test_torch_compile_fullgraph_traces_the_xl_backbone(name, phase):
         model.zero_grad()
         loss = run(**{**inputs, **_fresh_memory(inputs)}, labels=ids[:, 5:]).loss
         loss.backward()
-        gradients.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        grads = {parameter_name: p.grad.clone() for parameter_name, p in model.named_parameters() if p.grad is not None}
+        gradients.append((loss.detach(), grads))
     (expected_loss, expected_grads), (loss, grads) = gradients
     torch.testing.assert_close(loss, expected_loss, atol=ATOL, rtol=0)
     assert grads.keys() == expected_grads.keys() and grads
