@@ -119,28 +119,26 @@ class RelativePositionAttention(nn.Module):
         if key_values is not None and plain_projection:
             weights_token = self.key_value_weights_token(context_norm, hidden_states)
             cached = key_values.lookup(weights_token, memory_length)
-        if cached is not None:
-            # the memory's keys and values as this layer computed them for the previous segment: project the segment
-            segment = hidden_states if context_norm is None else context_norm(hidden_states)
-            query, new_key, new_value = self.qkv_net(segment).view(batch, query_length, 3, *heads).unbind(2)
-            key = torch.cat([cached[0], new_key.transpose(1, 2)], dim=2)
-            value = torch.cat([cached[1], new_value.transpose(1, 2)], dim=2)
+        if cached is not None:  # the memory's keys and values as this layer computed them: project the segment only
+            context = hidden_states
         else:
             context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)
-            if context_norm is not None:
-                context = context_norm(context)
-            key_length = context.shape[1]
-            if plain_projection:
-                # Queries only for the segment (not the memory): the fused weight's three blocks applied separately.
-                w_query, w_key, w_value = self.qkv_net.weight.chunk(3, dim=0)
-                query = nn.functional.linear(context[:, -query_length:], w_query)
-                key, value = nn.functional.linear(context, w_key), nn.functional.linear(context, w_value)
-            else:  # a wrapped projection (e.g. a PEFT LoRA layer) must be called for its adapter to take part
-                query, key, value = self.qkv_net(context).chunk(3, dim=-1)
-                query = query[:, -query_length:]
-            query = query.reshape(batch, query_length, *heads)
-            key = key.reshape(batch, key_length, *heads).transpose(1, 2)
-            value = value.reshape(batch, key_length, *heads).transpose(1, 2)
+        if context_norm is not None:
+            context = context_norm(context)
+        projected_length = context.shape[1]
+        if plain_projection:
+            # Queries only for the segment (not the memory): the fused weight's three blocks applied separately.
+            w_query, w_key, w_value = self.qkv_net.weight.chunk(3, dim=0)
+            query = nn.functional.linear(context[:, -query_length:], w_query)
+            key, value = nn.functional.linear(context, w_key), nn.functional.linear(context, w_value)
+        else:  # a wrapped projection (e.g. a PEFT LoRA layer) must be called for its adapter to take part
+            query, key, value = self.qkv_net(context).chunk(3, dim=-1)
+            query = query[:, -query_length:]
+        query = query.reshape(batch, query_length, *heads)
+        key = key.reshape(batch, projected_length, *heads).transpose(1, 2)
+        value = value.reshape(batch, projected_length, *heads).transpose(1, 2)
+        if cached is not None:
+            key, value = torch.cat([cached[0], key], dim=2), torch.cat([cached[1], value], dim=2)
         if weights_token is not None:
             key_values.keep(key, value, weights_token)
         key_length = key.shape[2]
@@ -148,12 +146,10 @@ class RelativePositionAttention(nn.Module):
         position_keys = self.r_net(position_embeddings).view(position_embeddings.shape[0], *heads) * self.scaling
 
         r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
-        # (b) + (d): (q + v) . W_r R for every distance, one matmul per head over all B * Q queries, [H, B, Q, R],
-        # then shifted so that column j is key j, [B, H, Q, K] (a view)
-        position_queries = (query + r_r_bias).permute(2, 0, 1, 3).reshape(self.num_heads, -1, self.head_dim)
-        position_scores = torch.bmm(position_queries, position_keys.permute(1, 2, 0))
-        position_scores = position_scores.view(self.num_heads, batch, query_length, -1)
-        position_bias = relative_shift(position_scores, key_length).transpose(0, 1)
+        # (b) + (d): (q + v) . W_r R for every distance, [B, H, Q, R], then shifted so that column j is key j (a view).
+        # One product per (row, head): a row's scores do not depend on the batch it is in (bit for bit)
+        position_scores = torch.matmul((query + r_r_bias).transpose(1, 2), position_keys.permute(1, 2, 0))
+        position_bias = relative_shift(position_scores, key_length)
         if attention_bias is not None:
             attention_bias = additive_mask(allowed, query.dtype, position_bias + attention_bias)
         else:  # one pass over the scores: the mask's finfo.min absorbs any finite score
