@@ -99,7 +99,9 @@ def forward_flops(config: dict, batch: int, segment: int, targets) -> float:
     return 2.0 * multiply_adds
 
 
-def worker(implementation: str, folder: str, config_name: str, device: str, dtype_name: str, repeats: int) -> dict:
+def worker(
+    implementation: str, folder: str, config_name: str, device: str, dtype_name: str, repeats: int, compile_ours=False
+) -> dict:
     import resource
 
     import torch
@@ -133,6 +135,9 @@ def worker(implementation: str, folder: str, config_name: str, device: str, dtyp
 
     # With labels the legacy model returns only the losses; ours would also compute the log-probabilities unless told.
     labels_only = {} if implementation == "legacy" else {"return_logits": False}
+    module = model
+    if compile_ours and implementation == "ours":
+        model = torch.compile(module)  # the switch a user turns on (warm-up calls below include the compilation)
 
     def memory_of(output):
         return {"mems": output.mems} if implementation == "legacy" else {"past_key_values": output.past_key_values}
@@ -144,7 +149,7 @@ def worker(implementation: str, folder: str, config_name: str, device: str, dtyp
             return torch.cuda.max_memory_allocated() / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # process peak resident set, KiB -> MiB
 
-    model.eval()
+    module.eval()
     with torch.no_grad(), autocast():
         state = memory_of(model(ids, labels=ids, **labels_only))
         peak_memory_mib(reset=True)
@@ -155,8 +160,8 @@ def worker(implementation: str, folder: str, config_name: str, device: str, dtyp
         eval_seconds = timed(evaluate, repeats, synchronize)
         eval_peak = peak_memory_mib()
 
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    module.train()
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-4)
     with autocast():
         train_state = memory_of(model(ids, labels=ids, **labels_only))
     peak_memory_mib(reset=True)
@@ -182,10 +187,11 @@ def worker(implementation: str, folder: str, config_name: str, device: str, dtyp
 
 def compare_with_legacy(args, devices) -> list[str]:
     config, batch, segment = CONFIGS[args.config]
+    ours = "hf_txvariants + torch.compile" if args.compile else "hf_txvariants"
     lines = [
         f"config {args.config}: {config}, batch {batch} x segment {segment}, {args.threads} threads",
         "",
-        "| device | dtype | measure | transformers 4.46.3 | hf_txvariants | ratio |",
+        f"| device | dtype | measure | transformers 4.46.3 | {ours} | ratio |",
         "|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as folder:
@@ -202,7 +208,7 @@ def compare_with_legacy(args, devices) -> list[str]:
                     for name, python in (("legacy", args.legacy_python), ("ours", sys.executable)):
                         command = [python, __file__, "--worker", name, "--folder", folder, "--config", args.config]
                         command += ["--devices", device, "--dtypes", dtype_name, "--repeats", str(args.repeats)]
-                        command += ["--threads", str(args.threads)]
+                        command += ["--threads", str(args.threads)] + (["--compile"] if args.compile else [])
                         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
                         completed = subprocess.run(command, capture_output=True, text=True, env=env)
                         if completed.returncode != 0:  # e.g. the legacy model's index_copy_ under autocast
@@ -295,6 +301,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs of each implementation; best kept")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="our model wrapped in torch.compile (default backend)")
     parser.add_argument("--attention-lengths", type=int, nargs="*", default=[128, 512],
                         help="memory vs sliding window comparison (none: skip it)")
     parser.add_argument("--worker", choices=["legacy", "ours"], help=argparse.SUPPRESS)
@@ -305,7 +312,9 @@ def main():
 
     torch.set_num_threads(args.threads)
     if args.worker:
-        result = worker(args.worker, args.folder, args.config, args.devices[0], args.dtypes[0], args.repeats)
+        result = worker(
+            args.worker, args.folder, args.config, args.devices[0], args.dtypes[0], args.repeats, args.compile
+        )
         print(json.dumps(result))
         return
 

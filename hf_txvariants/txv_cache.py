@@ -5,6 +5,11 @@ layer at the last `mem_len` positions (Dai et al. 2019, eq. for h~_{tau+1}^{n-1}
 them with the current weights. The states are stored batch-first, `[batch, memory_length, hidden_size]`, detached
 (stop-gradient, SG(.) in the paper) and trimmed to `mem_len`. A boolean `memory_mask` marks which memory slots may be
 attended to (padding and reset rows are masked out).
+
+In evaluation (no autograd) the memory also keeps, per layer, the keys and values that layer computed for the memory
+slots when they were its current segment (`KeyValueSlot`): with unchanged weights they equal the recomputed ones, so
+the next segment projects only its own positions. They are trimmed with the memory, dropped by a training pass, a row
+reset or a change of the weights, and never used while autograd records.
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ class RowStateCache(Cache):
         for name, value in self._row_tensors().items():
             if value is None:
                 continue
-            setattr(self, name, [fn(t) for t in value] if isinstance(value, list) else fn(value))
+            if isinstance(value, list):
+                setattr(self, name, [None if t is None else fn(t) for t in value])
+            else:
+                setattr(self, name, fn(value))
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -85,6 +93,32 @@ class MemoryLayer:
         return self._cache.mem_len
 
 
+class KeyValueSlot:
+    """One layer's access, during one evaluation pass, to the keys and values cached with the memory.
+
+    `lookup(weights_token, memory_length)` gives the `[batch, heads, memory_length, head_dim]` keys and values of the
+    last `memory_length` memory slots if the layer cached them with the same weights (`weights_token` names them: the
+    tensors, their in-place versions, the autocast dtype), else None. `keep(key, value, weights_token)` records the
+    keys and values the layer used for the last `key.shape[2]` positions of `[memory; segment]`; the memory update
+    keeps the part that stays in memory."""
+
+    def __init__(self, cache: "MemoryCache", layer_idx: int):
+        self._cache, self.layer_idx = cache, layer_idx
+
+    def lookup(self, weights_token: tuple, memory_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        cache = self._cache
+        if cache.memory_keys is None or memory_length == 0 or memory_length > cache.memory_length:
+            return None
+        key, value = cache.memory_keys[self.layer_idx], cache.memory_values[self.layer_idx]
+        if key is None or cache.key_value_tokens[self.layer_idx] != weights_token:
+            return None
+        return key[:, :, -memory_length:], value[:, :, -memory_length:]
+
+    def keep(self, key: torch.Tensor, value: torch.Tensor, weights_token: tuple):
+        if self._cache._new_key_values is not None:
+            self._cache._new_key_values[self.layer_idx] = (key.detach(), value.detach(), weights_token)
+
+
 class MemoryCache(RowStateCache):
     """Per-layer Transformer-XL memory.
 
@@ -122,6 +156,11 @@ class MemoryCache(RowStateCache):
         self.layers = [MemoryLayer(self, i) for i in range(num_layers)]
         self.memories: list[torch.Tensor] | None = None
         self.memory_mask: torch.Tensor | None = None
+        # per layer, aligned with `memories` (see `KeyValueSlot`); None where not cached
+        self.memory_keys: list[torch.Tensor | None] | None = None
+        self.memory_values: list[torch.Tensor | None] | None = None
+        self.key_value_tokens: list[tuple | None] | None = None
+        self._new_key_values: list | None = None  # what the layers computed in the pass under way
         self.seen_tokens = seen_tokens
         if memories is not None:
             self._set(list(memories), memory_mask)
@@ -167,6 +206,35 @@ class MemoryCache(RowStateCache):
             raise ValueError(f"memory_mask has shape {tuple(memory_mask.shape)}, expected {tuple(first.shape[:2])}")
         self.memories = [m.detach() for m in memories]
         self.memory_mask = memory_mask.to(torch.bool)
+        self.forget_key_values()
+
+    def forget_key_values(self):
+        """Drops the cached keys and values (they are recomputed from the memory when next needed)."""
+        self.memory_keys = self.memory_values = self.key_value_tokens = None
+        self._new_key_values = None
+
+    def key_value_slots(self) -> list[KeyValueSlot]:
+        """One `KeyValueSlot` per layer for an evaluation pass (no autograd, weights fixed during the pass)."""
+        self._new_key_values = [None] * self.num_layers
+        return [KeyValueSlot(self, i) for i in range(self.num_layers)]
+
+    def _keep_new_key_values(self, pending: list | None, memory_length: int):
+        """After a memory update: per layer, the last `memory_length` keys and values of what the pass computed, when
+        it covered them (else None: recomputed next time)."""
+        if pending is None or memory_length == 0:
+            return
+        keys, values, tokens = [], [], []
+        for entry in pending:
+            if entry is None or entry[0].shape[2] < memory_length:
+                entry = (None, None, None)
+            else:
+                key, value, token = entry
+                entry = (key[:, :, -memory_length:], value[:, :, -memory_length:], token)
+            keys.append(entry[0])
+            values.append(entry[1])
+            tokens.append(entry[2])
+        if any(token is not None for token in tokens):
+            self.memory_keys, self.memory_values, self.key_value_tokens = keys, values, tokens
 
     # ----------------------------------------------------------------------------------------------------------------
     # what the model reads and writes
@@ -224,6 +292,7 @@ class MemoryCache(RowStateCache):
         `input_mask` is `[batch, new_length]` bool (True = real token) or None (all real)."""
         new_length = layer_inputs[0].shape[1]
         self.seen_tokens += new_length
+        pending, self._new_key_values = self._new_key_values, None
         if self.mem_len == 0:
             return
         if input_mask is None:
@@ -236,6 +305,7 @@ class MemoryCache(RowStateCache):
                 memories = [torch.cat([m, h], dim=1)[:, -self.mem_len :] for m, h in zip(self.memories, layer_inputs)]
                 mask = torch.cat([self.memory_mask, input_mask], dim=1)[:, -self.mem_len :]
             self._set(memories, mask)
+        self._keep_new_key_values(pending, self.memory_length)
 
     def reset_rows(self, done: torch.Tensor, memory_init: str | None = None):
         """Forgets the memory of the rows where `done` is True (e.g. an episode ended), in place.
@@ -254,6 +324,11 @@ class MemoryCache(RowStateCache):
         keep = (~done)[:, None, None].to(self.memories[0].dtype)
         self.memories = [m * keep for m in self.memories]
         if memory_init == "zeros":
+            # the zero vectors are attended: their keys and values (through a pre-norm, not zero) are recomputed, as
+            # are those of the pass under way (computed from the old memory)
+            self.forget_key_values()
+        # "empty": the reset slots are masked out, so their cached keys and values are never attended
+        if memory_init == "zeros":
             self.memory_mask = self.memory_mask | done[:, None]
         else:
             self.memory_mask = self.memory_mask & ~done[:, None]
@@ -268,6 +343,10 @@ class MemoryCache(RowStateCache):
         )
         if self.memories is not None:
             copy._set([m.clone() for m in self.memories], self.memory_mask.clone())
+        if self.memory_keys is not None:
+            copy.memory_keys = [None if k is None else k.clone() for k in self.memory_keys]
+            copy.memory_values = [None if v is None else v.clone() for v in self.memory_values]
+            copy.key_value_tokens = list(self.key_value_tokens)
         return copy
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -290,6 +369,7 @@ class MemoryCache(RowStateCache):
 
     def reset(self):
         self.memories, self.memory_mask, self.seen_tokens = None, None, 0
+        self.forget_key_values()
 
     def crop(self, max_length: int):
         raise NotImplementedError(
@@ -298,7 +378,12 @@ class MemoryCache(RowStateCache):
         )
 
     def _row_tensors(self) -> dict:
-        return {"memories": self.memories, "memory_mask": self.memory_mask}
+        return {
+            "memories": self.memories,
+            "memory_mask": self.memory_mask,
+            "memory_keys": self.memory_keys,
+            "memory_values": self.memory_values,
+        }
 
     @property
     def is_initialized(self) -> bool:

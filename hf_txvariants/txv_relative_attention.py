@@ -78,6 +78,15 @@ class RelativePositionAttention(nn.Module):
             self.r_w_bias = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))
             self.r_r_bias = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))
 
+    def key_value_weights_token(self, context_norm: nn.Module | None, hidden_states: torch.Tensor) -> tuple:
+        """What the keys and values of a position depend on besides its memory vector: the projection (and the
+        pre-norm) tensors, identified by storage and in-place version (an optimiser step or a reload changes it),
+        and the autocast dtype."""
+        tensors = [self.qkv_net.weight, *(context_norm.parameters() if context_norm is not None else ())]
+        device_type = hidden_states.device.type
+        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        return (autocast, *((t.data_ptr(), t._version, t.dtype) for t in tensors))
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -88,6 +97,7 @@ class RelativePositionAttention(nn.Module):
         shared_biases: tuple[torch.Tensor, torch.Tensor] | None = None,
         output_attentions: bool = False,
         attention_bias: torch.Tensor | None = None,
+        key_values=None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         hidden_states: `[B, Q, hidden]` the current segment; memory: `[B, M, hidden]` or None.
@@ -97,15 +107,26 @@ class RelativePositionAttention(nn.Module):
         context_norm: applied to `[memory; hidden]` before the projections (pre-layer-norm models).
         attention_bias: an optional extra additive term, broadcastable to `[B, heads, Q, M + Q]` (e.g. the log of
             adaptive span's soft mask), added to the position scores.
+        key_values: in evaluation, the layer's `txv_cache.KeyValueSlot`: the memory's keys and values are taken from
+            it when they were cached with these weights (only the segment is projected), and this pass's are kept.
         Returns the attention output after `o_net` and dropout, `[B, Q, hidden]`, and the weights if requested.
         """
         batch, query_length, _ = hidden_states.shape
-        context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)
+        memory_length = 0 if memory is None else memory.shape[1]
+        heads = (self.num_heads, self.head_dim)
+        plain_projection = type(self.qkv_net) is nn.Linear
+        weights_token = cached = None
+        if key_values is not None and plain_projection:
+            weights_token = self.key_value_weights_token(context_norm, hidden_states)
+            cached = key_values.lookup(weights_token, memory_length)
+        if cached is not None:  # the memory's keys and values as this layer computed them: project the segment only
+            context = hidden_states
+        else:
+            context = hidden_states if memory is None else torch.cat([memory, hidden_states], dim=1)
         if context_norm is not None:
             context = context_norm(context)
-        key_length = context.shape[1]
-        heads = (self.num_heads, self.head_dim)
-        if type(self.qkv_net) is nn.Linear:
+        projected_length = context.shape[1]
+        if plain_projection:
             # Queries only for the segment (not the memory): the fused weight's three blocks applied separately.
             w_query, w_key, w_value = self.qkv_net.weight.chunk(3, dim=0)
             query = nn.functional.linear(context[:, -query_length:], w_query)
@@ -114,17 +135,25 @@ class RelativePositionAttention(nn.Module):
             query, key, value = self.qkv_net(context).chunk(3, dim=-1)
             query = query[:, -query_length:]
         query = query.reshape(batch, query_length, *heads)
-        key = key.reshape(batch, key_length, *heads).transpose(1, 2)
-        value = value.reshape(batch, key_length, *heads).transpose(1, 2)
-        position_keys = self.r_net(position_embeddings).view(position_embeddings.shape[0], *heads)
+        key = key.reshape(batch, projected_length, *heads).transpose(1, 2)
+        value = value.reshape(batch, projected_length, *heads).transpose(1, 2)
+        if cached is not None:
+            key, value = torch.cat([cached[0], key], dim=2), torch.cat([cached[1], value], dim=2)
+        if weights_token is not None:
+            key_values.keep(key, value, weights_token)
+        key_length = key.shape[2]
+        # the scaling folded into the (small) position keys rather than applied to the [B, H, Q, R] scores
+        position_keys = self.r_net(position_embeddings).view(position_embeddings.shape[0], *heads) * self.scaling
 
         r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
-        # (b) + (d): (q + v) . W_r R for every distance, [B, H, Q, R], then shifted so that column j is key j.
+        # (b) + (d): (q + v) . W_r R for every distance, [B, H, Q, R], then shifted so that column j is key j (a view).
+        # One product per (row, head): a row's scores do not depend on the batch it is in (bit for bit)
         position_scores = torch.matmul((query + r_r_bias).transpose(1, 2), position_keys.permute(1, 2, 0))
-        position_bias = relative_shift(position_scores, key_length) * self.scaling
+        position_bias = relative_shift(position_scores, key_length)
         if attention_bias is not None:
-            position_bias = position_bias + attention_bias
-        attention_bias = additive_mask(allowed, query.dtype, position_bias)
+            attention_bias = additive_mask(allowed, query.dtype, position_bias + attention_bias)
+        else:  # one pass over the scores: the mask's finfo.min absorbs any finite score
+            attention_bias = position_bias + additive_mask(allowed, query.dtype)
 
         attention = get_attention_function(self.config, output_attentions)
         output, weights = attention(

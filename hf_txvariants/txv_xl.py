@@ -109,8 +109,18 @@ class XLLayer(GradientCheckpointingLayer):
     def part(self, role: str):
         return self.get_submodule(self.part_paths[role])
 
-    def forward(self, hidden_states, position_embeddings, allowed, memory=None, shared_biases=None, output_attentions=False):
-        """position_embeddings `[M + Q (+ 1), hidden]` and allowed `[..., Q, M + Q]` for the full memory `[B, M, hidden]`.
+    def forward(
+        self,
+        hidden_states,
+        position_embeddings,
+        allowed,
+        memory=None,
+        shared_biases=None,
+        output_attentions=False,
+        key_values=None,
+    ):
+        """position_embeddings `[M + Q (+ 1), hidden]` and allowed `[..., Q, M + Q]` for the full memory
+        `[B, M, hidden]`; key_values: the layer's `KeyValueSlot` in evaluation (see `RelativePositionAttention`).
         Returns the output, the attention weights (or None), the layer's span penalty (or None) and
         `(attended key count, memory the layer needs or None)`."""
         span = self.part("adaptive_span") if self.has_adaptive_span else None
@@ -138,6 +148,7 @@ class XLLayer(GradientCheckpointingLayer):
             shared_biases=shared_biases,
             output_attentions=output_attentions,
             attention_bias=span_bias,
+            key_values=key_values,
         )
         if self.residual == "post_norm":
             hidden_states = attention_norm(hidden_states + attended)
@@ -296,6 +307,14 @@ class XLBackboneMixin:
             )
         )
 
+        # In evaluation the memory's keys and values are reused (exact: same weights, same memory vectors); a pass that
+        # records gradients or trains drops them, since the weights change and the gradient must reach W_k, W_v
+        key_value_slots = [None] * len(self.layers)
+        if not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            key_value_slots = cache.key_value_slots()
+        else:
+            cache.forget_key_values()
+
         hidden_states = self.drop(inputs_embeds)
         layer_inputs, attentions, penalties, attended_keys = [], [], [], []
         for layer_idx, layer in enumerate(self.layers):
@@ -309,6 +328,7 @@ class XLBackboneMixin:
                 memory=cache.layer_memory(layer_idx),
                 shared_biases=shared_biases,
                 output_attentions=output_attentions,
+                key_values=key_value_slots[layer_idx],
             )
             attentions.append(weights)
             penalties.append(penalty)

@@ -298,15 +298,140 @@ def test_left_padding_under_zero_memory_equals_each_row_alone(config_class, mode
         assert torch.equal(batched[i, 6:], model.generate(row, **kwargs)[0, row.shape[1] :]), i
 
 
+# ------------------------------------------------------------------------------------------ memory keys and values
+KEY_VALUE_MODELS = {
+    "transfo-xl": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL, dropout=0.0)),
+    "transfo-xl same_length": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**{**TRANSFO_XL, "same_length": True})),
+    "transfo-xl pre_lnorm": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL, pre_lnorm=True, dropout=0.0)),
+    "gtrxl": lambda: GTrXLForCausalLM(GTrXLConfig(**GTRXL, dropout=0.0)),
+    "gtrxl with adaptive span": lambda: GTrXLForCausalLM(GTrXLConfig(**GTRXL, **SPAN, dropout=0.0)),
+    "adaptive_span": lambda: AdaptiveSpanForCausalLM(AdaptiveSpanConfig(**ADAPTIVE_SPAN, dropout=0.0)),
+}
+
+
+def _segment_logits(model, ids, segment, recompute, resets=None):
+    """Logits of `ids` fed segment by segment with the memory. recompute: the memory's cached keys and values are
+    dropped before every segment (the recomputing path). resets: {segment index: rows reset before it}."""
+    cache, logits = None, []
+    with torch.no_grad():
+        for index, start in enumerate(range(0, ids.shape[1], segment)):
+            if cache is not None and recompute:
+                cache.forget_key_values()
+            if resets and index in resets:
+                cache.reset_rows(resets[index])
+            output = model(ids[:, start : start + segment], past_key_values=cache)
+            cache = output.past_key_values
+            logits.append(output.logits)
+    return logits, cache
+
+
+def _record_key_projections(model, monkeypatch):
+    """The number of positions each query/key/value projection of the attentions is applied to (the recomputing
+    path projects [memory; segment] to keys and values, the reusing path the segment alone)."""
+    storages = {
+        module.qkv_net.weight.untyped_storage().data_ptr()
+        for module in model.modules()
+        if isinstance(module, txv_relative_attention.RelativePositionAttention)
+    }
+    projected, linear = [], torch.nn.functional.linear
+
+    def recording_linear(inputs, weight, *args, **kwargs):
+        if weight.untyped_storage().data_ptr() in storages:
+            projected.append(inputs.shape[1])
+        return linear(inputs, weight, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording_linear)
+    return projected
+
+
+@pytest.mark.parametrize("name", sorted(KEY_VALUE_MODELS))
+@pytest.mark.parametrize("segment", [3, 5, 9])
+def test_evaluation_reuses_the_memory_keys_and_values_exactly(name, segment, monkeypatch):
+    """Over several segments (the memory filling up and trimmed to mem_len = 7, a row reset in between), reusing the
+    keys and values cached with the memory gives the logits of recomputing them from the memory (to float32 rounding:
+    1e-6 absolute and relative, the projections' sums being grouped differently), and the reusing path really
+    projects only the segment."""
+    torch.manual_seed(0)
+    model = KEY_VALUE_MODELS[name]().eval()
+    ids = _ids(2, 4 * segment + 1)
+    resets = {2: torch.tensor([True, False])}
+    expected, _ = _segment_logits(model, ids, segment, recompute=True, resets=resets)
+    recomputing_projections = _record_key_projections(model, monkeypatch)
+    _segment_logits(model, ids, segment, recompute=True, resets=resets)
+    reusing_projections = _record_key_projections(model, monkeypatch)
+    reused, cache = _segment_logits(model, ids, segment, recompute=False, resets=resets)
+    for index, (actual, wanted) in enumerate(zip(reused, expected)):
+        torch.testing.assert_close(actual, wanted, atol=1e-6, rtol=1e-6, msg=f"segment {index}")
+    # the memory is projected again only where the cache could not serve it (the first segment's zero memory, a
+    # reset of zero memory, a layer that trimmed its memory to its span)
+    assert sum(reusing_projections) < sum(recomputing_projections), (reusing_projections, recomputing_projections)
+    assert cache.memory_keys is not None
+    heads, head_dim = model.config.num_attention_heads, model.config.head_dim
+    for memory, key, value in zip(cache.memories, cache.memory_keys, cache.memory_values):
+        if key is not None:  # (a layer that trimmed its memory to its span keeps no keys)
+            assert key.shape == value.shape == (2, heads, memory.shape[1], head_dim)
+
+
+def test_memory_keys_and_values_follow_beam_reordering():
+    torch.manual_seed(0)
+    model = KEY_VALUE_MODELS["transfo-xl"]().eval()
+    ids = _ids(3, 8)
+    with torch.no_grad():
+        cache = model(ids[:, :4]).past_key_values
+        order = torch.tensor([2, 0, 0])
+        reordered = cache.clone()
+        reordered.reorder_cache(order)
+        assert torch.equal(reordered.memory_keys[0], cache.memory_keys[0][order])
+        recomputed = reordered.clone()
+        recomputed.forget_key_values()
+        next_ids = ids[order, 4:]
+        actual = model(next_ids, past_key_values=reordered).logits
+        expected = model(next_ids, past_key_values=recomputed).logits
+    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
+
+
+def test_changed_weights_never_use_stale_keys_and_values():
+    """An in-place weight change (an optimiser step) between two evaluation segments: the cached keys and values were
+    made with the old weights, so they are recomputed."""
+    torch.manual_seed(0)
+    model = KEY_VALUE_MODELS["transfo-xl"]().eval()
+    ids = _ids(2, 10)
+    with torch.no_grad():
+        cache = model(ids[:, :5]).past_key_values
+        assert cache.memory_keys is not None
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+        recomputed = cache.clone()
+        recomputed.forget_key_values()
+        actual = model(ids[:, 5:], past_key_values=cache).logits
+        expected = model(ids[:, 5:], past_key_values=recomputed).logits
+    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["train", "eval with autograd"])
+def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
+    """Training (and any pass that records gradients) recomputes the memory's keys and values: the gradient of the
+    key/value projection includes the memory positions, as in the recomputing path, and the cache drops them."""
+    torch.manual_seed(0)
+    model = KEY_VALUE_MODELS["transfo-xl"]()
+    ids = _ids(2, 10)
+    model.eval()
+    with torch.no_grad():
+        cache = model(ids[:, :5]).past_key_values
+    assert cache.memory_keys is not None
+    recomputed = cache.clone()
+    recomputed.forget_key_values()
+    model.train(mode == "train")
+    gradients = []
+    for memory in (cache, recomputed):
+        model.zero_grad()
+        model(ids[:, 5:], labels=ids[:, 5:], past_key_values=memory).loss.backward()
+        gradients.append(model.transformer.layers[0].dec_attn.qkv_net.weight.grad.clone())
+    torch.testing.assert_close(gradients[0], gradients[1], atol=1e-6, rtol=0)
+    assert cache.memory_keys is None
+
+
 # ------------------------------------------------------------------------------------------ export and compile
-def _pad_reshape_relative_shift(position_scores, key_length):
-    """The relative shift written with pad and reshape (no as_strided/storage_offset), for the compile check."""
-    *batch, query_length, rows = position_scores.shape
-    flat = torch.nn.functional.pad(position_scores.reshape(*batch, query_length * rows), (0, query_length))
-    flat = flat[..., query_length - 1 : query_length - 1 + query_length * (rows - 1)]
-    return flat.reshape(*batch, query_length, rows - 1)[..., :key_length]
-
-
 @pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
 def test_torch_export_traces_the_xl_variants(name):
     model = _causal_lms()[name]
@@ -322,18 +447,45 @@ def test_torch_export_traces_the_xl_variants(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
-def test_torch_compile_fullgraph_traces_the_xl_backbone(name, monkeypatch):
-    """fullgraph=True through the backbone, the layers, the mechanisms and the memory. The relative shift itself
-    (txv_relative_attention, its own block) is swapped for an equal pad/reshape form, checked equal here first."""
-    scores = torch.randn(2, 3, 4, 8)
-    torch.testing.assert_close(
-        _pad_reshape_relative_shift(scores, 7), txv_relative_attention.relative_shift(scores, 7), atol=0, rtol=0
-    )
-    monkeypatch.setattr(txv_relative_attention, "relative_shift", _pad_reshape_relative_shift)
+@pytest.mark.parametrize("phase", ["first segment", "evaluation with memory", "training step"])
+def test_torch_compile_fullgraph_traces_the_xl_backbone(name, phase):
+    """`torch.compile(model, fullgraph=True)` (no graph break) through the backbone, the layers, the relative shift, the
+    mechanisms and the memory: a first segment, a segment with the memory in evaluation, and a training step with the
+    memory (loss and the gradients of every parameter equal eager's)."""
     model = _causal_lms()[name]
-    ids = _ids(2, 5)
+    ids = _ids(2, 10)
     with torch.no_grad():
-        expected = model(ids).logits
-        torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, backend="eager")
-        torch.testing.assert_close(compiled(ids).logits, expected, atol=ATOL, rtol=0)
+        memory = model(ids[:, :5]).past_key_values
+    inputs = {"input_ids": ids[:, 5:]}
+    if phase != "first segment":
+        inputs["past_key_values"] = memory
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    if phase != "training step":
+        with torch.no_grad():
+            expected = model(**{**inputs, **_fresh_memory(inputs)}).logits
+            actual = compiled(**{**inputs, **_fresh_memory(inputs)}).logits
+        torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+        return
+    model.train()
+    model.config.dropout = 0.0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    gradients = []
+    for run in (model, compiled):
+        model.zero_grad()
+        loss = run(**{**inputs, **_fresh_memory(inputs)}, labels=ids[:, 5:]).loss
+        loss.backward()
+        grads = {parameter_name: p.grad.clone() for parameter_name, p in model.named_parameters() if p.grad is not None}
+        gradients.append((loss.detach(), grads))
+    (expected_loss, expected_grads), (loss, grads) = gradients
+    torch.testing.assert_close(loss, expected_loss, atol=ATOL, rtol=0)
+    assert grads.keys() == expected_grads.keys() and grads
+    for parameter_name, gradient in grads.items():
+        torch.testing.assert_close(gradient, expected_grads[parameter_name], atol=ATOL, rtol=1e-4, msg=parameter_name)
+
+
+def _fresh_memory(inputs):
+    """A copy of the memory in `inputs` (a forward updates the memory it is given in place)."""
+    return {"past_key_values": inputs["past_key_values"].clone()} if "past_key_values" in inputs else {}
