@@ -24,6 +24,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import ModelOutput
 
 
 @dataclass
@@ -175,4 +177,29 @@ def add_ponder_cost(loss, ponder_cost, weight: float, attention_mask=None):
     return loss + weight * mean_ponder_cost(ponder_cost, real)
 
 
-__all__ = ["ACTOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
+@dataclass
+class ACTModelOutput(ModelOutput):
+    """The base model output of a pondering model. ponder_cost: `[batch, length]` rho_t = N(t) + R(t) (0 at padding);
+    the loss adds its mean over the real positions. n_updates: `[batch, length]` N(t)."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class ACTCausalLMOutput(ModelOutput):
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions)."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+__all__ = ["ACTOutput", "ACTModelOutput", "ACTCausalLMOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
