@@ -155,18 +155,6 @@ class UniversalStepCache(RowStateCache):
     def is_croppable(self) -> bool:
         return True
 
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False]
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False]
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False]
-
 
 # -------------------------------------------------------------------------------------------------------- attention
 

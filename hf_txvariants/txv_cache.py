@@ -56,6 +56,14 @@ class RowStateCache(Cache):
     def is_compileable(self) -> bool:
         return False
 
+    # One entry per layer (`len(self)`): no state here is a sliding-window, linear-attention or dummy layer
+    # (transformers' own properties read `self.layers`, which these caches leave empty).
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * len(self)
+
+    is_linear = is_dummy = is_sliding
+
 
 class MemoryLayer:
     """One layer's view of a `MemoryCache`, so that code walking `cache.layers` (transformers' generation utilities)
@@ -307,18 +315,6 @@ class MemoryCache(RowStateCache):
     @property
     def is_croppable(self) -> bool:
         return False
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False] * self.num_layers
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False] * self.num_layers
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * self.num_layers
 
 
 def _flatten_memory(cache: MemoryCache):
