@@ -79,14 +79,6 @@ class ACTRNNCache(RowStateCache):
     def _row_tensors(self) -> dict:
         return {"state": self.state}
 
-    @property
-    def is_initialized(self) -> bool:
-        return self.state is not None
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
-
 
 # ------------------------------------------------------------------------------------------------------------- cell
 

@@ -148,10 +148,6 @@ class UniversalStepCache(RowStateCache):
         return {"step_inputs": self.step_inputs, "final": self.final, "positions": self.positions, "key_mask": self.key_mask}
 
     @property
-    def is_initialized(self) -> bool:
-        return self.final is not None
-
-    @property
     def is_croppable(self) -> bool:
         return True
 

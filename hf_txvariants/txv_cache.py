@@ -56,6 +56,16 @@ class RowStateCache(Cache):
     def is_compileable(self) -> bool:
         return False
 
+    @property
+    def is_initialized(self) -> bool:
+        """Whether the cache holds a state yet (any tensor that `_row_tensors()` names)."""
+        return any(value is not None for value in self._row_tensors().values())
+
+    @property
+    def is_croppable(self) -> bool:
+        """False unless a subclass says otherwise: a model's own state (a memory, an RNN state) cannot be rolled back."""
+        return False
+
     # One entry per layer (`len(self)`): no state here is a sliding-window, linear-attention or dummy layer
     # (transformers' own properties read `self.layers`, which these caches leave empty).
     @property
@@ -307,14 +317,6 @@ class MemoryCache(RowStateCache):
 
     def _row_tensors(self) -> dict:
         return {"memories": self.memories, "memory_mask": self.memory_mask}
-
-    @property
-    def is_initialized(self) -> bool:
-        return self.memories is not None
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
 
 
 def _flatten_memory(cache: MemoryCache):
