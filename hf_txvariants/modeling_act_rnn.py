@@ -24,7 +24,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_act_rnn import ACTRNNConfig
-from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, HaltingUnit, add_ponder_cost
+from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
@@ -146,11 +146,9 @@ class ACTRNNPreTrainedModel(TxvModelMixin, PreTrainedModel):
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
-            init.normal_(module.weight, 0.0, std)
-            init.constant_(module.bias, module.bias_init)
-        elif isinstance(module, (nn.RNNCell, nn.GRUCell, nn.LSTMCell)):
+        if init_halting_unit(module, self.config.initializer_range):
+            return
+        if isinstance(module, (nn.RNNCell, nn.GRUCell, nn.LSTMCell)):
             bound = module.hidden_size**-0.5  # PyTorch's own RNN initialisation
             for weight in module.parameters():
                 init.uniform_(weight, -bound, bound)

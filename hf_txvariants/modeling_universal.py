@@ -32,7 +32,7 @@ from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutp
 from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
-from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, HaltingUnit, add_ponder_cost
+from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
@@ -302,10 +302,9 @@ class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
-        if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
-            init.normal_(module.weight, 0.0, std)
-            init.constant_(module.bias, module.bias_init)
-        elif isinstance(module, (nn.Linear, nn.Conv1d)):
+        if init_halting_unit(module, std):
+            return
+        if isinstance(module, (nn.Linear, nn.Conv1d)):
             init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
                 init.zeros_(module.bias)

@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import ModelOutput
 
@@ -72,6 +73,16 @@ class HaltingUnit(nn.Linear):
     def __init__(self, hidden_size: int, bias_init: float):
         super().__init__(hidden_size, 1)
         self.bias_init = bias_init
+
+
+def init_halting_unit(module: nn.Module, std: float) -> bool:
+    """Initialises `module` if it is a `HaltingUnit` (weight N(0, std), bias its `bias_init`) and says whether it was:
+    a model's `_init_weights` calls it first, before a generic Linear rule that would claim the bias."""
+    if not isinstance(module, HaltingUnit):
+        return False
+    init.normal_(module.weight, 0.0, std)
+    init.constant_(module.bias, module.bias_init)
+    return True
 
 
 class AdaptiveComputationTime(nn.Module):
@@ -202,4 +213,4 @@ class ACTCausalLMOutput(ModelOutput):
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
 
 
-__all__ = ["ACTOutput", "ACTModelOutput", "ACTCausalLMOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
+__all__ = ["init_halting_unit", "ACTOutput", "ACTModelOutput", "ACTCausalLMOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
