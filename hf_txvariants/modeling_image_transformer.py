@@ -25,7 +25,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, ModelOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
@@ -84,14 +84,9 @@ def local_pattern(config: ImageTransformerConfig) -> AttentionPattern:
 
 
 @dataclass
-class ImageTransformerCausalLMOutput(ModelOutput):
-    """`loss` is in bits per dimension (the paper's unit: nats / ln 2 per channel intensity)."""
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+class ImageTransformerCausalLMOutput(CausalLMOutputWithPast):
+    """transformers' causal-LM output; `loss` is in bits per dimension (the paper's unit: nats / ln 2 per channel
+    intensity)."""
 
 
 def grid_position_embeddings(raster: torch.Tensor, grid_width: int, config, embed_channels: nn.Embedding, scale=(1, 1)):
