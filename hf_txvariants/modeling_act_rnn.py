@@ -20,11 +20,11 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import ModelOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_act_rnn import ACTRNNConfig
-from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
+from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
@@ -34,29 +34,16 @@ from .txv_pretrained import TxvModelMixin
 
 
 @dataclass
-class ACTRNNModelOutput(ModelOutput):
+class ACTRNNModelOutput(ACTModelOutput):
     """last_hidden_state: `[batch, length, hidden]` the output part of s_t (h for an LSTM). ponder_cost:
-    `[batch, length]` rho_t = N(t) + R(t) (0 at padding). n_updates: `[batch, length]` N(t). hidden_states: the input
-    vectors x_t and last_hidden_state."""
-
-    last_hidden_state: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    past_key_values: "ACTRNNCache | None" = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    `[batch, length]` rho_t = N(t) + R(t) (0 at padding). n_updates: `[batch, length]` N(t). past_key_values: the
+    `ACTRNNCache`. hidden_states: the input vectors x_t and last_hidden_state."""
 
 
 @dataclass
-class ACTRNNCausalLMOutput(ModelOutput):
-    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions)."""
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    lm_loss: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    past_key_values: "ACTRNNCache | None" = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+class ACTRNNCausalLMOutput(ACTCausalLMOutput):
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions); past_key_values: the
+    `ACTRNNCache`."""
 
 
 @dataclass
@@ -91,14 +78,6 @@ class ACTRNNCache(RowStateCache):
 
     def _row_tensors(self) -> dict:
         return {"state": self.state}
-
-    @property
-    def is_initialized(self) -> bool:
-        return self.state is not None
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
 
 
 # ------------------------------------------------------------------------------------------------------------- cell
@@ -167,11 +146,9 @@ class ACTRNNPreTrainedModel(TxvModelMixin, PreTrainedModel):
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
     def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
-            init.normal_(module.weight, 0.0, std)
-            init.constant_(module.bias, module.bias_init)
-        elif isinstance(module, (nn.RNNCell, nn.GRUCell, nn.LSTMCell)):
+        if init_halting_unit(module, self.config.initializer_range):
+            return
+        if isinstance(module, (nn.RNNCell, nn.GRUCell, nn.LSTMCell)):
             bound = module.hidden_size**-0.5  # PyTorch's own RNN initialisation
             for weight in module.parameters():
                 init.uniform_(weight, -bound, bound)

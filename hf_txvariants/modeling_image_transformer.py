@@ -25,7 +25,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, ModelOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
@@ -35,7 +35,7 @@ from .txv_heads import CausalLMHeadMixin
 from .txv_inputs import check_token_ids
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_pretrained import TxvModelMixin
-from .txv_patterns import AttentionPattern, Local1D, Local2D, pattern_attention, to_block_raster
+from .txv_patterns import AttentionPattern, Local1D, Local2D, PatternSelfAttention, to_block_raster
 from .txv_positions import sinusoid_table
 
 START_TOKEN = 256
@@ -85,14 +85,9 @@ def local_pattern(config: ImageTransformerConfig) -> AttentionPattern:
 
 
 @dataclass
-class ImageTransformerCausalLMOutput(ModelOutput):
-    """`loss` is in bits per dimension (the paper's unit: nats / ln 2 per channel intensity)."""
-
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
+class ImageTransformerCausalLMOutput(CausalLMOutputWithPast):
+    """transformers' causal-LM output; `loss` is in bits per dimension (the paper's unit: nats / ln 2 per channel
+    intensity)."""
 
 
 def grid_position_embeddings(raster: torch.Tensor, grid_width: int, config, embed_channels: nn.Embedding, scale=(1, 1)):
@@ -110,36 +105,6 @@ def grid_position_embeddings(raster: torch.Tensor, grid_width: int, config, embe
     return table + embed_channels(channel)
 
 
-class ImageTransformerAttention(MultiHeadAttention):
-    def __init__(self, config: ImageTransformerConfig, layer_idx: int, pattern):
-        super().__init__(config, layer_idx)
-        self.pattern = pattern
-
-    def forward(self, hidden_states, key_padding_mask=None, output_attentions=False, past_key_values=None):
-        """With `past_key_values`, the new positions' keys/values join the cached ones and the queries (at positions
-        past_length + i) attend to the keys their pattern allows among all of them."""
-        batch, length = hidden_states.shape[:2]
-        past_length = cache_past_length(past_key_values, self.layer_idx)
-        query = self._heads(self.q_proj(hidden_states))
-        key, value = self.keys_values(hidden_states, past_key_values=past_key_values)
-        output, weights = pattern_attention(
-            self,
-            query,
-            key,
-            value,
-            self.pattern,
-            self.config.pattern_implementation,
-            scaling=self.scaling,
-            key_padding_mask=key_padding_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            block_size=self.config.block_size,
-            q_offset=past_length,
-            output_attentions=output_attentions,
-            dense_implementation=self.config._attn_implementation,
-        )
-        return self.o_proj(output.reshape(batch, length, -1)), weights
-
-
 class ImageTransformerLayer(GradientCheckpointingLayer):
     """Pre-norm decoder layer: x + dropout(attn(LN(x))), [x + dropout(cross_attn(LN(x), encoder)) when conditioned on
     an image], then x + ff(LN(x))."""
@@ -147,7 +112,7 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
     def __init__(self, config: ImageTransformerConfig, layer_idx: int, pattern):
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.attn = ImageTransformerAttention(config, layer_idx, pattern)
+        self.attn = PatternSelfAttention(config, layer_idx, pattern)
         if config.conditioning_image_size is not None:
             self.ln_cross = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
             self.cross_attn = MultiHeadAttention(config, layer_idx, is_cross_attention=True)
@@ -165,7 +130,7 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
         encoder_attention_mask=None,
     ):
         attention_output, weights = self.attn(
-            self.ln_attn(hidden_states), key_padding_mask, output_attentions, past_key_values
+            self.ln_attn(hidden_states), key_padding_mask, past_key_values, output_attentions
         )
         hidden_states = hidden_states + self.dropout(attention_output)
         if hasattr(self, "cross_attn"):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, ModelOutput
+from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
@@ -27,13 +27,9 @@ from .txv_transformer_stack import TransformerStackMixin
 
 
 @dataclass
-class ShawCausalLMOutput(ModelOutput):
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
-    attentions: tuple[torch.FloatTensor, ...] | None = None
-    cross_attentions: tuple[torch.FloatTensor, ...] | None = None
+class ShawCausalLMOutput(CausalLMOutputWithCrossAttentions):
+    """transformers' causal-LM output with cross-attentions (the fields a Shaw decoder returns), under the variant's
+    name."""
 
 
 class ShawPreTrainedModel(TxvModelMixin, PreTrainedModel):

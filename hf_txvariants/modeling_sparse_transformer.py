@@ -26,9 +26,9 @@ from .configuration_sparse_transformer import SparseTransformerConfig
 from .txv_attention import all_tokens_real
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
-from .txv_mha import MultiHeadAttention, cache_past_length
+from .txv_mha import cache_past_length
 from .txv_pretrained import TxvModelMixin
-from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided, pattern_attention
+from .txv_patterns import Causal, Fixed, Local1D, PatternSelfAttention, PerHead, SlidingWindow, Strided
 
 
 def layer_patterns(config: SparseTransformerConfig) -> list:
@@ -62,36 +62,6 @@ def check_right_padding(key_padding_mask: torch.Tensor) -> None:
         )
 
 
-class SparseTransformerAttention(MultiHeadAttention):
-    """Multi-head self-attention restricted to `pattern` (q/k/v/o projections and the cache of `txv_mha`)."""
-
-    def __init__(self, config: SparseTransformerConfig, layer_idx: int, pattern):
-        super().__init__(config, layer_idx)
-        self.pattern = pattern
-
-    def forward(self, hidden_states, key_padding_mask=None, past_key_values=None, output_attentions=False):
-        batch, length = hidden_states.shape[:2]
-        past_length = cache_past_length(past_key_values, self.layer_idx)
-        query = self._heads(self.q_proj(hidden_states))
-        key, value = self.keys_values(hidden_states, past_key_values=past_key_values)
-        output, weights = pattern_attention(
-            self,
-            query,
-            key,
-            value,
-            self.pattern,
-            self.config.pattern_implementation,
-            scaling=self.scaling,
-            key_padding_mask=key_padding_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            block_size=self.config.block_size,
-            q_offset=past_length,
-            output_attentions=output_attentions,
-            dense_implementation=self.config._attn_implementation,
-        )
-        return self.o_proj(output.reshape(batch, length, -1)), weights
-
-
 class SparseTransformerMLP(nn.Module):
     def __init__(self, config: SparseTransformerConfig):
         super().__init__()
@@ -110,7 +80,7 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
     def __init__(self, config: SparseTransformerConfig, layer_idx: int, pattern):
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.attn = SparseTransformerAttention(config, layer_idx, pattern)
+        self.attn = PatternSelfAttention(config, layer_idx, pattern)
         self.ln_mlp = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = SparseTransformerMLP(config)
         self.dropout = nn.Dropout(config.dropout)
@@ -138,8 +108,8 @@ class SparseTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         # Paper section 5.2: residual-branch output projections scaled by 1 / sqrt(2N).
-        if isinstance(module, (SparseTransformerAttention, SparseTransformerMLP)):
-            output = module.o_proj if isinstance(module, SparseTransformerAttention) else module.fc_out
+        if isinstance(module, (PatternSelfAttention, SparseTransformerMLP)):
+            output = module.o_proj if isinstance(module, PatternSelfAttention) else module.fc_out
             init.normal_(output.weight, 0.0, self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers))
 
 

@@ -28,11 +28,11 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import MaskedLMOutput, ModelOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
-from .txv_act import AdaptiveComputationTime, HaltingUnit, add_ponder_cost
+from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_inputs import embed_inputs
@@ -45,31 +45,20 @@ from .txv_positions import sinusoid_table
 
 
 @dataclass
-class UniversalTransformerModelOutput(ModelOutput):
+class UniversalTransformerModelOutput(ACTModelOutput):
     """ponder_cost: `[batch, length]` rho = N + R of every position (0 at padding; None without ACT); the loss adds
     its mean over the real positions. n_updates: `[batch, length]` the number of steps each position took.
-    hidden_states: the state before the first step and after every step."""
+    past_key_values: the `UniversalStepCache`. hidden_states: the state before the first step and after every step."""
 
-    last_hidden_state: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    past_key_values: "UniversalStepCache | None" = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
 @dataclass
-class UniversalTransformerCausalLMOutput(ModelOutput):
-    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions)."""
+class UniversalTransformerCausalLMOutput(ACTCausalLMOutput):
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions); past_key_values: the
+    `UniversalStepCache`."""
 
-    loss: torch.FloatTensor | None = None
-    logits: torch.FloatTensor | None = None
-    lm_loss: torch.FloatTensor | None = None
-    ponder_cost: torch.FloatTensor | None = None
-    n_updates: torch.FloatTensor | None = None
-    past_key_values: "UniversalStepCache | None" = None
-    hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
 
@@ -159,24 +148,8 @@ class UniversalStepCache(RowStateCache):
         return {"step_inputs": self.step_inputs, "final": self.final, "positions": self.positions, "key_mask": self.key_mask}
 
     @property
-    def is_initialized(self) -> bool:
-        return self.final is not None
-
-    @property
     def is_croppable(self) -> bool:
         return True
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False]
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False]
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False]
 
 
 # -------------------------------------------------------------------------------------------------------- attention
@@ -329,10 +302,9 @@ class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         std = self.config.initializer_range
-        if isinstance(module, HaltingUnit):  # before the generic Linear, which would claim the bias
-            init.normal_(module.weight, 0.0, std)
-            init.constant_(module.bias, module.bias_init)
-        elif isinstance(module, (nn.Linear, nn.Conv1d)):
+        if init_halting_unit(module, std):
+            return
+        if isinstance(module, (nn.Linear, nn.Conv1d)):
             init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
                 init.zeros_(module.bias)

@@ -24,6 +24,9 @@ from typing import Callable
 
 import torch
 from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import ModelOutput
 
 
 @dataclass
@@ -70,6 +73,16 @@ class HaltingUnit(nn.Linear):
     def __init__(self, hidden_size: int, bias_init: float):
         super().__init__(hidden_size, 1)
         self.bias_init = bias_init
+
+
+def init_halting_unit(module: nn.Module, std: float) -> bool:
+    """Initialises `module` if it is a `HaltingUnit` (weight N(0, std), bias its `bias_init`) and says whether it was:
+    a model's `_init_weights` calls it first, before a generic Linear rule that would claim the bias."""
+    if not isinstance(module, HaltingUnit):
+        return False
+    init.normal_(module.weight, 0.0, std)
+    init.constant_(module.bias, module.bias_init)
+    return True
 
 
 class AdaptiveComputationTime(nn.Module):
@@ -175,4 +188,29 @@ def add_ponder_cost(loss, ponder_cost, weight: float, attention_mask=None):
     return loss + weight * mean_ponder_cost(ponder_cost, real)
 
 
-__all__ = ["ACTOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
+@dataclass
+class ACTModelOutput(ModelOutput):
+    """The base model output of a pondering model. ponder_cost: `[batch, length]` rho_t = N(t) + R(t) (0 at padding);
+    the loss adds its mean over the real positions. n_updates: `[batch, length]` N(t)."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class ACTCausalLMOutput(ModelOutput):
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions)."""
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    lm_loss: torch.FloatTensor | None = None
+    ponder_cost: torch.FloatTensor | None = None
+    n_updates: torch.FloatTensor | None = None
+    past_key_values: Cache | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+
+
+__all__ = ["init_halting_unit", "ACTOutput", "ACTModelOutput", "ACTCausalLMOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]

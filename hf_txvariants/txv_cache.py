@@ -64,6 +64,24 @@ class RowStateCache(Cache):
     def is_compileable(self) -> bool:
         return False
 
+    @property
+    def is_initialized(self) -> bool:
+        """Whether the cache holds a state yet (any tensor that `_row_tensors()` names)."""
+        return any(value is not None for value in self._row_tensors().values())
+
+    @property
+    def is_croppable(self) -> bool:
+        """False unless a subclass says otherwise: a model's own state (a memory, an RNN state) cannot be rolled back."""
+        return False
+
+    # One entry per layer (`len(self)`): no state here is a sliding-window, linear-attention or dummy layer
+    # (transformers' own properties read `self.layers`, which these caches leave empty).
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False] * len(self)
+
+    is_linear = is_dummy = is_sliding
+
 
 class MemoryLayer:
     """One layer's view of a `MemoryCache`, so that code walking `cache.layers` (transformers' generation utilities)
@@ -384,26 +402,6 @@ class MemoryCache(RowStateCache):
             "memory_keys": self.memory_keys,
             "memory_values": self.memory_values,
         }
-
-    @property
-    def is_initialized(self) -> bool:
-        return self.memories is not None
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
-
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False] * self.num_layers
-
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False] * self.num_layers
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * self.num_layers
 
 
 def _flatten_memory(cache: MemoryCache):

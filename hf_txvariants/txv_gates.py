@@ -25,9 +25,11 @@ from torch import nn
 
 
 class GatingLayer(nn.Module):
-    """Base class: `forward(x, y)`; `initial_bias` is what `_init_weights` puts into `gate_bias` (if any)."""
+    """Base class: `forward(x, y)`; `initial_bias` is what `_init_weights` puts into `gate_bias` (if any).
+    A subclass names its bias-free `[hidden, hidden]` matrices in `matrices` (created in that order)."""
 
     has_bias = False
+    matrices: tuple[str, ...] = ()
 
     def __init__(self, hidden_size: int, gate_bias: float = 2.0):
         super().__init__()
@@ -35,9 +37,8 @@ class GatingLayer(nn.Module):
         self.initial_bias = float(gate_bias)
         if self.has_bias:
             self.gate_bias = nn.Parameter(torch.full((hidden_size,), self.initial_bias))
-
-    def _linear(self):
-        return nn.Linear(self.hidden_size, self.hidden_size, bias=False)
+        for name in self.matrices:
+            setattr(self, name, nn.Linear(hidden_size, hidden_size, bias=False))
 
 
 class ResidualGate(GatingLayer):
@@ -46,9 +47,7 @@ class ResidualGate(GatingLayer):
 
 
 class InputGate(GatingLayer):
-    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
-        super().__init__(hidden_size, gate_bias)
-        self.w_g = self._linear()
+    matrices = ("w_g",)
 
     def forward(self, x, y):
         return torch.sigmoid(self.w_g(x)) * x + y
@@ -57,9 +56,7 @@ class InputGate(GatingLayer):
 class OutputGate(GatingLayer):
     has_bias = True
 
-    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
-        super().__init__(hidden_size, gate_bias)
-        self.w_g = self._linear()
+    matrices = ("w_g",)
 
     def forward(self, x, y):
         return x + torch.sigmoid(self.w_g(x) - self.gate_bias) * y
@@ -68,9 +65,7 @@ class OutputGate(GatingLayer):
 class HighwayGate(GatingLayer):
     has_bias = True
 
-    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
-        super().__init__(hidden_size, gate_bias)
-        self.w_g = self._linear()
+    matrices = ("w_g",)
 
     def forward(self, x, y):
         carry = torch.sigmoid(self.w_g(x) + self.gate_bias)
@@ -80,10 +75,7 @@ class HighwayGate(GatingLayer):
 class SigmoidTanhGate(GatingLayer):
     has_bias = True
 
-    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
-        super().__init__(hidden_size, gate_bias)
-        self.w_g = self._linear()
-        self.u_g = self._linear()
+    matrices = ("w_g", "u_g")
 
     def forward(self, x, y):
         return x + torch.sigmoid(self.w_g(y) - self.gate_bias) * torch.tanh(self.u_g(y))
@@ -92,11 +84,7 @@ class SigmoidTanhGate(GatingLayer):
 class GRUGate(GatingLayer):
     has_bias = True
 
-    def __init__(self, hidden_size: int, gate_bias: float = 2.0):
-        super().__init__(hidden_size, gate_bias)
-        self.w_r, self.u_r = self._linear(), self._linear()
-        self.w_z, self.u_z = self._linear(), self._linear()
-        self.w_g, self.u_g = self._linear(), self._linear()
+    matrices = ("w_r", "u_r", "w_z", "u_z", "w_g", "u_g")
 
     def forward(self, x, y):
         reset = torch.sigmoid(self.w_r(y) + self.u_r(x))

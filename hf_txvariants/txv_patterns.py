@@ -32,6 +32,8 @@ Patterns (Child et al. 2019, Parmar et al. 2018):
   either side, that precede it in block-raster order.
 * `Union(*patterns)`, `PerHead(patterns)` (head h uses patterns[h % n]).
 Every pattern is causal (the models here are autoregressive).
+
+`PatternSelfAttention` is the multi-head self-attention layer of the pattern models (Sparse and Image Transformer).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from torch import nn
 from transformers.utils.import_utils import is_tracing
 
 from .txv_attention import additive_mask, attention_function, eager_attention_forward
+from .txv_mha import MultiHeadAttention, cache_past_length
 
 
 # ------------------------------------------------------------------------------------------------------ patterns
@@ -1010,3 +1013,36 @@ def pattern_attention(
     )
     sees_a_key = allowed.any(-1).transpose(1, 2)[..., None]  # [B or 1, Lq, H or 1, 1]: rows with no key give zeros
     return output * sees_a_key.to(output.dtype), weights
+
+
+class PatternSelfAttention(MultiHeadAttention):
+    """Multi-head self-attention restricted to `pattern` (q/k/v/o projections and the cache of `txv_mha`), run by
+    `config.pattern_implementation` (its dense path by `config._attn_implementation`, gathered queries in blocks of
+    `config.block_size`). With `past_key_values`, the new positions' keys/values join the cached ones and the queries
+    (at positions past_length + i) attend to the keys their pattern allows among all of them."""
+
+    def __init__(self, config, layer_idx: int, pattern: AttentionPattern):
+        super().__init__(config, layer_idx)
+        self.pattern = pattern
+
+    def forward(self, hidden_states, key_padding_mask=None, past_key_values=None, output_attentions=False):
+        batch, length = hidden_states.shape[:2]
+        past_length = cache_past_length(past_key_values, self.layer_idx)
+        query = self._heads(self.q_proj(hidden_states))
+        key, value = self.keys_values(hidden_states, past_key_values=past_key_values)
+        output, weights = pattern_attention(
+            self,
+            query,
+            key,
+            value,
+            self.pattern,
+            self.config.pattern_implementation,
+            scaling=self.scaling,
+            key_padding_mask=key_padding_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            block_size=self.config.block_size,
+            q_offset=past_length,
+            output_attentions=output_attentions,
+            dense_implementation=self.config._attn_implementation,
+        )
+        return self.o_proj(output.reshape(batch, length, -1)), weights

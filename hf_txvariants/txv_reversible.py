@@ -56,30 +56,30 @@ class _ReversibleFunction(torch.autograd.Function):
         y1, y2 = ctx.saved_tensors
         parameters = ctx.parameters
         grads = [torch.zeros_like(p) if p.requires_grad else None for p in parameters]
+        trainable = [p for p in parameters if p.requires_grad]
         for (f, g), (f_state, g_state) in zip(reversed(ctx.blocks), reversed(ctx.states)):
             # y2 = x2 + G(y1): gradient through G, then x2 = y2 - G(y1).
-            with torch.enable_grad():
-                y1 = y1.detach().requires_grad_(True)
-                g_out = _run_with_state(g, g_state, y1.device, y1)
-                trainable = [p for p in parameters if p.requires_grad]
-                g_grads = torch.autograd.grad(g_out, [y1] + trainable, grad_y2, allow_unused=True)
-            grad_y1 = grad_y1 + g_grads[0]
-            _accumulate(grads, parameters, g_grads[1:])
-            with torch.no_grad():
-                x2 = y2 - g_out
-            del g_out
+            grad_through_g, x2 = _undo_residual(g, g_state, y1, y2, grad_y2, parameters, trainable, grads)
+            grad_y1 = grad_y1 + grad_through_g
             # y1 = x1 + F(x2): gradient through F, then x1 = y1 - F(x2).
-            with torch.enable_grad():
-                x2 = x2.detach().requires_grad_(True)
-                f_out = _run_with_state(f, f_state, x2.device, x2)
-                f_grads = torch.autograd.grad(f_out, [x2] + trainable, grad_y1, allow_unused=True)
-            grad_y2 = grad_y2 + f_grads[0]
-            _accumulate(grads, parameters, f_grads[1:])
-            with torch.no_grad():
-                x1 = y1 - f_out
-            del f_out
-            y1, y2 = x1, x2.detach()
+            grad_through_f, x1 = _undo_residual(f, f_state, x2, y1, grad_y1, parameters, trainable, grads)
+            grad_y2 = grad_y2 + grad_through_f
+            y1, y2 = x1, x2
         return (grad_y1, grad_y2, None, *grads)
+
+
+def _undo_residual(function, rng_state, input, output, grad_output, parameters, trainable, grads):
+    """For `output = other + function(input)`: recomputes `function(input)` (with the random state of the forward
+    call), adds the gradients of `grad_output` through it to the parameters' `grads`, and returns
+    `(the gradient w.r.t. input through function, other = output - function(input))`."""
+    with torch.enable_grad():
+        input = input.detach().requires_grad_(True)
+        function_output = _run_with_state(function, rng_state, input.device, input)
+        function_grads = torch.autograd.grad(function_output, [input] + trainable, grad_output, allow_unused=True)
+    _accumulate(grads, parameters, function_grads[1:])
+    with torch.no_grad():
+        other = output - function_output
+    return function_grads[0], other
 
 
 def _accumulate(grads, parameters, new_grads):

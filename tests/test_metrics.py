@@ -40,3 +40,9 @@ def test_bad_input():
         metrics.load("bleu")
     with pytest.raises(ValueError, match="at least one"):
         metrics.load("perplexity").compute(nll=[])
+
+
+@pytest.mark.parametrize("name", metrics.NAMES)
+def test_each_script_runs_its_own_metric_not_the_shared_base(name):
+    # `evaluate` runs the first Metric subclass in a script's namespace and names the metric after its class
+    assert metrics.load(name).name == name

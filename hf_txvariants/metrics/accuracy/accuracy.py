@@ -3,6 +3,8 @@
 import datasets
 import evaluate
 
+from hf_txvariants.metrics import shipped_metric
+
 _DESCRIPTION = "Accuracy: the fraction of predictions equal to the references (optionally weighted)."
 _KWARGS_DESCRIPTION = """
 Args:
@@ -13,14 +15,10 @@ Returns:
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Accuracy(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation="",
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
-        )
+class Accuracy(shipped_metric.ShippedMetric):
+    DESCRIPTION = _DESCRIPTION
+    KWARGS_DESCRIPTION = _KWARGS_DESCRIPTION
+    FEATURES = {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
 
     def _compute(self, predictions, references, sample_weight=None):
         if len(predictions) == 0:
