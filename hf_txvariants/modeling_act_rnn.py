@@ -174,10 +174,7 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
             raise ValueError(
                 f"past_key_values must be the ACTRNNCache returned by this model, got {type(past_key_values).__name__}"
             )
-        if past_key_values.state is not None and past_key_values.state.shape[0] != batch:
-            raise ValueError(
-                f"past_key_values holds batch size {past_key_values.state.shape[0]}, but the input has batch size {batch}"
-            )
+        past_key_values.check_batch(batch)
         return past_key_values
 
     @can_return_tuple

@@ -413,10 +413,8 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         incremental = past_key_values.seen_tokens > 0
         if incremental and length != 1:
             raise ValueError(f"with past_key_values, txv_reformer takes one new token per step, got {length}")
-        if incremental and past_key_values.key_valid.shape[0] != batch:
-            raise ValueError(
-                f"past_key_values holds batch size {past_key_values.key_valid.shape[0]}, the input has {batch}"
-            )
+        if incremental:
+            past_key_values.check_batch(batch)
         past_key_values.step = {"incremental": incremental, "length": length, "padded_length": padded_length}
         return past_key_values
 

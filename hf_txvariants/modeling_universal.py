@@ -120,12 +120,6 @@ class UniversalStepCache(RowStateCache):
         self.positions = torch.cat([self.positions, positions.detach()], dim=1)
         self.key_mask = torch.cat([self.key_mask, key_mask], dim=1)
 
-    def check_batch(self, batch: int):
-        if self.final is not None and self.final.shape[0] != batch:
-            raise ValueError(
-                f"past_key_values holds batch size {self.final.shape[0]}, but the input has batch size {batch}"
-            )
-
     def __len__(self):
         return len(self.step_inputs)
 

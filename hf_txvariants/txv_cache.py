@@ -42,6 +42,17 @@ class RowStateCache(Cache):
             else:
                 setattr(self, name, fn(value))
 
+    def check_batch(self, batch: int):
+        """A ValueError when the cached rows are not `batch` (the first cached tensor decides; an empty cache fits)."""
+        for value in self._row_tensors().values():
+            tensor = next((t for t in value if t is not None), None) if isinstance(value, list) else value
+            if tensor is not None:
+                if tensor.shape[0] != batch:
+                    raise ValueError(
+                        f"past_key_values holds batch size {tensor.shape[0]}, but the input has batch size {batch}"
+                    )
+                return
+
     def reorder_cache(self, beam_idx: torch.LongTensor):
         self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
