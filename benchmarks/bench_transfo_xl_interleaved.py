@@ -56,7 +56,8 @@ def load(implementation: str, folder: str):
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     # with labels the legacy model returns only the losses; ours skips the log-probabilities when told (if it can)
-    extra = {"return_logits": False} if "return_logits" in inspect.signature(model.forward).parameters else {}
+    arguments = (*inspect.signature(model.forward).parameters, *getattr(model, "head_options", ()))
+    extra = {"return_logits": False} if "return_logits" in arguments else {}
     return model, extra, lambda output: {"past_key_values": output.past_key_values}
 
 

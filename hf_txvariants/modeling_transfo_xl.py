@@ -16,14 +16,13 @@ from transformers import initialization as init
 from transformers.modeling_outputs import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
-from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_heads import SequenceClassificationHeadMixin
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
-from .txv_xl_model import NormedFeedForward, NormedRelativeAttention, XLModelMixin
+from .txv_xl_model import NormedFeedForward, NormedRelativeAttention, XLCausalLMHeadMixin, XLModelMixin
 
 
 @dataclass
@@ -200,89 +199,21 @@ class TransfoXLModel(XLModelMixin, XLBackboneMixin, TransfoXLPreTrainedModel):
         return past_key_values, {"shared_biases": None if config.untie_r else (self.r_w_bias, self.r_r_bias)}
 
 
-class TransfoXLLMHeadModel(MemoryGenerationMixin, TransfoXLPreTrainedModel, GenerationMixin):
-    """Transformer-XL with the (adaptive) softmax head. Memory is kept across `generate()` steps, so each new token
-    costs O(mem_len), and a left-padded batch generates the same tokens as each row alone."""
+class TransfoXLLMHeadModel(MemoryGenerationMixin, XLCausalLMHeadMixin, TransfoXLPreTrainedModel, GenerationMixin):
+    """Transformer-XL with the projected adaptive softmax head (`crit`). Memory is kept across `generate()` steps, so
+    each new token costs O(mem_len), and a left-padded batch generates the same tokens as each row alone.
 
-    def __init__(self, config: TransfoXLConfig):
-        super().__init__(config)
-        self.transformer = TransfoXLModel(config)
-        self.crit = ProjectedAdaptiveLogSoftmax(
-            config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
-        )
-        self.post_init()
+    Besides the standard arguments: `mems`, the legacy memory (a list of `[mem_len, batch, hidden]` tensors, see
+    `TransfoXLModel`), and `return_logits`: False skips the log-probabilities (with labels, the adaptive softmax then
+    only evaluates the clusters of the targets, which is what makes it fast to train)."""
 
-    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
-        """The legacy tying rules (`tie_word_embeddings`, `tie_projs`; see `txv_adaptive_head`)."""
-        return adaptive_tied_weights_keys(self.config, "transformer.word_emb")
-
-    @property
-    def _tied_weights_keys(self) -> dict[str, str]:  # read by transformers when saving shared tensors
-        return self.get_expanded_tied_weights_keys()
-
-    def get_output_embeddings(self):
-        return None  # an adaptive softmax, not one Linear; tying is done by get_expanded_tied_weights_keys
+    backbone_class = TransfoXLModel
+    output_class = TransfoXLLMHeadModelOutput
+    head_options = ("return_logits",)
 
     def reset_memory_length(self, mem_len: int):
         """Changes how many positions are remembered (e.g. longer at evaluation, as in the paper)."""
         self.config.mem_len = mem_len
-
-    def init_memory(self, batch_size: int) -> MemoryCache:
-        return self.transformer.init_memory(batch_size)
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        past_key_values: MemoryCache | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        mems: list[torch.Tensor] | None = None,
-        logits_to_keep: int = 0,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        return_logits: bool = True,
-        **kwargs,
-    ) -> TransfoXLLMHeadModelOutput | tuple:
-        """
-        labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
-            parallelism): position t predicts shift_labels[t]; `labels` is then not needed.
-        logits_to_keep: log-probabilities are computed for the last `logits_to_keep` positions (0 = all).
-        return_logits: False skips the log-probabilities (with labels, the adaptive softmax then only evaluates the
-            clusters of the targets, which is what makes it fast to train).
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        shift_labels = kwargs.get("shift_labels")  # a loss kwarg, not a named argument (Trainer's label_names)
-        outputs = self.transformer(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-            mems=mems,
-        )
-        logits, losses, loss = adaptive_lm_outputs(
-            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep,
-            num_items_in_batch, shift_labels, return_logits,
-        )
-        if loss is not None and outputs.span_penalty is not None:
-            loss = loss + self.config.adapt_span_loss * outputs.span_penalty
-        output = TransfoXLLMHeadModelOutput(
-            loss=loss,
-            logits=logits,
-            losses=losses,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
-        return output if return_dict else output.to_tuple()
 
 
 class TransfoXLForSequenceClassification(SequenceClassificationHeadMixin, TransfoXLPreTrainedModel):

@@ -54,6 +54,7 @@ class CausalLMHeadMixin(TxvHeadMixin):
     loss of `txv_losses.causal_lm_head` (taken over every position, then the logits cut to `logits_to_keep`)."""
 
     output_class = CausalLMOutputWithPast
+    head_options: tuple[str, ...] = ()  # keyword arguments read by `lm_outputs`, not passed to the base model
 
     def __init__(self, config):
         super().__init__(config)
@@ -91,16 +92,20 @@ class CausalLMHeadMixin(TxvHeadMixin):
         encoder_hidden_states: torch.FloatTensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         logits_to_keep: int = 0,
-        shift_labels: torch.LongTensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ):
         """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
-        shift_labels: the targets already shifted (position t predicts shift_labels[t]); used instead of labels.
+        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
+            parallelism): position t predicts shift_labels[t]; used instead of labels. Not a named argument: the
+            Trainer takes every forward argument named like a label for a label it needs before it reports a loss.
         encoder_hidden_states / encoder_attention_mask: the encoder output read by cross-attention (as the decoder of an
             `EncoderDecoderModel`; needs `config.add_cross_attention`).
         logits_to_keep: logits of the last `logits_to_keep` positions only (0 = all); the loss covers every position.
-        Other keyword arguments (e.g. `position_ids`) go to the base model."""
+        The keyword arguments named in `head_options` go to `lm_outputs`, the others (e.g. `position_ids`) to the base
+        model."""
+        head_kwargs = {name: kwargs.pop(name) for name in self.head_options if name in kwargs}
+        shift_labels = kwargs.pop("shift_labels", None)
         if encoder_hidden_states is not None and not getattr(self.config, "add_cross_attention", False):
             raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
         if output_hidden_states is None:
@@ -121,7 +126,7 @@ class CausalLMHeadMixin(TxvHeadMixin):
         )
         fields = self.lm_outputs(
             outputs, labels, logits_to_keep, attention_mask, num_items_in_batch=num_items_in_batch,
-            shift_labels=shift_labels,
+            shift_labels=shift_labels, **head_kwargs,
         )
         if not output_hidden_states:
             fields["hidden_states"] = None

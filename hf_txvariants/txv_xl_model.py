@@ -120,36 +120,38 @@ class XLModelMixin:
 
 class XLCausalLMHeadMixin(CausalLMHeadMixin):
     """The causal-LM head of the XL family: loss = lm_loss + adapt_span_loss * span_penalty (just lm_loss without
-    adaptive span); the memory is kept across `generate()` steps. With `config.adaptive` the head is Transformer-XL's
-    projected adaptive softmax (`crit`, tied to the adaptive input embedding `embed_tokens` as transfo-xl ties it),
-    whose logits are log-probabilities."""
+    adaptive span); the memory is kept across `generate()` steps. With the adaptive softmax
+    (`config.uses_adaptive_softmax`) the head is Transformer-XL's projected adaptive softmax (`crit`, tied to the
+    base model's adaptive input embedding as transfo-xl ties it), whose logits are log-probabilities and which also
+    gives the per-token NLLs (`losses`, to an output class that has the field)."""
 
     output_class = XLCausalLMOutput
 
     def build_heads(self, config):
-        if not config.adaptive:
+        if not config.uses_adaptive_softmax:
             return super().build_heads(config)
         self.crit = ProjectedAdaptiveLogSoftmax(
             config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
         )
 
     def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, **loss_kwargs) -> dict:
-        if not self.config.adaptive:
+        if not self.config.uses_adaptive_softmax:
             return super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
-        logits, _, lm_loss = adaptive_lm_outputs(
+        logits, losses, lm_loss = adaptive_lm_outputs(
             self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep, **loss_kwargs
         )
         loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
-        return {"loss": loss, "logits": logits, "lm_loss": lm_loss}
+        return {"loss": loss, "logits": logits, "lm_loss": lm_loss, "losses": losses}
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:
-        if self.config.adaptive:
-            return adaptive_tied_weights_keys(self.config, f"{self.base_model_prefix}.embed_tokens")
-        return {"lm_head.weight": f"{self.base_model_prefix}.embed_tokens.weight"}
+        embedding_path = f"{self.base_model_prefix}.{self.backbone_class._input_embed_layer}"
+        if self.config.uses_adaptive_softmax:
+            return adaptive_tied_weights_keys(self.config, embedding_path)
+        return {"lm_head.weight": f"{embedding_path}.weight"}
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
-        if self.config.adaptive:  # the legacy rules decide (`tie_word_embeddings`, `tie_projs`)
+        if self.config.uses_adaptive_softmax:  # the legacy rules decide (`tie_word_embeddings`, `tie_projs`)
             return self._tied_weights_keys
         return super().get_expanded_tied_weights_keys(all_submodels)
 

@@ -43,6 +43,16 @@ def test_logits_to_keep_with_labels_keeps_the_full_loss(model_type):
     torch.testing.assert_close(kept.loss, full.loss)
 
 
+@pytest.mark.parametrize("model_type", CAUSAL_LM_TYPES)
+def test_trainer_sees_labels_as_the_only_label_argument(model_type):
+    """The Trainer computes an evaluation loss only when the batch holds every forward argument named like a label
+    (`find_labels`); `shift_labels` is therefore a keyword (a loss kwarg), not a named argument, or `evaluate()` on
+    batches with `labels` reports no `eval_loss`."""
+    from transformers.utils import find_labels
+
+    assert find_labels(model_class(model_type, "AutoModelForCausalLM")) == ["labels"]
+
+
 @pytest.mark.parametrize("model_type", CLASSIFIER_TYPES)
 def test_sequence_classification_reads_the_last_real_token(model_type):
     """The classifier's logits of a right-padded row are those of the row alone (pooled at its last real token, or
