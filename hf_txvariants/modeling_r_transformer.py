@@ -25,7 +25,7 @@ from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
-from .txv_mha import MultiHeadAttention, fused_self_attention_mask
+from .txv_mha import MultiHeadAttention, self_attention_mask
 from .txv_pretrained import TxvModelMixin
 
 
@@ -165,7 +165,7 @@ class RTransformerModel(RTransformerPreTrainedModel):
         if use_cache and past_key_values is None:
             past_key_values = RTransformerCache()
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        mask = fused_self_attention_mask(attention_mask, batch, length, past_length, True, dtype, device)
+        mask = self_attention_mask(attention_mask, batch, length, past_length, True, dtype, device, fused=True)
         token_mask = attention_mask[:, -length:].to(device) if attention_mask is not None else None
 
         hidden_states = self.embedding_dropout(inputs_embeds)

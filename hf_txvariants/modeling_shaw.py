@@ -7,7 +7,6 @@ decoder language model (`ShawForCausalLM`, a key/value cache for generate), and 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +21,6 @@ from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificat
 from .txv_mha import self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_shaw_attention import RelationAwareSelfAttention
-from .txv_transformer_layer import TransformerLayer
 from .txv_transformer_stack import TransformerStackMixin
 
 
@@ -52,14 +50,7 @@ class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
     def __init__(self, config: ShawConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(
-            TransformerLayer(config, RelationAwareSelfAttention(config, layer_idx), layer_idx)
-            for layer_idx in range(config.num_hidden_layers)
-        )
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
-        self.gradient_checkpointing = False
+        self.build_stack(config, RelationAwareSelfAttention)
         self.post_init()
 
     @can_return_tuple

@@ -8,7 +8,6 @@ schedule (`hf_txvariants.training.callbacks`) live outside this file: it holds m
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -21,10 +20,9 @@ from transformers.utils import can_return_tuple
 from .configuration_vanilla import VanillaConfig
 from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_losses import check_causal_lm_targets, next_token_targets, token_cross_entropy
-from .txv_mha import MultiHeadAttention, fused_self_attention_mask
+from .txv_mha import MultiHeadAttention, self_attention_mask
 from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
-from .txv_transformer_layer import TransformerLayer
 from .txv_transformer_stack import TransformerStackMixin
 
 
@@ -74,14 +72,7 @@ class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
                 nn.Embedding(config.max_position_embeddings, config.hidden_size)
                 for _ in range(config.num_hidden_layers - 1)
             )
-        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(
-            TransformerLayer(config, MultiHeadAttention(config, layer_idx), layer_idx)
-            for layer_idx in range(config.num_hidden_layers)
-        )
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
-        self.gradient_checkpointing = False
+        self.build_stack(config, MultiHeadAttention)
         self.post_init()
 
     def position_embeddings(self, position_ids: torch.Tensor, dtype) -> torch.Tensor:
@@ -126,7 +117,9 @@ class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
 
         # the mask first: it checks attention_mask's shape, which the position ids below read
-        mask = fused_self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
+        mask = self_attention_mask(
+            attention_mask, batch, length, past_length, config.is_decoder, dtype, device, fused=True
+        )
         if position_ids is None:
             if attention_mask is not None and attention_mask.shape[-1] == past_length + length:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]

@@ -4,7 +4,7 @@ Self-attention keys/values go into a `DynamicCache` (or the `self_attention_cach
 cross-attention keys/values are computed once from the encoder output and kept in the `cross_attention_cache` of an
 `EncoderDecoderCache` (what `generate()` builds for `EncoderDecoderModel`). The mask is the additive float mask of
 `txv_attention`; subclasses add their own terms to it (see `txv_shaw_attention`). Where the only masking is causal,
-`fused_self_attention_mask` returns a `CausalMask` instead, which reaches SDPA's fused causal kernels.
+`self_attention_mask(..., fused=True)` returns a `CausalMask` instead, which reaches SDPA's fused causal kernels.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class MultiHeadAttention(nn.Module):
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`attention_mask`: additive float mask broadcastable to `[batch, heads, q_len, k_len]`, None, or a
-        `CausalMask` (from `fused_self_attention_mask`)."""
+        `CausalMask` (from `self_attention_mask(..., fused=True)`)."""
         batch, query_length = hidden_states.shape[:2]
         query = self._heads(self.q_proj(hidden_states))
         key, value = self.keys_values(hidden_states, key_value_states, past_key_values)
@@ -139,10 +139,18 @@ def self_attention_mask(
     causal: bool,
     dtype: torch.dtype,
     device,
-) -> torch.Tensor | None:
+    fused: bool = False,
+) -> "torch.Tensor | CausalMask | None":
     """Additive `[batch or 1, 1, q_len, past_length + q_len]` mask: causal (query i at position past_length + i)
     and padding. `attention_mask` is `[batch, past_length + q_len]` (or `[batch, q_len]`, the past then counts as
-    real) with 1 = token, 0 = padding. None when nothing is masked."""
+    real) with 1 = token, 0 = padding. None when nothing is masked.
+    fused: the form that reaches the fused kernels, for `MultiHeadAttention` as it is: a `CausalMask` when the masking
+    is causal and nothing is padded (else the same dense mask). Code that adds terms to the mask (a relative bias)
+    keeps the default."""
+    if fused and all_tokens_real(attention_mask):
+        if attention_mask is not None:
+            key_padding_mask(attention_mask, batch, query_length, past_length)  # checks the shape
+        return CausalMask(past_length) if causal else None
     allowed = None
     if causal:
         allowed = causal_allowed(query_length, past_length, device)[None, None]
@@ -152,25 +160,6 @@ def self_attention_mask(
     if allowed is None:
         return None
     return additive_mask(allowed, dtype)
-
-
-def fused_self_attention_mask(
-    attention_mask: torch.Tensor | None,
-    batch: int,
-    query_length: int,
-    past_length: int,
-    causal: bool,
-    dtype: torch.dtype,
-    device,
-) -> "torch.Tensor | CausalMask | None":
-    """`self_attention_mask` in the form that reaches the fused kernels: a `CausalMask` when the masking is causal
-    and nothing is padded, None when nothing is masked, else the same dense additive mask. The result goes to
-    `MultiHeadAttention` unchanged; code that adds terms to the mask (a relative bias) uses `self_attention_mask`."""
-    if all_tokens_real(attention_mask):
-        if attention_mask is not None:
-            key_padding_mask(attention_mask, batch, query_length, past_length)  # checks the shape
-        return CausalMask(past_length) if causal else None
-    return self_attention_mask(attention_mask, batch, query_length, past_length, causal, dtype, device)
 
 
 def cross_attention_mask(encoder_attention_mask, batch: int, encoder_length: int, dtype, device):

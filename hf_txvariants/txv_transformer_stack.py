@@ -4,17 +4,34 @@ A variant's `<V>Model` embeds its inputs and builds its self-attention mask, the
 
 from __future__ import annotations
 
+import math
+
 import torch
+from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
 from .txv_inputs import embed_inputs
 from .txv_mha import cache_past_length, cross_attention_mask
+from .txv_transformer_layer import TransformerLayer
 
 
 class TransformerStackMixin:
     """For a base model with `config` (`add_cross_attention`), `embed_tokens`, `layers` (`TransformerLayer`s) and
-    `norm` (or None)."""
+    `norm` (or None), as `build_stack` makes them."""
+
+    def build_stack(self, config, attention_class):
+        """After the variant's embeddings: `embed_scale` (sqrt(hidden_size) with `scale_embedding`), `dropout`,
+        `num_hidden_layers` `TransformerLayer`s around `attention_class(config, layer_idx)` and the final `norm`
+        (a layer norm with `pre_lnorm`, else None)."""
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            TransformerLayer(config, attention_class(config, layer_idx), layer_idx)
+            for layer_idx in range(config.num_hidden_layers)
+        )
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
+        self.gradient_checkpointing = False
 
     def prepare_stack(self, input_ids, inputs_embeds, past_key_values, use_cache: bool | None):
         """`(token embeddings, cache, cache length, use_cache)`. `use_cache` defaults to `config.use_cache` for a

@@ -7,7 +7,7 @@ from torch import nn
 
 from hf_txvariants import RTransformerConfig, RTransformerForCausalLM, VanillaConfig, VanillaForCausalLM
 from hf_txvariants.txv_attention import CausalMask, attention_forward, eager_attention_forward
-from hf_txvariants.txv_mha import fused_self_attention_mask, self_attention_mask
+from hf_txvariants.txv_mha import self_attention_mask
 
 
 class SdpaSpy:
@@ -49,16 +49,16 @@ def test_causal_mask_equals_dense_mask(length, past, monkeypatch):
 
 def test_fused_mask_keeps_padding_explicit():
     ones = torch.ones(2, 6, dtype=torch.long)
-    assert fused_self_attention_mask(ones, 2, 6, 0, True, torch.float32, "cpu") == CausalMask(0)
-    assert fused_self_attention_mask(None, 2, 6, 0, False, torch.float32, "cpu") is None
+    assert self_attention_mask(ones, 2, 6, 0, True, torch.float32, "cpu", fused=True) == CausalMask(0)
+    assert self_attention_mask(None, 2, 6, 0, False, torch.float32, "cpu", fused=True) is None
     padded = ones.clone()
     padded[0, 0] = 0
     torch.testing.assert_close(
-        fused_self_attention_mask(padded, 2, 6, 0, True, torch.float32, "cpu"),
+        self_attention_mask(padded, 2, 6, 0, True, torch.float32, "cpu", fused=True),
         self_attention_mask(padded, 2, 6, 0, True, torch.float32, "cpu"),
     )
     with pytest.raises(ValueError, match="attention_mask"):
-        fused_self_attention_mask(torch.ones(2, 5), 2, 6, 0, True, torch.float32, "cpu")
+        self_attention_mask(torch.ones(2, 5), 2, 6, 0, True, torch.float32, "cpu", fused=True)
 
 
 TINY = dict(vocab_size=29, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
