@@ -37,6 +37,7 @@ from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_pretrained import TxvModelMixin
 from .txv_patterns import AttentionPattern, Local1D, Local2D, PatternSelfAttention, to_block_raster
 from .txv_positions import sinusoid_table
+from .txv_transformer_stack import run_layers
 
 START_TOKEN = 256
 NUM_INTENSITIES = 256
@@ -250,11 +251,9 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
             # An all-ones mask masks nothing: skip it (when tracing, keep it: the check depends on the values).
             if torch.compiler.is_compiling() or not bool(attention_mask.all()):
                 key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
-        hidden_states = self.dropout(hidden_states)
-        all_hidden, all_attentions = [], []
-        for layer in self.layers:
-            all_hidden.append(hidden_states)
-            hidden_states, weights = layer(
+
+        def call_layer(_, layer, hidden_states):
+            return layer(
                 hidden_states,
                 key_padding_mask,
                 output_attentions,
@@ -262,14 +261,11 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
                 encoder_hidden_states=encoder_hidden_states,
                 encoder_attention_mask=encoder_attention_mask,
             )
-            all_attentions.append(weights)
-        hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) + (hidden_states,) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
+
+        fields = run_layers(
+            self.layers, self.dropout(hidden_states), call_layer, output_attentions, output_hidden_states, self.norm
         )
+        return BaseModelOutputWithPast(**fields, past_key_values=past_key_values if use_cache else None)
 
 
 def check_intensity_targets(labels, shift_labels) -> None:

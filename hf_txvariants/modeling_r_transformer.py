@@ -27,6 +27,7 @@ from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
 from .txv_mha import MultiHeadAttention, self_attention_mask
 from .txv_pretrained import TxvModelMixin
+from .txv_transformer_stack import run_layers
 
 
 class RTransformerCache(DynamicCache):
@@ -168,23 +169,16 @@ class RTransformerModel(RTransformerPreTrainedModel):
         mask = self_attention_mask(attention_mask, batch, length, past_length, True, dtype, device, fused=True)
         token_mask = attention_mask[:, -length:].to(device) if attention_mask is not None else None
 
-        hidden_states = self.embedding_dropout(inputs_embeds)
-        all_hidden, all_attentions = [], []
-        for layer in self.layers:
-            all_hidden.append(hidden_states)
-            hidden_states, weights = layer(
+        def call_layer(_, layer, hidden_states):
+            return layer(
                 hidden_states, mask, token_mask, past_key_values=past_key_values, output_attentions=output_attentions
             )
-            all_attentions.append(weights)
-        if self.norm is not None:
-            hidden_states = self.norm(hidden_states)
-        all_hidden.append(hidden_states)
-        return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
+
+        fields = run_layers(
+            self.layers, self.embedding_dropout(inputs_embeds), call_layer, output_attentions, output_hidden_states,
+            self.norm,
         )
+        return BaseModelOutputWithPast(**fields, past_key_values=past_key_values if use_cache else None)
 
 
 class RTransformerForCausalLM(CausalLMHeadMixin, RTransformerPreTrainedModel, GenerationMixin):

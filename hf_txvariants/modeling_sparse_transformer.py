@@ -28,6 +28,7 @@ from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
 from .txv_mha import cache_past_length
 from .txv_pretrained import TxvModelMixin
+from .txv_transformer_stack import run_layers
 from .txv_patterns import Causal, Fixed, Local1D, PatternSelfAttention, PerHead, SlidingWindow, Strided
 
 
@@ -188,20 +189,16 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
                 check_right_padding(key_padding_mask)
         positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
         hidden_states = self.dropout(inputs_embeds + self.position_embeddings(positions)[None])
-        all_hidden, all_attentions = [], []
-        for layer in self.layers:
-            all_hidden.append(hidden_states)
-            hidden_states, weights = layer(
-                hidden_states, key_padding_mask, past_key_values if use_cache else None, output_attentions
-            )
-            all_attentions.append(weights)
-        hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) + (hidden_states,) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
+        past_key_values = past_key_values if use_cache else None
+        fields = run_layers(
+            self.layers,
+            hidden_states,
+            lambda _, layer, states: layer(states, key_padding_mask, past_key_values, output_attentions),
+            output_attentions,
+            output_hidden_states,
+            self.norm,
         )
+        return BaseModelOutputWithPast(**fields, past_key_values=past_key_values)
 
 
 class SparseTransformerForCausalLM(CausalLMHeadMixin, SparseTransformerPreTrainedModel, GenerationMixin):

@@ -80,12 +80,9 @@ class TransformerStackMixin:
             cross_mask = cross_attention_mask(
                 encoder_attention_mask, batch, encoder_hidden_states.shape[1], hidden_states.dtype, hidden_states.device
             )
-        all_hidden, all_self, all_cross = [], [], []
-        for layer_idx, layer in enumerate(self.layers):
-            if layer_input is not None:
-                hidden_states = layer_input(layer_idx, hidden_states)
-            all_hidden.append(hidden_states)
-            hidden_states, self_weights, cross_weights = layer(
+
+        def call_layer(layer_idx, layer, hidden_states):
+            return layer(
                 hidden_states,
                 mask,
                 encoder_hidden_states,
@@ -93,18 +90,48 @@ class TransformerStackMixin:
                 past_key_values=past_key_values,
                 output_attentions=output_attentions,
             )
-            all_self.append(self_weights)
-            all_cross.append(cross_weights)
-        if self.norm is not None:
-            hidden_states = self.norm(hidden_states)
-        all_hidden.append(hidden_states)
+
+        fields = run_layers(
+            self.layers, hidden_states, call_layer, output_attentions, output_hidden_states, self.norm,
+            layer_input, weight_fields=("attentions", "cross_attentions"),
+        )
+        if encoder_hidden_states is None:
+            fields["cross_attentions"] = None
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
-            hidden_states=tuple(all_hidden) if output_hidden_states else None,
-            attentions=tuple(all_self) if output_attentions else None,
-            cross_attentions=tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+            **fields, past_key_values=past_key_values if use_cache else None
         )
 
 
-__all__ = ["TransformerStackMixin"]
+def run_layers(
+    layers,
+    hidden_states: torch.Tensor,
+    call_layer,
+    output_attentions: bool,
+    output_hidden_states: bool,
+    norm=None,
+    layer_input=None,
+    weight_fields: tuple[str, ...] = ("attentions",),
+) -> dict:
+    """The layer loop of a stacked base model, with what it records. For each layer, `layer_input(layer_idx,
+    hidden_states)` (when given) is what enters it (e.g. plus per-layer positions), and `call_layer(layer_idx, layer,
+    hidden_states)` returns `(hidden_states, *weights)`; `norm` (when given) follows the last layer. Returns the
+    output fields: `last_hidden_state`, `hidden_states` (what entered each layer, then the final hidden states) with
+    `output_hidden_states`, and per name in `weight_fields` the tuple of every layer's weights of that kind (the
+    first kind, `attentions`, is the self-attention's) with `output_attentions`."""
+    all_hidden, all_weights = [], []
+    for layer_idx, layer in enumerate(layers):
+        if layer_input is not None:
+            hidden_states = layer_input(layer_idx, hidden_states)
+        all_hidden.append(hidden_states)
+        hidden_states, *weights = call_layer(layer_idx, layer, hidden_states)
+        all_weights.append(weights)
+    if norm is not None:
+        hidden_states = norm(hidden_states)
+    all_hidden.append(hidden_states)
+    weights_by_kind = tuple(zip(*all_weights)) if all_weights else ((),) * len(weight_fields)
+    fields = {"last_hidden_state": hidden_states, "hidden_states": tuple(all_hidden) if output_hidden_states else None}
+    fields.update({name: weights if output_attentions else None for name, weights in zip(weight_fields, weights_by_kind)})
+    return fields
+
+
+__all__ = ["TransformerStackMixin", "run_layers"]
