@@ -5,6 +5,7 @@
     backbone_class     the base model (built under `base_model_prefix`, so checkpoint names are unchanged)
     output_class       the output dataclass; every field it shares with the base model's output is passed on
     backbone_kwargs    fixed keyword arguments of the base model call (e.g. {"is_causal": False})
+    build_heads(config)  the task layers (`lm_head`, `score`, ...) built after the base model
     add_auxiliary_losses(loss, outputs, attention_mask)   the variant's extra terms (ponder cost, span penalty)
 
 Mixed in before the variant's PreTrainedModel: `class ShawForCausalLM(CausalLMHeadMixin, ShawPreTrainedModel,
@@ -38,8 +39,18 @@ class TxvHeadMixin:
     output_class: type = None
     backbone_kwargs: dict = {}
 
+    def __init__(self, config):
+        super().__init__(config)
+        self.build_backbone(config)
+        self.build_heads(config)
+        self.post_init()
+
     def build_backbone(self, config):
         setattr(self, self.base_model_prefix, self.backbone_class(config))
+
+    def build_heads(self, config):
+        """The task layers on the base model; by default the token-prediction `lm_head`."""
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def run_backbone(self, **inputs):
         return self.base_model(**inputs, **self.backbone_kwargs, return_dict=True)
@@ -55,15 +66,6 @@ class CausalLMHeadMixin(TxvHeadMixin):
 
     output_class = CausalLMOutputWithPast
     head_options: tuple[str, ...] = ()  # keyword arguments read by `lm_outputs`, not passed to the base model
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.build_backbone(config)
-        self.build_heads(config)
-        self.post_init()
-
-    def build_heads(self, config):
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def needs_layer_outputs(self, has_targets: bool) -> bool:
         """Whether the loss reads every layer's output (then the base model is asked for its hidden states)."""
@@ -143,9 +145,6 @@ class MaskedLMHeadMixin(TxvHeadMixin):
         if getattr(config, "is_decoder", False) and not self.decoder_config_allowed:
             raise ValueError(f"{type(self).__name__} needs a bidirectional encoder: set is_decoder=False in the config")
         super().__init__(config)
-        self.build_backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
 
     @can_return_tuple
     def forward(
@@ -185,14 +184,11 @@ class SequenceClassificationHeadMixin(TxvHeadMixin):
     output_class = SequenceClassifierOutputWithPast
     score_bias: bool = False
 
-    def __init__(self, config):
-        super().__init__(config)
+    def build_heads(self, config):
         self.num_labels = config.num_labels
-        self.build_backbone(config)
         classifier_dropout = getattr(config, "classifier_dropout", None)
         self.dropout = nn.Dropout(classifier_dropout if classifier_dropout is not None else 0.0)
         self.score = nn.Linear(self.pooled_size(config), config.num_labels, bias=self.score_bias)
-        self.post_init()
 
     def pooled_size(self, config) -> int:
         return config.hidden_size
