@@ -53,15 +53,7 @@ def generation_order(config: ImageTransformerConfig, device=None) -> torch.Tenso
 
 def images_to_input_ids(images: torch.Tensor, config: ImageTransformerConfig) -> torch.LongTensor:
     """`[batch, height, width, channels]` intensities 0..255 -> `[batch, 1 + positions]` (start token first)."""
-    height, width = config.image_size
-    if images.dim() != 4 or tuple(images.shape[1:]) != (height, width, config.num_channels):
-        raise ValueError(
-            f"images must be [batch, {height}, {width}, {config.num_channels}] (image_size, num_channels), "
-            f"got shape {tuple(images.shape)}"
-        )
-    flat = images.long().reshape(images.shape[0], -1)
-    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) > 255):
-        raise ValueError("images must hold intensities in [0, 255]")
+    flat = flat_intensities(images, config.image_size, config.num_channels, "images", "image_size")
     ordered = flat[:, generation_order(config, images.device)]
     return torch.cat([torch.full_like(ordered[:, :1], START_TOKEN), ordered], dim=1)
 
@@ -331,14 +323,22 @@ def images_to_conditioning_ids(images: torch.Tensor, config: ImageTransformerCon
     in raster order (the super-resolution encoder's input)."""
     if config.conditioning_image_size is None:
         raise ValueError("config.conditioning_image_size is not set: this model is not conditioned on an image")
-    height, width = config.conditioning_image_size
-    if images.dim() != 4 or tuple(images.shape[1:]) != (height, width, config.num_channels):
+    return flat_intensities(
+        images, config.conditioning_image_size, config.num_channels, "low-resolution images", "conditioning_image_size"
+    )
+
+
+def flat_intensities(images: torch.Tensor, size, num_channels: int, name: str, size_field: str) -> torch.LongTensor:
+    """`[batch, height, width, num_channels]` intensities 0..255 (`size` = (height, width)), checked, as `[batch,
+    height * width * num_channels]` in raster order; a ValueError names `name` and the config fields."""
+    height, width = size
+    if images.dim() != 4 or tuple(images.shape[1:]) != (height, width, num_channels):
         raise ValueError(
-            f"low-resolution images must be [batch, {height}, {width}, {config.num_channels}] "
-            f"(conditioning_image_size, num_channels), got shape {tuple(images.shape)}"
+            f"{name} must be [batch, {height}, {width}, {num_channels}] ({size_field}, num_channels), "
+            f"got shape {tuple(images.shape)}"
         )
     flat = images.long().reshape(images.shape[0], -1)
-    check_token_ids(flat, NUM_INTENSITIES, "low-resolution images", "num_channels intensities 0..255")
+    check_token_ids(flat, NUM_INTENSITIES, name, "num_channels intensities 0..255")
     return flat
 
 

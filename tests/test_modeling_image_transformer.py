@@ -158,6 +158,17 @@ def test_bad_input_names_tensor():
         _model()(torch.zeros(1, 50, dtype=torch.long))
 
 
+def test_images_outside_the_intensity_range_are_refused():
+    """Intensities must lie in 0..255: one above or below is a ValueError naming the images and the range found."""
+    config = ImageTransformerConfig(**TINY)
+    height, width = config.image_size
+    for bad_value in (256, -1):
+        images = torch.zeros(1, height, width, config.num_channels)
+        images[0, 0, 0, 0] = bad_value
+        with pytest.raises(ValueError, match=rf"images must be in \[0, 256\).*{bad_value}"):
+            images_to_input_ids(images, config)
+
+
 # ------------------------------------------------------------------------------------------------ local 1D memory
 @pytest.mark.parametrize("memory_length", [0, 3, 13])
 def test_local_1d_memory_length_is_the_papers(memory_length):
