@@ -479,8 +479,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             (default `config.use_cache`; `generate()` turns it on). attention_mask may then cover past + new tokens.
         """
         config = self.config
-        output_attentions = _config_default(output_attentions, config, "output_attentions")
-        output_hidden_states = _config_default(output_hidden_states, config, "output_hidden_states")
+        output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         causal = _config_default(is_causal, config, "is_decoder")
         use_cache = _config_default(use_cache, config, "use_cache") and causal
         state = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
