@@ -16,3 +16,15 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo_state():
+    """torch.compile's caches (and its automatic dynamic-shape decisions, keyed by shared code objects such as
+    transformers' output decorators) would otherwise carry from one test's compiled model into the next."""
+    yield
+    torch._dynamo.reset()
