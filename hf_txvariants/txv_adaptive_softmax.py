@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+HEAD_WIDTH_MULTIPLE = 8
+
 
 def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]:
     edges = [0, *cutoffs, vocab_size]
@@ -24,6 +26,11 @@ def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]
 
 def cluster_dims(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
     return [d_embed // (div_val**i) for i in range(num_clusters)]
+
+
+def token_clusters(token_ids: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+    """The cluster of each token id (0 = shortlist), as int64."""
+    return sum((token_ids >= start).long() for start, _ in bounds[1:])
 
 
 class ProjectionList(nn.ParameterList):
@@ -55,16 +62,37 @@ class AdaptiveEmbedding(nn.Module):
             if len(self.emb_projs):
                 embeddings = nn.functional.linear(embeddings, self.emb_projs[0])
             return embeddings * self.emb_scale
-        # Batched over clusters, no data-dependent shapes: token t's features are the concatenation of every
-        # cluster's embedding of t, zero except in t's own cluster, so one matmul with the concatenated projections
-        # [P_0 | P_1 | ...] gives P_c(t) e_c(t). The output has the projection's dtype under autocast too.
+        if torch.compiler.is_compiling():
+            return self._embed_with_static_shapes(input_ids) * self.emb_scale
+        return self._embed_cluster_by_cluster(input_ids) * self.emb_scale
+
+    def _embed_cluster_by_cluster(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Each cluster embeds and projects only its own tokens (the tokens sorted by cluster, one split, one
+        reordering `index_copy` whose backward is a gather), so the projections cost what they must:
+        sum_c n_c d_c d_proj multiply-adds."""
+        flat_ids = input_ids.reshape(-1)
+        clusters = token_clusters(flat_ids, self.bounds)
+        order = torch.argsort(clusters, stable=True)
+        tokens_per_cluster = torch.bincount(clusters, minlength=len(self.bounds)).tolist()
+        pieces = zip(self.bounds, self.emb_layers, self.emb_projs, flat_ids[order].split(tokens_per_cluster))
+        projected = torch.cat([nn.functional.linear(layer(ids - start), projection)
+                               for (start, _), layer, projection, ids in pieces])
+        # in the activation dtype (autocast's for the projection): never a float32 buffer for bf16/fp16 rows
+        embeddings = projected.new_empty(projected.shape).index_copy(0, order, projected)
+        return embeddings.view(*input_ids.shape, -1)
+
+    def _embed_with_static_shapes(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Batched over clusters, no data-dependent shapes (torch.compile / torch.export): token t's features are
+        the concatenation of every cluster's embedding of t, zero except in t's own cluster, so one matmul with the
+        concatenated projections [P_0 | P_1 | ...] gives P_c(t) e_c(t) (at sum_c d_c / d_c(t) times the
+        multiply-adds of the cluster-by-cluster path). The output has the projection's dtype under autocast too."""
         features = []
         for (start, end), layer in zip(self.bounds, self.emb_layers):
             in_cluster = (input_ids >= start) & (input_ids < end)
             cluster_embeddings = layer((input_ids - start).clamp(0, end - start - 1))
             features.append(torch.where(in_cluster[..., None], cluster_embeddings, 0.0))
         projection = torch.cat(list(self.emb_projs), dim=1)  # [d_proj, sum of cluster dims]
-        return nn.functional.linear(torch.cat(features, dim=-1), projection) * self.emb_scale
+        return nn.functional.linear(torch.cat(features, dim=-1), projection)
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
@@ -100,8 +128,12 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         else:
             weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
         if cluster == 0 and self.num_tail_clusters > 0:
-            weight = torch.cat([weight, self.cluster_weight], dim=0)
-            bias = torch.cat([bias, self.cluster_bias], dim=0)
+            # the head scores [shortlist | tail clusters | padding]: the padding columns (zero weights, bias -inf,
+            # so exp() of them is exactly 0 and their gradient too) make the width a multiple of 8, which the
+            # matrix-product kernels run faster (benchmarks/bench_adaptive_softmax.py)
+            padding = -(self.shortlist_size + self.num_tail_clusters) % HEAD_WIDTH_MULTIPLE
+            weight = torch.cat([weight, self.cluster_weight, weight.new_zeros(padding, weight.shape[1])], dim=0)
+            bias = torch.cat([bias, self.cluster_bias, bias.new_full((padding,), float("-inf"))], dim=0)
         if len(self.out_projs):
             hidden = torch.matmul(hidden, self.out_projs[cluster])  # [N, d_proj] @ [d_proj, d_emb_i]
         return nn.functional.linear(hidden, weight, bias)
@@ -117,11 +149,27 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         head = self._log_softmax(self._cluster_logits(hidden, 0))
         if self.num_tail_clusters == 0:
             return head
+        if not self._needs_autograd(hidden):
+            return self._log_probs_into_one_buffer(hidden, head)
         pieces = [head[..., : self.shortlist_size]]
         for cluster in range(1, self.num_tail_clusters + 1):
             tail = self._log_softmax(self._cluster_logits(hidden, cluster))
             pieces.append(head[..., self.shortlist_size + cluster - 1, None] + tail)
         return torch.cat(pieces, dim=-1)
+
+    def _needs_autograd(self, hidden: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in self.parameters()))
+
+    def _log_probs_into_one_buffer(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """`log_probs` without autograd: every cluster's log-probabilities are written straight into their columns
+        of the output (the sum `log p_head(cluster) + log p_cluster(w)` is the write), with no concatenation."""
+        log_probs = head.new_empty(*head.shape[:-1], self.vocab_size)
+        log_probs[..., : self.shortlist_size] = head[..., : self.shortlist_size]
+        for cluster in range(1, self.num_tail_clusters + 1):
+            start, end = self.bounds[cluster]
+            tail = self._log_softmax(self._cluster_logits(hidden, cluster))
+            torch.add(tail, head[..., self.shortlist_size + cluster - 1, None], out=log_probs[..., start:end])
+        return log_probs
 
     def nll(self, hidden: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """Per-token negative log-likelihood (float32) in position order, 0 where `targets == ignore_index`.
@@ -136,7 +184,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             token_log_probs = head.gather(1, safe_targets[:, None]).squeeze(1)
             return -token_log_probs.masked_fill(~valid, 0.0)
         # cluster of each target (0 = shortlist) and its head column: the token itself, or the tail cluster's column
-        target_cluster = sum((safe_targets >= start).long() for start, _ in self.bounds[1:])
+        target_cluster = token_clusters(safe_targets, self.bounds)
         head_column = torch.where(target_cluster == 0, safe_targets, self.shortlist_size + target_cluster - 1)
         token_log_probs = head.gather(1, head_column[:, None]).squeeze(1)
         for cluster in range(1, self.num_tail_clusters + 1):
