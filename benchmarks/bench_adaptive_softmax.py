@@ -10,7 +10,7 @@ Reported: the fastest call of each measure in milliseconds and the ratio old / n
 
 Measures: the per-token NLL with labels (forward + backward, and forward alone without autograd, as the training
 step and the evaluation of `bench_transfo_xl.py` call it with `return_logits=False`), the full log-probabilities
-without autograd, and the adaptive input embedding (forward + backward, and forward alone).
+(forward + backward, and without autograd), and the adaptive input embedding (forward + backward, and forward alone).
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def measures(softmax, embedding, hidden, targets, input_ids):
     def embedding_train():
         embedding(input_ids).sum().backward()
 
+    def log_probs_train():
+        softmax.log_probs(hidden).sum().backward()
+
     @torch.no_grad()
     def nll_eval():
         softmax.nll(hidden, targets)
@@ -79,6 +82,7 @@ def measures(softmax, embedding, hidden, targets, input_ids):
     return {
         "nll forward+backward": nll_train,
         "nll forward, no_grad": nll_eval,
+        "log_probs forward+backward": log_probs_train,
         "log_probs, no_grad": log_probs_eval,
         "adaptive input forward+backward": embedding_train,
         "adaptive input forward, no_grad": embedding_eval,
@@ -112,7 +116,8 @@ def main():
     for name, (nll, embedded) in outputs.items():  # same weights: the same results up to rounding
         nll_difference = (nll - outputs["this checkout"][0]).abs().max().item()
         embedding_difference = (embedded - outputs["this checkout"][1]).abs().max().item()
-        print(f"{name}: largest difference to this checkout: nll {nll_difference:.2e}, input {embedding_difference:.2e}")
+        print(f"{name}: largest difference to this checkout: nll {nll_difference:.2e}, "
+              f"input {embedding_difference:.2e}")
 
     best = {name: {measure: float("inf") for measure in reference} for name in calls}
     for _ in range(args.rounds):

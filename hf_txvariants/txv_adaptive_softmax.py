@@ -149,27 +149,21 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         head = self._log_softmax(self._cluster_logits(hidden, 0))
         if self.num_tail_clusters == 0:
             return head
-        if not self._needs_autograd(hidden):
-            return self._log_probs_into_one_buffer(hidden, head)
-        pieces = [head[..., : self.shortlist_size]]
-        for cluster in range(1, self.num_tail_clusters + 1):
-            tail = self._log_softmax(self._cluster_logits(hidden, cluster))
-            pieces.append(head[..., self.shortlist_size + cluster - 1, None] + tail)
-        return torch.cat(pieces, dim=-1)
-
-    def _needs_autograd(self, hidden: torch.Tensor) -> bool:
-        return torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in self.parameters()))
-
-    def _log_probs_into_one_buffer(self, hidden: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
-        """`log_probs` without autograd: every cluster's log-probabilities are written straight into their columns
-        of the output (the sum `log p_head(cluster) + log p_cluster(w)` is the write), with no concatenation."""
-        log_probs = head.new_empty(*head.shape[:-1], self.vocab_size)
-        log_probs[..., : self.shortlist_size] = head[..., : self.shortlist_size]
-        for cluster in range(1, self.num_tail_clusters + 1):
-            start, end = self.bounds[cluster]
-            tail = self._log_softmax(self._cluster_logits(hidden, cluster))
-            torch.add(tail, head[..., self.shortlist_size + cluster - 1, None], out=log_probs[..., start:end])
-        return log_probs
+        # views of the head: [shortlist | one column per tail cluster | padding] (the backward of a split is one
+        # concatenation, where slicing and selecting would each zero-fill a head-sized gradient)
+        padding = head.shape[-1] - self.shortlist_size - self.num_tail_clusters
+        shortlist, cluster_columns, _ = head.split([self.shortlist_size, self.num_tail_clusters, padding], dim=-1)
+        tails = [self._log_softmax(self._cluster_logits(hidden, c)) for c in range(1, self.num_tail_clusters + 1)]
+        if not any(log_probs.requires_grad for log_probs in (head, *tails)):
+            # without autograd, each cluster's log-probabilities are written straight into their columns of the
+            # output (the sum log p_head(cluster) + log p_cluster(w) is the write): no concatenation
+            log_probs = head.new_empty(*head.shape[:-1], self.vocab_size)
+            log_probs[..., : self.shortlist_size] = shortlist
+            for (start, end), column, tail in zip(self.bounds[1:], cluster_columns.unbind(-1), tails):
+                torch.add(tail, column[..., None], out=log_probs[..., start:end])
+            return log_probs
+        in_clusters = [column[..., None] + tail for column, tail in zip(cluster_columns.unbind(-1), tails)]
+        return torch.cat([shortlist, *in_clusters], dim=-1)
 
     def nll(self, hidden: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
         """Per-token negative log-likelihood (float32) in position order, 0 where `targets == ignore_index`.
