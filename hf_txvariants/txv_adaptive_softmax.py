@@ -120,13 +120,19 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 self.out_projs.append(nn.Parameter(torch.zeros(d_proj, dim)))
                 self.out_layers.append(nn.Linear(dim, end - start))
 
-    def _cluster_logits(self, hidden: torch.Tensor, cluster: int) -> torch.Tensor:
-        """Unnormalised scores of cluster `cluster` (for cluster 0 including the tail-cluster columns)."""
+    def _output_layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(weight, bias) of each cluster; with div_val 1, views of the one output layer, split once per call (the
+        backward of a split is one concatenation, where that of each slice would zero-fill a vocabulary-sized
+        gradient: 4 x [267735, 410] for wt103)."""
         if self.div_val == 1:
-            start, end = self.bounds[cluster]
-            weight, bias = self.out_layers[0].weight[start:end], self.out_layers[0].bias[start:end]
-        else:
-            weight, bias = self.out_layers[cluster].weight, self.out_layers[cluster].bias
+            sizes = [end - start for start, end in self.bounds]
+            return list(zip(self.out_layers[0].weight.split(sizes), self.out_layers[0].bias.split(sizes)))
+        return [(layer.weight, layer.bias) for layer in self.out_layers]
+
+    def _cluster_logits(self, hidden: torch.Tensor, cluster: int, layers=None) -> torch.Tensor:
+        """Unnormalised scores of cluster `cluster` (for cluster 0 including the tail-cluster columns); `layers`:
+        `_output_layers()` of the current call."""
+        weight, bias = (layers or self._output_layers())[cluster]
         if cluster == 0 and self.num_tail_clusters > 0:
             # the head scores [shortlist | tail clusters | padding]: the padding columns (zero weights, bias -inf,
             # so exp() of them is exactly 0 and their gradient too) make the width a multiple of 8, which the
@@ -146,14 +152,15 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., d_proj]` -> `[..., vocab_size]` log-probabilities (float32)."""
-        head = self._log_softmax(self._cluster_logits(hidden, 0))
+        layers = self._output_layers()
+        head = self._log_softmax(self._cluster_logits(hidden, 0, layers))
         if self.num_tail_clusters == 0:
             return head
         # views of the head: [shortlist | one column per tail cluster | padding] (the backward of a split is one
         # concatenation, where slicing and selecting would each zero-fill a head-sized gradient)
         padding = head.shape[-1] - self.shortlist_size - self.num_tail_clusters
         shortlist, cluster_columns, _ = head.split([self.shortlist_size, self.num_tail_clusters, padding], dim=-1)
-        tails = [self._log_softmax(self._cluster_logits(hidden, c)) for c in range(1, self.num_tail_clusters + 1)]
+        tails = [self._log_softmax(self._cluster_logits(hidden, c, layers)) for c in range(1, len(layers))]
         if not any(log_probs.requires_grad for log_probs in (head, *tails)):
             # without autograd, each cluster's log-probabilities are written straight into their columns of the
             # output (the sum log p_head(cluster) + log p_cluster(w) is the write): no concatenation
@@ -173,7 +180,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         such rows cannot be data-dependent, for all rows, then selected)."""
         valid = targets != ignore_index
         safe_targets = targets.masked_fill(~valid, 0)
-        head = self._log_softmax(self._cluster_logits(hidden, 0))
+        layers = self._output_layers()
+        head = self._log_softmax(self._cluster_logits(hidden, 0, layers))
         if self.num_tail_clusters == 0:
             token_log_probs = head.gather(1, safe_targets[:, None]).squeeze(1)
             return -token_log_probs.masked_fill(~valid, 0.0)
@@ -184,20 +192,20 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         for cluster in range(1, self.num_tail_clusters + 1):
             in_cluster = target_cluster == cluster
             if torch.compiler.is_compiling():
-                tail_log_probs = self._tail_log_probs_all_rows(hidden, safe_targets, in_cluster, cluster)
+                tail_log_probs = self._tail_log_probs_all_rows(hidden, safe_targets, in_cluster, cluster, layers)
                 token_log_probs = token_log_probs + tail_log_probs
             else:
                 rows = in_cluster.nonzero().squeeze(1)
-                tail_log_probs = self._tail_log_probs(hidden[rows], safe_targets[rows], cluster)
+                tail_log_probs = self._tail_log_probs(hidden[rows], safe_targets[rows], cluster, layers)
                 token_log_probs = token_log_probs.index_add(0, rows, tail_log_probs)
         return -token_log_probs.masked_fill(~valid, 0.0)
 
-    def _tail_log_probs(self, hidden: torch.Tensor, targets: torch.Tensor, cluster: int) -> torch.Tensor:
+    def _tail_log_probs(self, hidden: torch.Tensor, targets: torch.Tensor, cluster: int, layers) -> torch.Tensor:
         """log p_cluster(target | cluster) for rows whose targets all lie in `cluster`."""
         start, end = self.bounds[cluster]
-        tail = self._log_softmax(self._cluster_logits(hidden, cluster))
+        tail = self._log_softmax(self._cluster_logits(hidden, cluster, layers))
         return tail.gather(1, (targets - start).clamp(0, end - start - 1)[:, None]).squeeze(1)
 
-    def _tail_log_probs_all_rows(self, hidden, targets, in_cluster, cluster: int) -> torch.Tensor:
+    def _tail_log_probs_all_rows(self, hidden, targets, in_cluster, cluster: int, layers) -> torch.Tensor:
         """`_tail_log_probs` for every row, 0 for the rows outside the cluster (static shapes for compilers)."""
-        return torch.where(in_cluster, self._tail_log_probs(hidden, targets, cluster), 0.0)
+        return torch.where(in_cluster, self._tail_log_probs(hidden, targets, cluster, layers), 0.0)

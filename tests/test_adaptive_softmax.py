@@ -7,6 +7,7 @@ import unittest.mock
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_txvariants.txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax
 
@@ -163,6 +164,42 @@ def test_log_probs_without_autograd_equal_the_autograd_path(div_val):
     with torch.no_grad():
         without_autograd = module.log_probs(hidden)
     torch.testing.assert_close(without_autograd, with_autograd.detach(), atol=0, rtol=0)
+
+
+class WeightShapedOutputs(TorchDispatchMode):
+    """The aten ops (views aside) that write a tensor of `shape` (e.g. a full-size gradient) while active."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.ops = torch.Size(shape), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        if isinstance(output, torch.Tensor) and output.shape == self.shape and not func.is_view:
+            self.ops.append(str(func))
+        return output
+
+
+@pytest.mark.parametrize("method", ["nll", "log_probs"])
+def test_div_val_1_backward_writes_the_output_layer_gradient_once(method):
+    """With div_val 1 the clusters' weights are views of one [vocab, d_embed] layer: their gradients are gathered by
+    one concatenation, not by zero-filling a vocabulary-sized gradient for each cluster and adding them up."""
+    module = random_init(ProjectedAdaptiveLogSoftmax(VOCAB, D_EMBED, D_PROJ, CUTOFFS, 1))
+    hidden = torch.randn(6, D_PROJ, generator=torch.Generator().manual_seed(3))
+    targets = torch.tensor([0, 11, 39, 5, 25, 9])
+    output = module.nll(hidden, targets) if method == "nll" else module.log_probs(hidden)
+    with WeightShapedOutputs(module.out_layers[0].weight.shape) as writes:
+        output.sum().backward()
+    assert len(writes.ops) == 1, writes.ops
+
+
+def test_log_probs_train_the_tails_of_a_frozen_head():
+    module = random_init(ProjectedAdaptiveLogSoftmax(VOCAB, D_EMBED, D_PROJ, CUTOFFS, 2))
+    for parameter in (module.cluster_weight, module.cluster_bias, *module.out_layers[0].parameters()):
+        parameter.requires_grad_(False)
+    hidden = torch.randn(4, D_PROJ, generator=torch.Generator().manual_seed(8))
+    module.log_probs(hidden)[:, 30].sum().backward()
+    assert module.out_layers[0].weight.grad is None and module.out_layers[2].weight.grad.abs().sum() > 0
 
 
 def test_nll_static_shape_path_equals_row_selection(monkeypatch):
