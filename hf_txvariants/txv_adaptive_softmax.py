@@ -69,7 +69,8 @@ class AdaptiveEmbedding(nn.Module):
     def _embed_cluster_by_cluster(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Each cluster embeds and projects only its own tokens (the tokens sorted by cluster, one split, one
         reordering `index_copy` whose backward is a gather), so the projections cost what they must:
-        sum_c n_c d_c d_proj multiply-adds."""
+        sum_c n_c d_c d_proj multiply-adds. The split sizes are read on the host (one synchronisation on a GPU, as
+        the softmax's row selection has too)."""
         flat_ids = input_ids.reshape(-1)
         clusters = token_clusters(flat_ids, self.bounds)
         order = torch.argsort(clusters, stable=True)
@@ -79,7 +80,7 @@ class AdaptiveEmbedding(nn.Module):
                                for (start, _), layer, projection, ids in pieces])
         # in the activation dtype (autocast's for the projection): never a float32 buffer for bf16/fp16 rows
         embeddings = projected.new_empty(projected.shape).index_copy(0, order, projected)
-        return embeddings.view(*input_ids.shape, -1)
+        return embeddings.view(*input_ids.shape, self.d_proj)
 
     def _embed_with_static_shapes(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Batched over clusters, no data-dependent shapes (torch.compile / torch.export): token t's features are
@@ -161,7 +162,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         padding = head.shape[-1] - self.shortlist_size - self.num_tail_clusters
         shortlist, cluster_columns, _ = head.split([self.shortlist_size, self.num_tail_clusters, padding], dim=-1)
         tails = [self._log_softmax(self._cluster_logits(hidden, c, layers)) for c in range(1, len(layers))]
-        if not any(log_probs.requires_grad for log_probs in (head, *tails)):
+        if not any(scores.requires_grad for scores in (head, *tails)):
             # without autograd, each cluster's log-probabilities are written straight into their columns of the
             # output (the sum log p_head(cluster) + log p_cluster(w) is the write): no concatenation
             log_probs = head.new_empty(*head.shape[:-1], self.vocab_size)
