@@ -29,8 +29,8 @@ def cluster_dims(d_embed: int, div_val: int, num_clusters: int) -> list[int]:
 
 
 def token_clusters(token_ids: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
-    """The cluster of each token id (0 = shortlist), as int64."""
-    return sum((token_ids >= start).long() for start, _ in bounds[1:])
+    """The cluster of each token id (0 = shortlist), as int64 (all 0 without tail clusters)."""
+    return sum(((token_ids >= start).long() for start, _ in bounds[1:]), torch.zeros_like(token_ids, dtype=torch.long))
 
 
 class ProjectionList(nn.ParameterList):

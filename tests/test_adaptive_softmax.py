@@ -100,6 +100,15 @@ def test_adaptive_embedding_of_tokens_all_in_one_cluster(static_shapes, monkeypa
         torch.testing.assert_close(module(input_ids), naive_embedding(module, input_ids), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["cluster_by_cluster", "static_shapes"])
+def test_adaptive_embedding_with_div_val_and_no_cutoffs_is_one_projected_cluster(static_shapes, monkeypatch):
+    force_static_shapes(monkeypatch, static_shapes)
+    module = random_init(AdaptiveEmbedding(VOCAB, D_EMBED, D_PROJ, [], 2))
+    input_ids = torch.tensor([[0, 9, 39]])
+    expected = module.emb_layers[0](input_ids) @ module.emb_projs[0].T * D_PROJ**0.5
+    torch.testing.assert_close(module(input_ids), expected, atol=1e-5, rtol=0)
+
+
 def test_adaptive_embedding_looks_up_and_projects_each_token_in_its_own_cluster_only():
     """Eager path: cluster c embeds and projects only its n_c tokens (sum_c n_c d_c d_proj multiply-adds), not every
     token with zeros outside its cluster (the static-shape path, sum_c d_c / d_c(t) times the work)."""
