@@ -162,9 +162,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         padding = head.shape[-1] - self.shortlist_size - self.num_tail_clusters
         shortlist, cluster_columns, _ = head.split([self.shortlist_size, self.num_tail_clusters, padding], dim=-1)
         tails = [self._log_softmax(self._cluster_logits(hidden, c, layers)) for c in range(1, len(layers))]
-        if not any(scores.requires_grad for scores in (head, *tails)):
-            # without autograd, each cluster's log-probabilities are written straight into their columns of the
-            # output (the sum log p_head(cluster) + log p_cluster(w) is the write): no concatenation
+        if not torch.compiler.is_compiling() and not any(scores.requires_grad for scores in (head, *tails)):
+            # eager without autograd: each cluster's log-probabilities are written straight into their columns of
+            # the output (the sum log p_head(cluster) + log p_cluster(w) is the write): no concatenation (a compiler
+            # fuses the concatenation itself, and Dynamo does not trace `out=` into a strided view)
             log_probs = head.new_empty(*head.shape[:-1], self.vocab_size)
             log_probs[..., : self.shortlist_size] = shortlist
             for (start, end), column, tail in zip(self.bounds[1:], cluster_columns.unbind(-1), tails):
