@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
 from .txv_attention import additive_mask, get_attention_function
 from .txv_dropout import Dropout
 from .txv_positions import sinusoid_table
@@ -130,9 +132,13 @@ class RelativePositionAttention(nn.Module):
         # the scaling folded into the (small) position keys rather than applied to the [B, H, Q, R] scores
         table_rows = position_embeddings.shape[0]
         position_keys = self.r_net(position_embeddings).view(table_rows, self.num_heads, self.head_dim) * self.scaling
+        # [B, H, rows, head_dim] and the keys / values contiguous once per layer: every block then reads its rows and
+        # keys as views (the batched products copy a strided or broadcast operand, once per block otherwise)
+        position_keys = position_keys.transpose(0, 1).expand(batch, -1, -1, -1).contiguous()
+        key, value = key.contiguous(), value.contiguous()
         r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
-        content_query = (query + r_w_bias).transpose(1, 2)  # (a) + (c): u folded into the query
-        position_query = (query + r_r_bias).transpose(1, 2)  # (b) + (d)
+        content_query = (query + r_w_bias).transpose(1, 2).contiguous()  # (a) + (c): u folded into the query
+        position_query = (query + r_r_bias).transpose(1, 2).contiguous()  # (b) + (d)
         if attention_bias is None:  # one additive mask, sliced per block
             mask = additive_mask(allowed, query.dtype)
         key_length = key.shape[2]
@@ -140,6 +146,8 @@ class RelativePositionAttention(nn.Module):
         if not output_attentions:  # the weights are returned whole
             blocks = query_blocks(query_length, key_length, key_window, self.query_block_size)
         attention = get_attention_function(self.config, output_attentions)
+        if attention is ALL_ATTENTION_FUNCTIONS.get("sdpa") and position_keys.requires_grad and key.device.type == "cpu":
+            attention = biased_attention_with_bias_gradient
         outputs = []
         for first_query, end_query, first_key, end_key in blocks:
             queries, keys = slice(first_query, end_query), slice(first_key, end_key)
@@ -147,8 +155,8 @@ class RelativePositionAttention(nn.Module):
             # key_length is end_key - first_key: the block is an XL attention of its own), then shifted (a view).
             # One product per (row, head): a row's scores do not depend on the batch it is in (bit for bit).
             block_keys = end_key - first_key
-            rows = position_keys[key_length - block_keys :]
-            position_scores = torch.matmul(position_query[:, :, queries], rows.permute(1, 2, 0))
+            rows = position_keys[:, :, key_length - block_keys :]
+            position_scores = torch.matmul(position_query[:, :, queries], rows.transpose(2, 3))
             block_bias = relative_shift(position_scores, block_keys)
             if attention_bias is not None:
                 block_bias = block_bias + block_of(attention_bias, queries, keys)
@@ -203,6 +211,34 @@ class RelativePositionAttention(nn.Module):
 # a block's first key is rounded down to a multiple of this (a few more masked keys): the attention kernels are
 # markedly slower on odd key counts (the fused CPU kernel: 9.9 ms for 255 keys against 6.5 ms for 256)
 KEY_ALIGNMENT = 32
+
+
+def biased_attention_with_bias_gradient(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, None]:
+    """softmax(mask + scaling q k^T) v where the additive mask (the position scores) needs a gradient: on CPU no fused
+    SDPA kernel gives one, so SDPA runs its math fallback, which also checks every row for -inf (three more passes
+    over the scores). The same maths with the product accumulated into the mask in place (`baddbmm_`; the mask is
+    this block's own sum, which autograd does not keep). Returns `[B, Q, heads, head_dim]` as the attention
+    functions do."""
+    batch, heads, query_length, head_dim = query.shape
+    key_length = key.shape[2]
+    scores = attention_mask.expand(batch, heads, query_length, key_length)
+    if not scores.is_contiguous():  # broadcast or strided: a copy (contiguous: the block's own sum, used in place)
+        scores = scores.contiguous()
+    flat = (batch * heads, query_length, key_length)
+    scores = scores.view(flat).baddbmm_(
+        query.reshape(-1, query_length, head_dim), key.reshape(-1, key_length, head_dim).transpose(1, 2), alpha=scaling
+    )
+    weights = nn.functional.softmax(scores.view(batch, heads, query_length, key_length), dim=-1, dtype=torch.float32)
+    weights = nn.functional.dropout(weights.to(query.dtype), p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2), None
 
 
 def query_blocks(query_length: int, key_length: int, key_window: int | None, block_size: int) -> list[tuple]:

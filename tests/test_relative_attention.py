@@ -10,10 +10,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
-from hf_txvariants.txv_attention import causal_allowed
+from hf_txvariants.txv_attention import causal_allowed, eager_attention_forward
 from hf_txvariants.txv_relative_attention import (
     KEY_ALIGNMENT,
     RelativePositionAttention,
+    biased_attention_with_bias_gradient,
     query_blocks,
     relative_position_embeddings,
     relative_shift,
@@ -188,3 +189,27 @@ def test_backward_computes_no_input_gradient_for_the_detached_memory(pre_norm):
     inner = config.num_attention_heads * config.head_dim
     memory_input_gradient = 2 * memory.shape[0] * memory.shape[1] * config.hidden_size * 2 * inner
     assert flops[1] - flops[0] == (0 if pre_norm else memory_input_gradient)
+
+
+@pytest.mark.parametrize("broadcast_mask", [False, True])
+def test_biased_attention_with_bias_gradient_equals_eager(broadcast_mask):
+    """The training path for SDPA on CPU (the product accumulated into the bias in place) gives eager attention's
+    output and the gradients of query, key, value and bias."""
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 3, 5, 4, generator=generator, requires_grad=True)
+    key_value_shape = (2, 3, 7, 4)
+    key = torch.randn(key_value_shape, generator=generator, requires_grad=True)
+    value = torch.randn(key_value_shape, generator=generator, requires_grad=True)
+    bias_shape = (1, 1, 5, 7) if broadcast_mask else (2, 3, 5, 7)
+    masked = torch.rand(bias_shape, generator=generator) < 0.3
+    bias = torch.randn(bias_shape, generator=generator).masked_fill(masked, torch.finfo(torch.float32).min)
+    bias.requires_grad_(True)
+    module = torch.nn.Module()
+    results = []
+    for function in (eager_attention_forward, biased_attention_with_bias_gradient):
+        output = function(module, query, key, value, bias * 1.0, scaling=0.5)[0]
+        results.append((output, torch.autograd.grad(output.square().sum(), [query, key, value, bias])))
+    (expected, expected_gradients), (output, gradients) = results
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-6)
+    for gradient, expected_gradient in zip(gradients, expected_gradients):
+        torch.testing.assert_close(gradient, expected_gradient, atol=1e-6, rtol=1e-6)
