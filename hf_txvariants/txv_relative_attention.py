@@ -7,7 +7,8 @@ For query position i and key position j the score is
 
 with R the sinusoid table and u, v learned per-head biases (`r_w_bias`, `r_r_bias`). The content term is an ordinary
 q.k product (u is folded into the query), so it goes through the shared attention functions (eager, SDPA); the
-position term is computed once for all relative distances and shifted into place, then passed as an additive mask.
+position term is computed for all relative distances and shifted into place, then passed as an additive mask. On
+CPU the queries are attended in blocks, each over the keys it may see only (`query_blocks`).
 """
 
 from __future__ import annotations
@@ -143,11 +144,13 @@ class RelativePositionAttention(nn.Module):
             mask = additive_mask(allowed, query.dtype)
         key_length = key.shape[2]
         blocks = [(0, query_length, 0, key_length)]
-        if not output_attentions:  # the weights are returned whole
+        if not output_attentions and key.device.type == "cpu":
+            # measured on CPU; on a GPU (not measured yet) one fused kernel call per layer is kept, and the weights
+            # are returned whole
             blocks = query_blocks(query_length, key_length, key_window, self.query_block_size)
         attention = get_attention_function(self.config, output_attentions)
-        if attention is ALL_ATTENTION_FUNCTIONS.get("sdpa") and position_keys.requires_grad and key.device.type == "cpu":
-            attention = biased_attention_with_bias_gradient
+        # SDPA on CPU has no fused kernel with a bias gradient: see `biased_attention_with_bias_gradient`
+        cpu_sdpa = attention is ALL_ATTENTION_FUNCTIONS.get("sdpa") and key.device.type == "cpu"
         outputs = []
         for first_query, end_query, first_key, end_key in blocks:
             queries, keys = slice(first_query, end_query), slice(first_key, end_key)
@@ -163,7 +166,8 @@ class RelativePositionAttention(nn.Module):
                 block_bias = additive_mask(block_of(allowed, queries, keys), query.dtype, block_bias)
             else:  # one pass over the scores: the mask's finfo.min absorbs any finite score
                 block_bias = block_bias + block_of(mask, queries, keys)
-            output, weights = attention(
+            block_attention = biased_attention_with_bias_gradient if cpu_sdpa and block_bias.requires_grad else attention
+            output, weights = block_attention(
                 self,
                 content_query[:, :, queries],
                 key[:, :, keys],
