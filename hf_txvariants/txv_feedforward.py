@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from .txv_dropout import Dropout
+
 
 class PositionwiseFeedForward(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, dropout: float):
@@ -14,9 +16,9 @@ class PositionwiseFeedForward(nn.Module):
         self.CoreNet = nn.Sequential(
             nn.Linear(hidden_size, intermediate_size),
             nn.ReLU(),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(intermediate_size, hidden_size),
-            nn.Dropout(dropout),
+            Dropout(dropout),
         )
 
     def forward(self, hidden_states):

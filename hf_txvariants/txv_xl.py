@@ -118,9 +118,11 @@ class XLLayer(GradientCheckpointingLayer):
         shared_biases=None,
         output_attentions=False,
         key_values=None,
+        key_window=None,
     ):
         """position_embeddings `[M + Q (+ 1), hidden]` and allowed `[..., Q, M + Q]` for the full memory
-        `[B, M, hidden]`; key_values: the layer's `KeyValueSlot` in evaluation (see `RelativePositionAttention`).
+        `[B, M, hidden]`; key_values: the layer's `KeyValueSlot` in evaluation and key_window the distances `allowed`
+        lets a query see (`attention_window`), see `RelativePositionAttention`.
         Returns the output, the attention weights (or None), the layer's span penalty (or None) and
         `(attended key count, memory the layer needs or None)`."""
         span = self.part("adaptive_span") if self.has_adaptive_span else None
@@ -149,6 +151,7 @@ class XLLayer(GradientCheckpointingLayer):
             output_attentions=output_attentions,
             attention_bias=span_bias,
             key_values=key_values,
+            key_window=key_window,
         )
         if self.residual == "post_norm":
             hidden_states = attention_norm(hidden_states + attended)
@@ -329,6 +332,7 @@ class XLBackboneMixin:
                 shared_biases=shared_biases,
                 output_attentions=output_attentions,
                 key_values=key_value_slots[layer_idx],
+                key_window=attention_window(config),
             )
             attentions.append(weights)
             penalties.append(penalty)

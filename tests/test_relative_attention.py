@@ -10,9 +10,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
-from hf_txvariants.txv_attention import causal_allowed
+from hf_txvariants.txv_attention import causal_allowed, eager_attention_forward
 from hf_txvariants.txv_relative_attention import (
+    KEY_ALIGNMENT,
     RelativePositionAttention,
+    biased_attention_with_bias_gradient,
+    query_blocks,
     relative_position_embeddings,
     relative_shift,
 )
@@ -112,3 +115,101 @@ def test_torch_compile_transfo_xl_gives_the_eager_outputs():
             raise
         pytest.xfail(f"fullgraph: graph break outside the layer stack at {location}")
     torch.testing.assert_close(full.losses, expected.losses, atol=1e-5, rtol=1e-5)
+
+
+def random_attention(config, block_size):
+    torch.manual_seed(0)
+    attention = RelativePositionAttention(config)
+    with torch.no_grad():
+        for parameter in attention.parameters():
+            parameter.normal_(0, 0.3)
+    attention.query_block_size = block_size
+    return attention
+
+
+@pytest.mark.parametrize("window", [None, 4, 9])
+def test_query_blocks_hold_every_key_their_queries_may_see(window):
+    """Every key a query may see (causal, within the window) lies in its block's key range, and the range starts at
+    a multiple of KEY_ALIGNMENT."""
+    for memory_length, query_length, block_size in [(0, 7, 3), (5, 7, 2), (40, 70, 32), (64, 1, 32)]:
+        allowed = causal_allowed(query_length, memory_length, "cpu", window)
+        blocks = query_blocks(query_length, memory_length + query_length, window, block_size)
+        assert [first for first, *_ in blocks] == list(range(0, query_length, block_size))
+        assert blocks[-1][1] == query_length
+        for first_query, end_query, first_key, end_key in blocks:
+            assert first_key % KEY_ALIGNMENT == 0
+            outside = allowed[first_query:end_query].clone()
+            outside[:, first_key:end_key] = False
+            assert not outside.any()
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("with_span_bias", [False, True])
+def test_attention_in_query_blocks_equals_one_block(implementation, window, with_span_bias):
+    """Blocks of queries attending only to their key range give the output and gradients of one block over all keys
+    (windowed and causal masks, a padding key, an extra additive bias such as adaptive span's, memory)."""
+    config = AutoConfig.for_model("transfo-xl", **TINY_XL, attn_implementation=implementation)
+    memory_length, query_length = 37, 29
+    hidden, table, allowed, memory = attention_inputs(config, memory_length, query_length)
+    allowed = causal_allowed(query_length, memory_length, "cpu", window)[None, None].repeat(2, 1, 1, 1)
+    allowed[1, ..., 40] = False  # a padding key in the second row
+    span_bias = None
+    if with_span_bias:
+        span_bias = -torch.rand(1, config.num_attention_heads, query_length, memory_length + query_length) * 3
+    results = []
+    for block_size in (query_length, 8):
+        attention = random_attention(config, block_size)
+        output = attention(hidden, table, allowed, memory=memory, attention_bias=span_bias, key_window=window)[0]
+        gradients = torch.autograd.grad(output.square().sum(), [hidden, *attention.parameters()])
+        results.append((output, gradients))
+    (one_block, one_block_gradients), (blocks, block_gradients) = results
+    torch.testing.assert_close(blocks, one_block, atol=1e-6, rtol=1e-6)
+    for gradient, expected in zip(block_gradients, one_block_gradients):  # sums over blocks: another order
+        torch.testing.assert_close(gradient, expected, atol=1e-6 * expected.abs().max().item(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_backward_computes_no_input_gradient_for_the_detached_memory(pre_norm):
+    """The memory is detached: its rows of the key and value projections need only the weight gradient. Counted
+    with torch's FLOP counter against the same pass where the memory requires a gradient, the difference is exactly
+    the memory's input gradient (2 * B * M * hidden * 2 * inner FLOPs), unless a pre-norm's parameters need it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = AutoConfig.for_model("transfo-xl", **TINY_XL)
+    attention = random_attention(config, block_size=4)
+    norm = torch.nn.LayerNorm(config.hidden_size) if pre_norm else None
+    hidden, table, allowed, memory = attention_inputs(config, memory_length=6, query_length=5)
+    flops = []
+    for memory_needs_gradient in (False, True):
+        memory = memory.detach().requires_grad_(memory_needs_gradient)
+        with FlopCounterMode(display=False) as counter:
+            attention(hidden, table, allowed, memory=memory, context_norm=norm)[0].sum().backward()
+        flops.append(counter.get_total_flops())
+    inner = config.num_attention_heads * config.head_dim
+    memory_input_gradient = 2 * memory.shape[0] * memory.shape[1] * config.hidden_size * 2 * inner
+    assert flops[1] - flops[0] == (0 if pre_norm else memory_input_gradient)
+
+
+@pytest.mark.parametrize("broadcast_mask", [False, True])
+def test_biased_attention_with_bias_gradient_equals_eager(broadcast_mask):
+    """The training path for SDPA on CPU (the product accumulated into the bias in place) gives eager attention's
+    output and the gradients of query, key, value and bias."""
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 3, 5, 4, generator=generator, requires_grad=True)
+    key_value_shape = (2, 3, 7, 4)
+    key = torch.randn(key_value_shape, generator=generator, requires_grad=True)
+    value = torch.randn(key_value_shape, generator=generator, requires_grad=True)
+    bias_shape = (1, 1, 5, 7) if broadcast_mask else (2, 3, 5, 7)
+    masked = torch.rand(bias_shape, generator=generator) < 0.3
+    bias = torch.randn(bias_shape, generator=generator).masked_fill(masked, torch.finfo(torch.float32).min)
+    bias.requires_grad_(True)
+    module = torch.nn.Module()
+    results = []
+    for function in (eager_attention_forward, biased_attention_with_bias_gradient):
+        output = function(module, query, key, value, bias * 1.0, scaling=0.5)[0]
+        results.append((output, torch.autograd.grad(output.square().sum(), [query, key, value, bias])))
+    (expected, expected_gradients), (output, gradients) = results
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-6)
+    for gradient, expected_gradient in zip(gradients, expected_gradients):
+        torch.testing.assert_close(gradient, expected_gradient, atol=1e-6, rtol=1e-6)
