@@ -209,7 +209,6 @@ class TransfoXLLMHeadModel(MemoryGenerationMixin, XLCausalLMHeadMixin, TransfoXL
 
     backbone_class = TransfoXLModel
     output_class = TransfoXLLMHeadModelOutput
-    head_options = ("return_logits",)
 
     def reset_memory_length(self, mem_len: int):
         """Changes how many positions are remembered (e.g. longer at evaluation, as in the paper)."""

@@ -123,9 +123,13 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
     adaptive span); the memory is kept across `generate()` steps. With the adaptive softmax
     (`config.uses_adaptive_softmax`) the head is Transformer-XL's projected adaptive softmax (`crit`, tied to the
     base model's adaptive input embedding as transfo-xl ties it), whose logits are log-probabilities and which also
-    gives the per-token NLLs (`losses`, to an output class that has the field)."""
+    gives the per-token NLLs (`losses`, to an output class that has the field).
+
+    `return_logits=False` (keyword) leaves the logits out: with labels, the adaptive softmax then evaluates only the
+    clusters of the targets and never makes the `[tokens, vocabulary]` log-probabilities (what training needs)."""
 
     output_class = XLCausalLMOutput
+    head_options = ("return_logits",)
 
     def build_heads(self, config):
         if not config.uses_adaptive_softmax:
@@ -134,11 +138,13 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
             config.vocab_size, config.d_embed, config.hidden_size, config.cutoffs, config.div_val
         )
 
-    def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, **loss_kwargs) -> dict:
-        if not self.config.uses_adaptive_softmax:
-            return super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
+    def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, return_logits=True, **loss_kwargs) -> dict:
+        if not self.config.uses_adaptive_softmax:  # the logits are made for the loss anyway
+            fields = super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
+            return fields if return_logits else {**fields, "logits": None}
         logits, losses, lm_loss = adaptive_lm_outputs(
-            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep, **loss_kwargs
+            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep,
+            return_logits=return_logits, **loss_kwargs,
         )
         loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
         return {"loss": loss, "logits": logits, "lm_loss": lm_loss, "losses": losses}

@@ -105,6 +105,25 @@ def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
     assert without["eval_loss"] != pytest.approx(first["eval_loss"], abs=1e-4)
 
 
+
+def test_memory_trainer_asks_an_adaptive_softmax_for_the_loss_only(tmp_path):
+    """Training and evaluation steps need only the loss: the model is called with `return_logits=False`, so a
+    word-level adaptive softmax never makes the `[tokens, vocabulary]` log-probabilities."""
+    tokenizer = build_char_tokenizer(TEXT)
+    tokens = encode(tokenizer, TEXT)
+    model = build_model(build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16,
+                                     dropout=0.0, cutoffs=[8, 16], div_val=2))
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the full log-probabilities were computed")
+
+    model.crit.log_probs = fail
+    trainer = MemoryTrainer(model=model, args=_args(tmp_path, max_steps=2),
+                            train_dataset=segment_dataset(tokens[:600], batch_size=2, seg_len=16),
+                            eval_dataset=segment_dataset(tokens[600:800], batch_size=2, seg_len=16))
+    trainer.train()
+    assert math.isfinite(trainer.evaluate()["eval_loss"])
+
 class LossRecorder(MemoryTrainer):
     """Records the exact training loss of every step (Trainer's logs round it)."""
 

@@ -222,6 +222,44 @@ def test_causal_variants_plug_into_the_loop(variant):
             assert memory.memory_length == 8  # carried into the next segment
 
 
+
+@pytest.mark.parametrize("variant, extra", [
+    ("transfo-xl", {"cutoffs": [10, 20], "div_val": 2}),
+    ("txv_gtrxl", {"adaptive": True, "cutoffs": [10, 20]}),
+])
+def test_adaptive_softmax_loss_of_the_loop_never_makes_full_log_probabilities(variant, extra):
+    """With an adaptive softmax, `lm_forward` takes the model's per-target loss (each target's cluster only): it
+    equals the cross-entropy of the full log-probabilities (the loop's old formula) for both reductions and the
+    gradients agree, and `log_probs` (the `[tokens, vocabulary]` tensor) is never called."""
+    from hf_txvariants.training import build_config, build_model, lm_forward
+    from hf_txvariants.training.models import init_memory
+
+    torch.manual_seed(0)
+    model = build_model(build_config(variant, 40, d_model=32, n_layer=2, n_head=2, mem_len=8, seg_len=16,
+                                     dropout=0.0, **extra))
+    stream = segment_stream(torch.randint(0, 40, (200,)), 2, 16)
+    inputs, targets = stream.segment(0)
+
+    def memory():  # the same memory for every call (a call with use_cache updates the one it is given)
+        with torch.no_grad():
+            return model(input_ids=stream.segment(1)[0], use_cache=True, return_logits=False,
+                         past_key_values=init_memory(model, 2)).past_key_values
+
+    log_probs = model(input_ids=inputs, past_key_values=memory(), use_cache=True).logits
+    expected = torch.nn.functional.cross_entropy(log_probs.reshape(-1, 40), targets.reshape(-1), reduction="sum")
+    (expected_gradient,) = torch.autograd.grad(expected, model.crit.out_layers[0].weight)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the full log-probabilities were computed")
+
+    model.crit.log_probs = fail
+    for reduction, scale in (("sum", 1.0), ("mean", targets.numel())):
+        loss, _ = lm_forward(model, inputs, targets, memory(), reduction=reduction)
+        torch.testing.assert_close(loss * scale, expected, atol=1e-4, rtol=1e-5)
+    (gradient,) = torch.autograd.grad(lm_forward(model, inputs, targets, memory(), "sum")[0],
+                                      model.crit.out_layers[0].weight)
+    torch.testing.assert_close(gradient, expected_gradient, atol=1e-5, rtol=1e-4)
+
 def _run_with_checkpoints(folder, steps=4, crash_after=None):
     """A run of `steps` steps with checkpoints every 2; `crash_after`: the run dies (an exception) after that step."""
 

@@ -200,10 +200,21 @@ def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, 
     """Next-token loss of `inputs` against `targets` (the inputs shifted by one across the segment boundary, so
     every token of the stream is predicted exactly once), and the updated memory.
 
-    The loss is computed here from the model's logits (log-probabilities for Transformer-XL, logits elsewhere; the
-    log-softmax inside cross_entropy leaves log-probabilities unchanged) rather than with `labels`, because the HF
-    `labels` convention shifts inside the segment and would never predict a segment's last target."""
+    The loss is the plain next-token cross-entropy (no auxiliary terms), `reduction` "mean" or "sum" over the targets.
+    With an adaptive softmax it is the model's own per-target loss, the targets given as `shift_labels` (position t
+    predicts targets[t]): only each target's cluster is evaluated and no `[tokens, vocabulary]` log-probabilities
+    are made. Otherwise it is computed here from the logits. (Not with `labels`: their HF convention shifts inside
+    the segment and would never predict a segment's last target.)"""
     kwargs = {"past_key_values": memory, "use_cache": True} if memory is not None else {"use_cache": False}
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if getattr(getattr(getattr(model, "module", model), "config", None), "uses_adaptive_softmax", False):
+        output = model(input_ids=inputs, shift_labels=targets, return_logits=False, **kwargs)
+        # before auxiliary terms: the per-target losses (transfo-xl) or their mean `lm_loss` (GTrXL, adaptive span)
+        losses = getattr(output, "losses", None)
+        mean = losses.mean() if losses is not None else output.lm_loss
+        loss = mean * targets.numel() if reduction == "sum" else mean
+        return loss, (output.past_key_values if memory is not None else None)
     output = model(input_ids=inputs, **kwargs)
     logits = output.logits.float()
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)

@@ -72,7 +72,10 @@ class MemoryTrainer(Trainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         training = model.training
         memory = self._memory_for(model, inputs["input_ids"].shape[0], training)
-        outputs = model(**inputs, past_key_values=memory, use_cache=True)
+        # only the loss is needed: without the logits an adaptive softmax evaluates only the targets' clusters
+        head_options = getattr(self.accelerator.unwrap_model(model), "head_options", ())
+        logits = {"return_logits": False} if not return_outputs and "return_logits" in head_options else {}
+        outputs = model(**inputs, past_key_values=memory, use_cache=True, **logits)
         if training:
             self.train_memory = outputs.past_key_values
         else:
