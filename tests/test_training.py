@@ -260,6 +260,18 @@ def test_adaptive_softmax_loss_of_the_loop_never_makes_full_log_probabilities(va
                                       model.crit.out_layers[0].weight)
     torch.testing.assert_close(gradient, expected_gradient, atol=1e-5, rtol=1e-4)
 
+
+@pytest.mark.parametrize("variant, extra", [("transfo-xl", {"cutoffs": [10, 20]}), ("txv_shaw", {})])
+def test_loop_loss_refuses_targets_of_another_shape_naming_them(variant, extra):
+    from hf_txvariants.training import build_config, build_model, lm_forward
+
+    model = build_model(build_config(variant, 40, d_model=32, n_layer=2, n_head=2, mem_len=8, seg_len=16, **extra))
+    inputs = torch.randint(0, 40, (2, 16))
+    with pytest.raises(ValueError, match=r"targets must have the shape of inputs \(2, 16\), got \(2, 5\)"):
+        lm_forward(model, inputs, inputs[:, :5])
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+        lm_forward(model, inputs, inputs, reduction="none")
+
 def _run_with_checkpoints(folder, steps=4, crash_after=None):
     """A run of `steps` steps with checkpoints every 2; `crash_after`: the run dies (an exception) after that step."""
 

@@ -25,7 +25,7 @@ from . import distributed
 from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
 from .evaluation import evaluate_stream, summarize
 from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory, lm_forward, load_model, memory_state,
-                     uses_memory)
+                     unwrapped, uses_memory)
 
 # Fields of the run that must not change on resume (the data order and memory layout depend on them).
 RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction")
@@ -196,7 +196,7 @@ def _drop_tied_weights(models, weights, output_dir):
     model's `all_tied_weights_keys` declares; `from_pretrained` and `load_state` tie them again). Accelerate's
     safetensors writer would drop them anyway, but warns "Removed shared tensor ..." at every checkpoint."""
     for model, state in zip(models, weights):
-        tied = getattr(getattr(model, "module", model), "all_tied_weights_keys", None) or {}
+        tied = getattr(unwrapped(model), "all_tied_weights_keys", None) or {}
         for key in list(state):
             for target, source in tied.items():
                 if not key.endswith(target):

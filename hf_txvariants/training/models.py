@@ -154,9 +154,14 @@ def _first_line(error: BaseException) -> str:
     return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 
 
+def unwrapped(model):
+    """The model inside a DistributedDataParallel-style wrapper (`.module`), or the model itself."""
+    return getattr(model, "module", model)
+
+
 def _memory_owner(model):
     """The module with `init_memory` (the LM head model or its base model), or None for models without memory."""
-    model = getattr(model, "module", model)
+    model = unwrapped(model)
     if getattr(model.config, "mem_len", 0) <= 0:
         return None
     for candidate in (model, getattr(model, "base_model", None)):
@@ -208,7 +213,9 @@ def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, 
     kwargs = {"past_key_values": memory, "use_cache": True} if memory is not None else {"use_cache": False}
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    if getattr(getattr(getattr(model, "module", model), "config", None), "uses_adaptive_softmax", False):
+    if targets.shape != inputs.shape:
+        raise ValueError(f"targets must have the shape of inputs {tuple(inputs.shape)}, got {tuple(targets.shape)}")
+    if getattr(unwrapped(model).config, "uses_adaptive_softmax", False):
         output = model(input_ids=inputs, shift_labels=targets, return_logits=False, **kwargs)
         # before auxiliary terms: the per-target losses (transfo-xl) or their mean `lm_loss` (GTrXL, adaptive span)
         losses = getattr(output, "losses", None)
