@@ -1,0 +1,100 @@
+"""Every difference between the supported transformers releases, in one place (DESIGN: a model file never tests a
+version itself).
+
+transformers 5.24 renamed the cache from `past_key_values` (and `cache_params`) to `cache`: the forward keyword,
+the `ModelOutput` field and what `generate()` passes to `prepare_inputs_for_generation` and `forward`. Our models
+take the cache as `cache` on every release and, through `accepts_cache_names`, under the older names as well; their
+outputs carry it under the installed release's own field name (`CACHE_NAME`), as transformers' own outputs do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import warnings
+
+import transformers
+from packaging.version import Version
+from transformers.utils import generic as _generic
+
+# The releases CI tests (`.ci/run`): keep in step with pyproject.toml and the README.
+OLDEST_SUPPORTED_TRANSFORMERS = "5.23.0"
+FIRST_UNSUPPORTED_TRANSFORMERS = "5.25.0"
+
+# The name under which the installed transformers passes the cache to `forward` / `prepare_inputs_for_generation`
+# and reads it from outputs: 5.24 added the keyword renaming (`_rename_kwargs_for_bc`) together with the new name.
+CACHE_NAME = "cache" if hasattr(_generic, "_rename_kwargs_for_bc") else "past_key_values"
+# Every name a cache may arrive under, the current one first.
+CACHE_NAMES = ("cache", "past_key_values", "cache_params")
+# Output keys that are a cache, not a prediction (`config.keys_to_ignore_at_inference`, for Trainer.predict).
+CACHE_OUTPUT_KEYS = ["cache", "past_key_values"]
+
+
+def check_transformers_version(version: str | None = None) -> bool:
+    """Warns once (a `UserWarning` naming the supported range) when the installed transformers is outside the
+    releases this plugin is tested on; returns whether it is inside."""
+    version = version or transformers.__version__
+    inside = Version(OLDEST_SUPPORTED_TRANSFORMERS) <= Version(version) < Version(FIRST_UNSUPPORTED_TRANSFORMERS)
+    if not inside:
+        warnings.warn(
+            f"hf_txvariants is tested with transformers >={OLDEST_SUPPORTED_TRANSFORMERS},"
+            f"<{FIRST_UNSUPPORTED_TRANSFORMERS}; transformers {version} is installed, so models may fail or differ",
+            UserWarning,
+            stacklevel=3,
+        )
+    return inside
+
+
+def pop_cache(kwargs: dict, default=None):
+    """The cache given in `kwargs` under any of `CACHE_NAMES` (removed from `kwargs`), or `default`. Two different
+    caches under two names are a `ValueError` naming both; a name given as None counts as absent."""
+    given = {name: kwargs.pop(name) for name in CACHE_NAMES if name in kwargs}
+    present = {name: value for name, value in given.items() if value is not None}
+    if len({id(value) for value in present.values()}) > 1:
+        raise ValueError(f"the cache was given twice, as {' and '.join(present)}: pass it once, as `cache`")
+    return next(iter(present.values()), default)
+
+
+def accepts_cache_names(function):
+    """For a `forward` or `prepare_inputs_for_generation` written with a `cache` parameter: the cache is accepted
+    under every name a supported release (or a user of an older one) passes it, so it can never be swallowed by
+    `**kwargs` and lost. The reported signature names the parameter as the installed release does (`CACHE_NAME`)."""
+    signature = inspect.signature(function)
+    if "cache" not in signature.parameters:
+        raise TypeError(f"{function.__qualname__} has no `cache` parameter")
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if any(name in kwargs for name in CACHE_NAMES[1:]):
+            kwargs["cache"] = pop_cache(kwargs)
+        return function(*args, **kwargs)
+
+    parameters = [p.replace(name=CACHE_NAME) if p.name == "cache" else p for p in signature.parameters.values()]
+    wrapper.__signature__ = signature.replace(parameters=parameters)
+    return wrapper
+
+
+def model_output(cls):
+    """`@dataclass` for a `ModelOutput` whose cache field is declared as `cache`: before transformers 5.24 the field
+    is named `past_key_values` (what those releases' `generate()` reads), from 5.24 on `cache` (the old name stays
+    readable through transformers' own alias)."""
+    annotations = cls.__dict__.get("__annotations__", {})
+    if CACHE_NAME != "cache" and "cache" in annotations:
+        cls.__annotations__ = {(CACHE_NAME if name == "cache" else name): kind for name, kind in annotations.items()}
+        setattr(cls, CACHE_NAME, cls.__dict__.get("cache"))
+        delattr(cls, "cache")
+    return dataclasses.dataclass(cls)
+
+
+def cache_field(cache) -> dict:
+    """The keyword that puts `cache` into a transformers `ModelOutput` (ours or theirs) on the installed release."""
+    return {CACHE_NAME: cache}
+
+
+def output_cache(output):
+    """The cache a model output carries (None if it has none), on any supported release and without the deprecation
+    warning that reading the old name gives from 5.24 on."""
+    if isinstance(output, dict):
+        return output.get(CACHE_NAME)
+    return getattr(output, CACHE_NAME, None)
