@@ -62,7 +62,7 @@ class AdaptiveEmbedding(nn.Module):
             if len(self.emb_projs):
                 embeddings = nn.functional.linear(embeddings, self.emb_projs[0])
             return embeddings * self.emb_scale
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or input_ids.shape[-1] == 1:  # compiling, or one position per row (a step)
             return self._embed_with_static_shapes(input_ids) * self.emb_scale
         return self._embed_cluster_by_cluster(input_ids) * self.emb_scale
 
@@ -83,17 +83,18 @@ class AdaptiveEmbedding(nn.Module):
         return embeddings.view(*input_ids.shape, self.d_proj)
 
     def _embed_with_static_shapes(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Batched over clusters, no data-dependent shapes (torch.compile / torch.export): token t's features are
-        the concatenation of every cluster's embedding of t, zero except in t's own cluster, so one matmul with the
-        concatenated projections [P_0 | P_1 | ...] gives P_c(t) e_c(t) (at sum_c d_c / d_c(t) times the
-        multiply-adds of the cluster-by-cluster path). The output has the projection's dtype under autocast too."""
-        features = []
-        for (start, end), layer in zip(self.bounds, self.emb_layers):
+        """Batched over clusters, no data-dependent shapes and no host synchronisation (torch.compile / torch.export,
+        and a generation step, where sorting a few tokens by cluster costs more than the products): every cluster
+        embeds and projects every token, and a token keeps its own cluster's P_c e_c(t) (the others are exact zeros),
+        at sum_c d_c / d_c(t) times the multiply-adds of the cluster-by-cluster path. The output has the projection's
+        dtype under autocast too."""
+        embeddings = None
+        for (start, end), layer, projection in zip(self.bounds, self.emb_layers, self.emb_projs):
             in_cluster = (input_ids >= start) & (input_ids < end)
-            cluster_embeddings = layer((input_ids - start).clamp(0, end - start - 1))
-            features.append(torch.where(in_cluster[..., None], cluster_embeddings, 0.0))
-        projection = torch.cat(list(self.emb_projs), dim=1)  # [d_proj, sum of cluster dims]
-        return nn.functional.linear(torch.cat(features, dim=-1), projection)
+            projected = nn.functional.linear(layer((input_ids - start).clamp(0, end - start - 1)), projection)
+            projected = torch.where(in_cluster[..., None], projected, 0.0)
+            embeddings = projected if embeddings is None else embeddings + projected
+        return embeddings
 
 
 class ProjectedAdaptiveLogSoftmax(nn.Module):
@@ -134,15 +135,20 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         """Unnormalised scores of cluster `cluster` (for cluster 0 including the tail-cluster columns); `layers`:
         `_output_layers()` of the current call."""
         weight, bias = (layers or self._output_layers())[cluster]
+        if len(self.out_projs):
+            hidden = torch.matmul(hidden, self.out_projs[cluster])  # [N, d_proj] @ [d_proj, d_emb_i]
         if cluster == 0 and self.num_tail_clusters > 0:
+            if hidden.numel() <= hidden.shape[-1] ** 2:
+                # at most d_emb rows (a generation step): the two products' outputs concatenated, N x (shortlist +
+                # tail clusters) values, fewer than the head's weights (shortlist x d_emb) that the other form copies
+                tail_scores = nn.functional.linear(hidden, self.cluster_weight, self.cluster_bias)
+                return torch.cat([nn.functional.linear(hidden, weight, bias), tail_scores], dim=-1)
             # the head scores [shortlist | tail clusters | padding]: the padding columns (zero weights, bias -inf,
             # so exp() of them is exactly 0 and their gradient too) make the width a multiple of 8, which the
             # matrix-product kernels run faster (benchmarks/bench_adaptive_softmax.py)
             padding = -(self.shortlist_size + self.num_tail_clusters) % HEAD_WIDTH_MULTIPLE
             weight = torch.cat([weight, self.cluster_weight, weight.new_zeros(padding, weight.shape[1])], dim=0)
             bias = torch.cat([bias, self.cluster_bias, bias.new_full((padding,), float("-inf"))], dim=0)
-        if len(self.out_projs):
-            hidden = torch.matmul(hidden, self.out_projs[cluster])  # [N, d_proj] @ [d_proj, d_emb_i]
         return nn.functional.linear(hidden, weight, bias)
 
     @staticmethod

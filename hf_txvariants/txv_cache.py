@@ -9,7 +9,10 @@ attended to (padding and reset rows are masked out).
 In evaluation (no autograd) the memory also keeps, per layer, the keys and values that layer computed for the memory
 slots when they were its current segment (`KeyValueSlot`): with unchanged weights they equal the recomputed ones, so
 the next segment projects only its own positions. They are trimmed with the memory, dropped by a training pass, a row
-reset or a change of the weights, and never used while autograd records.
+reset or a change of the weights, and never used while autograd records. For the same passes the cache keeps the
+relative position table (`relative_table`, the sinusoids of every distance seen so far) and each layer's projection of
+it (`KeyValueSlot.position_keys`): neither depends on the batch or the memory, so a step of `generate()` (one query
+against a memory of mem_len positions) projects only its own position, as a step against a key/value cache does.
 """
 
 from __future__ import annotations
@@ -147,6 +150,34 @@ class KeyValueSlot:
         if self._cache._new_key_values is not None:
             self._cache._new_key_values[self.layer_idx] = (key.detach(), value.detach(), weights_token)
 
+    def position_keys(self, weights_token: tuple, position_embeddings: torch.Tensor, project) -> torch.Tensor:
+        """`project(position_embeddings)` (the layer's keys of the relative positions, `[heads, rows, head_dim]`),
+        taken from the projection of the cache's whole `relative_table` made with the same weights when
+        `position_embeddings` is a suffix of that table (the rows of the distances a pass sees are always its last
+        rows); computed whole otherwise."""
+        cache = self._cache
+        table = cache._relative_table
+        rows = position_embeddings.shape[0]
+        if table is None or not is_row_suffix(position_embeddings, table):
+            return project(position_embeddings)
+        token = (weights_token, table.data_ptr(), table.shape[0])
+        cached = cache._position_keys[self.layer_idx]
+        if cached is None or cached[0] != token:
+            cached = cache._position_keys[self.layer_idx] = (token, project(table))
+        return cached[1][:, cached[1].shape[1] - rows :]
+
+
+def is_row_suffix(rows: torch.Tensor, table: torch.Tensor) -> bool:
+    """Whether `rows` is a view of the last rows of the contiguous `table` (same storage, same end)."""
+    return (
+        rows.dtype == table.dtype
+        and rows.device == table.device
+        and rows.is_contiguous()
+        and rows.shape[1:] == table.shape[1:]
+        and rows.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
+        and rows.data_ptr() + rows.numel() * rows.element_size() == table.data_ptr() + table.numel() * table.element_size()
+    )
+
 
 class MemoryCache(RowStateCache):
     """Per-layer Transformer-XL memory.
@@ -185,11 +216,16 @@ class MemoryCache(RowStateCache):
         self.layers = [MemoryLayer(self, i) for i in range(num_layers)]
         self.memories: list[torch.Tensor] | None = None
         self.memory_mask: torch.Tensor | None = None
+        self._all_real_mask: torch.Tensor | None = None
         # per layer, aligned with `memories` (see `KeyValueSlot`); None where not cached
         self.memory_keys: list[torch.Tensor | None] | None = None
         self.memory_values: list[torch.Tensor | None] | None = None
         self.key_value_tokens: list[tuple | None] | None = None
         self._new_key_values: list | None = None  # what the layers computed in the pass under way
+        # batch-independent, kept across updates (see `relative_table` and `KeyValueSlot.position_keys`)
+        self._relative_table: torch.Tensor | None = None
+        self._relative_table_key: tuple | None = None
+        self._position_keys: list = [None] * num_layers
         self.seen_tokens = seen_tokens
         if memories is not None:
             self._set(list(memories), memory_mask)
@@ -205,7 +241,7 @@ class MemoryCache(RowStateCache):
         cache = cls(num_layers, mem_len, memory_init=memory_init, model_type=model_type)
         if memory_init == "zeros" and mem_len > 0:
             zeros = torch.zeros(batch_size, mem_len, hidden_size, dtype=dtype, device=device)
-            cache._set([zeros] * num_layers, torch.ones(batch_size, mem_len, dtype=torch.bool, device=device))
+            cache._set([zeros] * num_layers, None)
         return cache
 
     @classmethod
@@ -229,18 +265,40 @@ class MemoryCache(RowStateCache):
         for i, m in enumerate(memories):
             if m.dim() != 3 or m.shape != first.shape:
                 raise ValueError(f"memory of layer {i} has shape {tuple(m.shape)}, expected {tuple(first.shape)}")
+        all_real = memory_mask is None
         if memory_mask is None:
             memory_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
         elif memory_mask.shape != first.shape[:2]:
             raise ValueError(f"memory_mask has shape {tuple(memory_mask.shape)}, expected {tuple(first.shape[:2])}")
         self.memories = [m.detach() for m in memories]
         self.memory_mask = memory_mask.to(torch.bool)
-        self.forget_key_values()
+        # the mask known (without reading it) to be all True: `key_mask` then needs no mask and no host sync
+        self._all_real_mask = self.memory_mask if all_real else None
+        self._forget_memory_key_values()
 
-    def forget_key_values(self):
-        """Drops the cached keys and values (they are recomputed from the memory when next needed)."""
+    def _forget_memory_key_values(self):
         self.memory_keys = self.memory_values = self.key_value_tokens = None
         self._new_key_values = None
+
+    def forget_key_values(self):
+        """Drops everything cached besides the memory: the memory's keys and values, the relative position table and
+        its projections (all recomputed when next needed)."""
+        self._forget_memory_key_values()
+        self._relative_table = self._relative_table_key = None
+        self._position_keys = [None] * self.num_layers
+
+    def relative_table(self, key_length: int, build, key: tuple) -> torch.Tensor:
+        """The relative position table of a pass over `key_length` keys, `build(length)` (the sinusoids of distances
+        length - 1 .. -1, `txv_relative_attention.relative_position_embeddings`), as the last `key_length + 1` rows of
+        one table kept across passes: built for at least mem_len + 1 keys (a step against a full memory), and again,
+        longer, when a pass needs more. `key` names everything else the table depends on (clamp_len, width, dtype,
+        device): another key builds a new table."""
+        table = self._relative_table
+        if table is None or self._relative_table_key != key or table.shape[0] < key_length + 1:
+            table = self._relative_table = build(max(key_length, self.mem_len + 1))
+            self._relative_table_key = key
+            self._position_keys = [None] * self.num_layers
+        return table[table.shape[0] - key_length - 1 :]
 
     def key_value_slots(self) -> list[KeyValueSlot]:
         """One `KeyValueSlot` per layer for an evaluation pass (no autograd, weights fixed during the pass)."""
@@ -303,7 +361,7 @@ class MemoryCache(RowStateCache):
         """`[batch, memory_length + query_length]` bool, True where a key may be attended to (real memory slots and
         real tokens of the segment, `input_mask` True = real), or None when every key may. While compiling or
         exporting, the mask is always built (the shortcut reads tensor values)."""
-        if self.memory_mask is None:
+        if self.memory_mask is None or self.memory_mask is self._all_real_mask:
             memory_all_real = True
         elif torch.compiler.is_compiling():
             memory_all_real = False
@@ -324,15 +382,19 @@ class MemoryCache(RowStateCache):
         pending, self._new_key_values = self._new_key_values, None
         if self.mem_len == 0:
             return
-        if input_mask is None:
-            input_mask = torch.ones(layer_inputs[0].shape[:2], dtype=torch.bool, device=layer_inputs[0].device)
+        # the mask is kept only when some slot may be masked (building it for an all-real memory costs a pass)
+        all_real = input_mask is None and (self.memories is None or self.memory_mask is self._all_real_mask)
+        mask = None
         with torch.no_grad():
             if self.memories is None:
                 memories = [h[:, -self.mem_len :] for h in layer_inputs]
-                mask = input_mask[:, -self.mem_len :]
             else:
                 memories = [torch.cat([m, h], dim=1)[:, -self.mem_len :] for m, h in zip(self.memories, layer_inputs)]
-                mask = torch.cat([self.memory_mask, input_mask], dim=1)[:, -self.mem_len :]
+            if not all_real:
+                if input_mask is None:
+                    input_mask = torch.ones(layer_inputs[0].shape[:2], dtype=torch.bool, device=layer_inputs[0].device)
+                mask = input_mask if self.memories is None else torch.cat([self.memory_mask, input_mask], dim=1)
+                mask = mask[:, -self.mem_len :]
             self._set(memories, mask)
         self._keep_new_key_values(pending, self.memory_length)
 
@@ -355,7 +417,7 @@ class MemoryCache(RowStateCache):
         if memory_init == "zeros":
             # the zero vectors are attended: their keys and values (through a pre-norm, not zero) are recomputed, as
             # are those of the pass under way (computed from the old memory)
-            self.forget_key_values()
+            self._forget_memory_key_values()
         # "empty": the reset slots are masked out, so their cached keys and values are never attended
         if memory_init == "zeros":
             self.memory_mask = self.memory_mask | done[:, None]

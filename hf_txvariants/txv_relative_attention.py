@@ -89,9 +89,21 @@ class RelativePositionAttention(nn.Module):
         pre-norm) tensors, identified by storage and in-place version (an optimiser step or a reload changes it),
         and the autocast dtype."""
         tensors = [self.qkv_net.weight, *(context_norm.parameters() if context_norm is not None else ())]
-        device_type = hidden_states.device.type
-        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        return (autocast, *((t.data_ptr(), t._version, t.dtype) for t in tensors))
+        return weights_token(tensors, hidden_states.device.type)
+
+    def position_keys(self, position_embeddings: torch.Tensor, key_values, hidden_states: torch.Tensor):
+        """W_r R for the table's rows, scaled by 1 / sqrt(head_dim) (folded into the small position keys rather than
+        applied to the [B, H, Q, R] scores): `[heads, rows, head_dim]`, shared by every row of the batch. In
+        evaluation (`key_values` given) the projection of the cache's table is reused across passes."""
+
+        def project(table: torch.Tensor) -> torch.Tensor:
+            keys = self.r_net(table).view(table.shape[0], self.num_heads, self.head_dim) * self.scaling
+            return keys.transpose(0, 1)
+
+        if key_values is None or type(self.r_net) is not nn.Linear:  # a wrapped projection must be called
+            return project(position_embeddings)
+        token = weights_token([self.r_net.weight], hidden_states.device.type)
+        return key_values.position_keys(token, position_embeddings, project)
 
     def forward(
         self,
@@ -130,14 +142,20 @@ class RelativePositionAttention(nn.Module):
             key, value = torch.cat([cached[0], key], dim=2), torch.cat([cached[1], value], dim=2)
         if weights_token is not None:
             key_values.keep(key, value, weights_token)
-        # the scaling folded into the (small) position keys rather than applied to the [B, H, Q, R] scores
-        table_rows = position_embeddings.shape[0]
-        position_keys = self.r_net(position_embeddings).view(table_rows, self.num_heads, self.head_dim) * self.scaling
+        position_keys = self.position_keys(position_embeddings, key_values, hidden_states)
+        r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
+        attention = get_attention_function(self.config, output_attentions)
+        # SDPA on CPU has no fused kernel with a bias gradient: see `biased_attention_with_bias_gradient`
+        cpu_sdpa = attention is ALL_ATTENTION_FUNCTIONS.get("sdpa") and key.device.type == "cpu"
+        if query_length == 1 and not output_attentions:
+            output = self.attend_one_query(
+                query, key, value, position_keys, allowed, attention_bias, r_w_bias, r_r_bias, attention, cpu_sdpa
+            )
+            return self.drop(self.o_net(output.reshape(batch, 1, -1))), None
         # [B, H, rows, head_dim] and the keys / values contiguous once per layer: every block then reads its rows and
         # keys as views (the batched products copy a strided or broadcast operand, once per block otherwise)
-        position_keys = position_keys.transpose(0, 1).expand(batch, -1, -1, -1).contiguous()
+        position_keys = position_keys.expand(batch, -1, -1, -1).contiguous()
         key, value = key.contiguous(), value.contiguous()
-        r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
         content_query = (query + r_w_bias).transpose(1, 2).contiguous()  # (a) + (c): u folded into the query
         position_query = (query + r_r_bias).transpose(1, 2).contiguous()  # (b) + (d)
         if attention_bias is None:  # one additive mask, sliced per block
@@ -148,9 +166,6 @@ class RelativePositionAttention(nn.Module):
             # measured on CPU; on a GPU (not measured yet) one fused kernel call per layer is kept, and the weights
             # are returned whole
             blocks = query_blocks(query_length, key_length, key_window, self.query_block_size)
-        attention = get_attention_function(self.config, output_attentions)
-        # SDPA on CPU has no fused kernel with a bias gradient: see `biased_attention_with_bias_gradient`
-        cpu_sdpa = attention is ALL_ATTENTION_FUNCTIONS.get("sdpa") and key.device.type == "cpu"
         outputs = []
         for first_query, end_query, first_key, end_key in blocks:
             queries, keys = slice(first_query, end_query), slice(first_key, end_key)
@@ -181,6 +196,33 @@ class RelativePositionAttention(nn.Module):
         output = self.drop(self.o_net(output.reshape(batch, query_length, -1)))
         return output, weights
 
+    def attend_one_query(
+        self, query, key, value, position_keys, allowed, attention_bias, r_w_bias, r_r_bias, attention, cpu_sdpa
+    ) -> torch.Tensor:
+        """The attention of one query per row (a step of `generate()`, an agent acting), `[B, 1, heads, head_dim]`.
+        The query sits at position K - 1 and sees key j at distance K - 1 - j, which is row j of the table (whose
+        rows run from distance K - 1 down): the position scores are the first K columns of (q + v) . W_r R, with no
+        shift, and the position keys, shared by the batch, meet all the rows' queries in one product per head."""
+        batch, _, heads, head_dim = query.shape
+        key_length = key.shape[2]
+        position_query = (query[:, 0] + r_r_bias).transpose(0, 1)  # [H, B, head_dim]
+        position_scores = torch.bmm(position_query, position_keys[:, :key_length].transpose(1, 2))  # [H, B, K]
+        bias = position_scores.transpose(0, 1)[:, :, None]  # [B, H, 1, K]
+        if attention_bias is not None:
+            bias = bias + attention_bias
+        bias = additive_mask(allowed, query.dtype, bias)
+        one_query_attention = biased_attention_with_bias_gradient if cpu_sdpa and bias.requires_grad else attention
+        output, _ = one_query_attention(
+            self,
+            (query + r_w_bias).transpose(1, 2),  # (a) + (c): u folded into the query
+            key,
+            value,
+            bias,
+            scaling=self.scaling,
+            dropout=self.attention_dropout if self.training else 0.0,
+        )
+        return output
+
     def project(self, hidden_states: torch.Tensor, memory: torch.Tensor | None, context_norm: nn.Module | None):
         """query `[B, Q, heads, head_dim]` for the segment, key and value `[B, heads, M + Q, head_dim]` for
         `[memory; segment]` (M = 0 without memory).
@@ -210,6 +252,13 @@ class RelativePositionAttention(nn.Module):
         key = key.reshape(batch, key_length, *heads).transpose(1, 2)
         value = value.reshape(batch, key_length, *heads).transpose(1, 2)
         return query.reshape(batch, query_length, *heads), key, value
+
+
+def weights_token(tensors, device_type: str) -> tuple:
+    """Names the values of `tensors` for a cache: storage, in-place version (an optimiser step or a reload changes
+    it) and dtype of each, and the autocast dtype of `device_type` (None without autocast)."""
+    autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    return (autocast, *((t.data_ptr(), t._version, t.dtype) for t in tensors))
 
 
 # a block's first key is rounded down to a multiple of this (a few more masked keys): the attention kernels are

@@ -300,23 +300,22 @@ class XLBackboneMixin:
         if episode_starts is not None:
             allowed, last_start = restrict_to_episodes(allowed, episode_starts, batch, memory_length)
 
-        position_embeddings = self.drop(
-            relative_position_embeddings(
-                memory_length + query_length,
-                config.hidden_size,
-                getattr(config, "clamp_len", 0),
-                inputs_embeds.dtype,
-                device,
-            )
-        )
+        # In evaluation the memory's keys and values are reused (exact: same weights, same memory vectors), and so are
+        # the relative position table and its projections; a pass that records gradients or trains drops them, since
+        # the weights change and the gradient must reach W_k, W_v, W_r
+        clamp_len = getattr(config, "clamp_len", 0)
 
-        # In evaluation the memory's keys and values are reused (exact: same weights, same memory vectors); a pass that
-        # records gradients or trains drops them, since the weights change and the gradient must reach W_k, W_v
+        def position_table(key_length: int) -> torch.Tensor:
+            return relative_position_embeddings(key_length, config.hidden_size, clamp_len, inputs_embeds.dtype, device)
+
         key_value_slots = [None] * len(self.layers)
         if not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             key_value_slots = cache.key_value_slots()
+            table_key = (clamp_len, config.hidden_size, inputs_embeds.dtype, device)
+            position_embeddings = cache.relative_table(memory_length + query_length, position_table, table_key)
         else:
             cache.forget_key_values()
+            position_embeddings = self.drop(position_table(memory_length + query_length))
 
         hidden_states = self.drop(inputs_embeds)
         layer_inputs, attentions, penalties, attended_keys = [], [], [], []

@@ -153,14 +153,31 @@ def test_adaptive_softmax_gradients_equal_the_equations(div_val):
 
 
 def test_head_scores_are_padded_to_a_multiple_of_8_columns_that_get_no_probability():
-    """[shortlist 10 | 2 tail clusters | 4 padding columns]: the product runs at a multiple-of-8 width; the padding
-    scores are -inf, so the head's normaliser is that of the 12 real columns."""
+    """[shortlist 10 | 2 tail clusters | 4 padding columns]: the product over more rows than d_embed runs at a
+    multiple-of-8 width; the padding scores are -inf, so the head's normaliser is that of the 12 real columns."""
     module = random_init(ProjectedAdaptiveLogSoftmax(VOCAB, D_EMBED, D_PROJ, CUTOFFS, 2))
-    hidden = torch.randn(3, D_PROJ, generator=torch.Generator().manual_seed(6))
+    hidden = torch.randn(D_EMBED + 1, D_PROJ, generator=torch.Generator().manual_seed(6))
     head = module._cluster_logits(hidden, 0)
-    assert head.shape == (3, 16)
+    assert head.shape == (D_EMBED + 1, 16)
     assert torch.isinf(head[:, 12:]).all() and (head[:, 12:] < 0).all()
     torch.testing.assert_close(torch.logsumexp(head, -1), torch.logsumexp(head[:, :12], -1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("div_val", [1, 2])
+def test_few_rows_score_the_head_without_copying_its_weights(div_val):
+    """A generation step (at most d_embed rows) concatenates the shortlist's and the tail clusters' scores instead of
+    the weights: the same log-probabilities as the padded product (those rows computed among many), no padding."""
+    module = random_init(ProjectedAdaptiveLogSoftmax(VOCAB, D_EMBED, D_PROJ, CUTOFFS, div_val))
+    hidden = torch.randn(D_EMBED + 1, D_PROJ, generator=torch.Generator().manual_seed(8))
+    few = hidden[:3]
+    assert module._cluster_logits(few, 0).shape == (3, 12)
+    with WeightShapedOutputs((16, D_EMBED)) as writes:  # the padded head weight [10 + 2 + 4, d_embed]
+        few_log_probs = module.log_probs(few)
+    assert not writes.ops
+    with WeightShapedOutputs((16, D_EMBED)) as writes:
+        module.log_probs(hidden)
+    assert writes.ops  # (the check sees the copy where there is one)
+    torch.testing.assert_close(few_log_probs, module.log_probs(hidden)[:3], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("div_val", [1, 2])
