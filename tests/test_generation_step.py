@@ -1,0 +1,214 @@
+"""One position at a time against the memory (issue 26): the cached step (the memory's keys and values, the relative
+position table and its projections kept in the `MemoryCache`, the one-query attention, the adaptive softmax of a
+few rows) equals recomputation, for every XL-family variant, with the memory trimmed to mem_len, episode resets and
+left padding.
+
+Recomputation from scratch is possible where every query sees a bounded window (`same_length`, a hard `attn_span`):
+a query then sees exactly the positions it would see stepping with a memory of mem_len, so one forward pass over the
+whole sequence (the multi-query path, no memory carried) gives every step's logits. Without a window, the reference
+steps with every cached tensor dropped before each step (the keys and values recomputed from the memory)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_txvariants import (
+    AdaptiveSpanConfig,
+    AdaptiveSpanForCausalLM,
+    GTrXLConfig,
+    GTrXLForCausalLM,
+    GTrXLModel,
+    TransfoXLConfig,
+    TransfoXLLMHeadModel,
+)
+from hf_txvariants.txv_attention import causal_allowed
+from hf_txvariants.txv_compat import output_cache
+from hf_txvariants.txv_relative_attention import RelativePositionAttention, relative_position_embeddings
+
+SIZE = dict(vocab_size=37, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
+XL = dict(SIZE, cutoffs=[10, 20], div_val=2, d_embed=16, clamp_len=9, init_std=0.2, proj_init_std=0.2, dropout=0.0)
+
+# every variant with a window of mem_len (+ 1) keys: stepping with the trimmed memory == one pass from scratch
+WINDOWED = {
+    "transfo-xl (adaptive softmax, zero memory)": lambda: TransfoXLLMHeadModel(
+        TransfoXLConfig(**XL, mem_len=6, same_length=True, same_length_extra_key=True, memory_init="zeros")
+    ),
+    "transfo-xl pre_lnorm, shared biases": lambda: TransfoXLLMHeadModel(
+        TransfoXLConfig(**XL, mem_len=6, same_length=True, pre_lnorm=True, untie_r=False, memory_init="empty")
+    ),
+    "gtrxl": lambda: GTrXLForCausalLM(GTrXLConfig(**SIZE, mem_len=6, initializer_range=0.2)),
+    "gtrxl with adaptive softmax": lambda: GTrXLForCausalLM(
+        GTrXLConfig(**SIZE, mem_len=6, adaptive=True, cutoffs=[10, 20], div_val=2, initializer_range=0.2)
+    ),
+    "adaptive span": lambda: AdaptiveSpanForCausalLM(
+        AdaptiveSpanConfig(**SIZE, attn_span=7, adapt_span_ramp=2, adapt_span_init=0.5, initializer_range=0.2)
+    ),
+    "adaptive span, dynamic": lambda: AdaptiveSpanForCausalLM(
+        AdaptiveSpanConfig(**SIZE, attn_span=7, adapt_span_ramp=2, adapt_span_dynamic=True, initializer_range=0.2)
+    ),
+}
+
+
+def _model(name: str):
+    torch.manual_seed(0)
+    return WINDOWED[name]().eval()
+
+
+def _ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(1, SIZE["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_generate_past_mem_len_equals_recomputing_from_scratch(name):
+    """Greedy `generate()` (one token per step against the trimmed memory, everything cached) gives the tokens of
+    recomputing the whole sequence at every step, and logits within 1e-5 of that recomputation."""
+    model = _model(name)
+    prompt = _ids(2, 4)
+    new_tokens = 3 * model.config.mem_len  # far past mem_len: the memory is trimmed at every step
+    output = model.generate(
+        prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
+        output_logits=True, return_dict_in_generate=True,
+    )
+    with torch.no_grad():
+        recomputed = model(output.sequences[:, :-1]).logits[:, prompt.shape[1] - 1 :]
+    step_logits = torch.stack(output.logits, dim=1)
+    torch.testing.assert_close(step_logits, recomputed, atol=1e-5, rtol=1e-5)
+    assert torch.equal(output.sequences[:, prompt.shape[1] :], recomputed.argmax(-1))
+
+
+UNWINDOWED = {
+    "transfo-xl": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**XL, mem_len=5, same_length=False)),
+    "gtrxl": lambda: GTrXLForCausalLM(GTrXLConfig(**SIZE, mem_len=5, same_length=False, initializer_range=0.2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNWINDOWED))
+def test_cached_steps_equal_steps_that_recompute_from_the_memory(name):
+    """Without a window (a step sees its whole memory): stepping with every cached tensor reused gives the logits of
+    stepping with the memory's keys and values, the position table and its projections recomputed at every step."""
+    torch.manual_seed(0)
+    model = UNWINDOWED[name]().eval()
+    ids = _ids(3, 20)
+    logits = {}
+    for recompute in (False, True):
+        cache, steps = None, []
+        with torch.no_grad():
+            for t in range(ids.shape[1]):
+                if cache is not None and recompute:
+                    cache.forget_key_values()
+                output = model(ids[:, t : t + 1], cache=cache)
+                cache = output_cache(output)
+                steps.append(output.logits[:, -1])
+        logits[recompute] = torch.stack(steps, 1)
+        if not recompute:
+            assert cache.memory_keys is not None and cache._relative_table is not None
+    torch.testing.assert_close(logits[False], logits[True], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_left_padded_batch_past_mem_len_generates_like_each_row_alone(name):
+    model = _model(name)
+    rows = [_ids(1, n, seed=n) for n in (5, 2)]
+    padded = torch.zeros(2, 5, dtype=torch.long)
+    mask = torch.zeros(2, 5, dtype=torch.long)
+    for i, row in enumerate(rows):
+        padded[i, 5 - row.shape[1] :] = row
+        mask[i, 5 - row.shape[1] :] = 1
+    kwargs = dict(max_new_tokens=2 * model.config.mem_len, do_sample=False, pad_token_id=0, eos_token_id=None)
+    batched = model.generate(padded, attention_mask=mask, **kwargs)
+    for i, row in enumerate(rows):
+        alone = model.generate(row, **kwargs)
+        assert torch.equal(batched[i, 5:], alone[0, row.shape[1] :]), i
+
+
+@pytest.mark.parametrize("adaptive_span", [False, True])
+def test_acting_one_step_per_call_with_episode_resets_equals_the_whole_rollout(adaptive_span):
+    """GTrXL as an agent: 16 environments acting one step per call for 4 x mem_len steps (memory trimmed), episodes
+    ending at random steps (`episode_starts`, and `reset_rows` between calls for some), give the hidden states of
+    one pass over the whole rollout with the same episode starts."""
+    torch.manual_seed(0)
+    span = dict(adapt_span_enabled=True, attn_span=7, adapt_span_ramp=2, adapt_span_init=0.5) if adaptive_span else {}
+    model = GTrXLModel(GTrXLConfig(**SIZE, mem_len=6, initializer_range=0.2, **span)).eval()
+    envs, steps = 16, 24
+    generator = torch.Generator().manual_seed(3)
+    observations = torch.randn(envs, steps, SIZE["hidden_size"], generator=generator)
+    starts = torch.rand(envs, steps, generator=generator) < 0.1
+    reset_between_calls = torch.rand(envs, steps, generator=generator) < 0.05
+    starts = starts | reset_between_calls
+    memory, acted = None, []
+    with torch.no_grad():
+        for t in range(steps):
+            episode_starts = starts[:, t : t + 1] & ~reset_between_calls[:, t : t + 1]
+            if memory is not None:
+                memory.reset_rows(reset_between_calls[:, t])
+            output = model(inputs_embeds=observations[:, t : t + 1], cache=memory, episode_starts=episode_starts)
+            memory = output_cache(output)
+            acted.append(output.last_hidden_state)
+        whole = model(inputs_embeds=observations, episode_starts=starts).last_hidden_state
+    torch.testing.assert_close(torch.cat(acted, 1), whole, atol=1e-5, rtol=1e-5)
+
+
+def _attention(implementation: str) -> RelativePositionAttention:
+    config = GTrXLConfig(**SIZE, mem_len=6, attn_implementation=implementation)
+    torch.manual_seed(0)
+    attention = RelativePositionAttention(config)
+    with torch.no_grad():
+        for parameter in attention.parameters():
+            parameter.normal_(0, 0.3)
+    return attention
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.parametrize("with_span_bias", [False, True])
+def test_one_query_attention_equals_the_last_query_of_the_block_path(implementation, window, with_span_bias):
+    """The one-query path (no relative shift, the position keys shared by the batch) against the multi-query path:
+    the second query of a two-query segment over memory M sees the keys that one query sees over the memory
+    [M; first position], at the same distances (window, a padding key, an additive span term, gradients too)."""
+    attention = _attention(implementation)
+    hidden_size = SIZE["hidden_size"]
+    generator = torch.Generator().manual_seed(4)
+    memory = torch.randn(3, 7, hidden_size, generator=generator)
+    segment = torch.randn(3, 2, hidden_size, generator=generator, requires_grad=True)
+    key_length = memory.shape[1] + 2
+    allowed = causal_allowed(2, memory.shape[1], "cpu", window)[None, None].repeat(3, 1, 1, 1)
+    allowed[1, ..., 3] = False  # a padding key in the second row
+    span_bias = -torch.rand(1, SIZE["num_attention_heads"], 2, key_length, generator=generator) * 3
+    span_bias = span_bias if with_span_bias else None
+    table = relative_position_embeddings(key_length, hidden_size, 0, torch.float32, "cpu")
+    two = attention(segment, table, allowed, memory=memory, attention_bias=span_bias, key_window=window)[0][:, 1:]
+    one = attention(
+        segment[:, 1:], table, allowed[..., 1:, :], memory=torch.cat([memory, segment[:, :1].detach()], 1),
+        attention_bias=None if span_bias is None else span_bias[..., 1:, :], key_window=window,
+    )[0]
+    torch.testing.assert_close(one, two, atol=1e-6, rtol=1e-6)
+    one_gradient, = torch.autograd.grad(one.square().sum(), segment)
+    two_gradient, = torch.autograd.grad(two.square().sum(), segment)
+    torch.testing.assert_close(one_gradient[:, 1], two_gradient[:, 1], atol=1e-6, rtol=1e-5)
+
+
+def test_a_cached_step_projects_no_row_of_the_position_table():
+    """Against a full memory, a cached step applies the position projection W_r to no row of the table (it reuses
+    the projection kept in the cache), where the recomputing step projects the whole table."""
+    torch.manual_seed(0)
+    model = TransfoXLLMHeadModel(TransfoXLConfig(**XL, mem_len=6, same_length=False)).eval()
+    ids = _ids(2, 12)
+    projected_rows = []
+    hooks = [
+        module.register_forward_pre_hook(lambda module, args: projected_rows.append(args[0].shape[-2]))
+        for name, module in model.named_modules() if name.endswith("r_net")
+    ]
+    with torch.no_grad():
+        cache = output_cache(model(ids[:, :8]))
+        projected_rows.clear()
+        model(ids[:, 8:9], cache=cache)
+        cached_step = list(projected_rows)
+        projected_rows.clear()
+        cache.forget_key_values()
+        model(ids[:, 9:10], cache=cache)
+        recomputing_step = list(projected_rows)
+    for hook in hooks:
+        hook.remove()
+    assert cached_step == []
+    assert recomputing_step and all(rows >= 7 for rows in recomputing_step)
