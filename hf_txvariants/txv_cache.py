@@ -361,14 +361,10 @@ class MemoryCache(RowStateCache):
 
     def key_mask(self, input_mask: torch.Tensor | None, query_length: int) -> torch.Tensor | None:
         """`[batch, memory_length + query_length]` bool, True where a key may be attended to (real memory slots and
-        real tokens of the segment, `input_mask` True = real), or None when every key may. While compiling or
-        exporting, the mask is always built (the shortcut reads tensor values)."""
-        if self.memory_mask is None or self.memory_mask is self._all_real_mask:
-            memory_all_real = True
-        elif torch.compiler.is_compiling():
-            memory_all_real = False
-        else:
-            memory_all_real = bool(self.memory_mask.all())
+        real tokens of the segment, `input_mask` True = real), or None when every key may. The memory counts as all
+        real only when the cache knows it without reading it (no host synchronisation, and the same graph under
+        torch.compile): a fresh memory and the updates and resets that keep it so; otherwise the mask is built."""
+        memory_all_real = self.memory_mask is None or self.memory_mask is self._all_real_mask
         if input_mask is None and memory_all_real:
             return None
         if input_mask is None:
@@ -422,7 +418,9 @@ class MemoryCache(RowStateCache):
             self._forget_memory_key_values()
         # "empty": the reset slots are masked out, so their cached keys and values are never attended
         if memory_init == "zeros":
+            all_real = self.memory_mask is self._all_real_mask
             self.memory_mask = self.memory_mask | done[:, None]
+            self._all_real_mask = self.memory_mask if all_real else None
         else:
             self.memory_mask = self.memory_mask & ~done[:, None]
 
@@ -469,6 +467,12 @@ class MemoryCache(RowStateCache):
             "A Transformer-XL memory cannot be cropped: it keeps only the last mem_len hidden states, so it cannot be "
             "rolled back (assisted decoding is not supported)"
         )
+
+    def _map_rows(self, fn):
+        all_real = self.memory_mask is not None and self.memory_mask is self._all_real_mask
+        super()._map_rows(fn)
+        if all_real:  # rows of an all-real memory (beam reordering, expansion, selection) are all real
+            self._all_real_mask = self.memory_mask
 
     def _row_tensors(self) -> dict:
         return {
