@@ -22,6 +22,7 @@ XL-family config, so they compose (a gated XL with adaptive span is a config, no
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +109,8 @@ class XLLayer(GradientCheckpointingLayer):
         self.span_cache = config.adapt_span_cache
 
     def part(self, role: str):
-        return self.get_submodule(self.part_paths[role])
+        # attribute by attribute (what get_submodule does, without its checks: it runs for every part of every step)
+        return operator.attrgetter(self.part_paths[role])(self)
 
     def forward(
         self,
