@@ -410,18 +410,18 @@ class MemoryCache(RowStateCache):
         done = done.to(device=self.memory_mask.device, dtype=torch.bool).view(-1)
         if done.shape[0] != self.batch_size:
             raise ValueError(f"`done` has {done.shape[0]} rows, the memory has batch size {self.batch_size}")
-        keep = (~done)[:, None, None].to(self.memories[0].dtype)
-        self.memories = [m * keep for m in self.memories]
         if memory_init == "zeros":
+            keep = (~done)[:, None, None].to(self.memories[0].dtype)
+            self.memories = [m * keep for m in self.memories]
             # the zero vectors are attended: their keys and values (through a pre-norm, not zero) are recomputed, as
             # are those of the pass under way (computed from the old memory)
             self._forget_memory_key_values()
-        # "empty": the reset slots are masked out, so their cached keys and values are never attended
-        if memory_init == "zeros":
             all_real = self.memory_mask is self._all_real_mask
             self.memory_mask = self.memory_mask | done[:, None]
             self._all_real_mask = self.memory_mask if all_real else None
         else:
+            # "empty": the reset slots are masked out, so neither their vectors (left as they are: no pass over the
+            # memory, which a step of an acting agent would pay) nor their cached keys and values are ever attended
             self.memory_mask = self.memory_mask & ~done[:, None]
 
     def clone(self) -> "MemoryCache":
