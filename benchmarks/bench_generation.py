@@ -16,7 +16,7 @@ after, and whether our Transformer-XL generated exactly the legacy model's token
     python benchmarks/bench_generation.py --legacy-python /tmp/legacy/bin/python            # a few minutes
     python benchmarks/bench_generation.py --legacy-python /tmp/legacy/bin/python --full     # the whole grid
         [--prompts 128 1024] [--batches 1 8] [--models transfo-xl gtrxl adaptive-span] [--rounds 3] [--threads 1]
-        [--device cpu|cuda] [--acting-only | --no-acting]
+        [--device cpu|cuda] [--acting-only | --no-acting] [--code-roots /tmp/older_checkout ...]
 
 The legacy interpreter needs torch and transformers==4.46.3 (`python -m venv /tmp/legacy && /tmp/legacy/bin/pip
 install torch==2.13.0 transformers==4.46.3 sacremoses`); its TransfoXL needs the run-time patch of transformers#29650
@@ -83,7 +83,7 @@ def load_generator(name: str, folder: str, device: str):
     import hf_txvariants  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if name == OURS["transfo-xl"]:
+    if name.startswith(OURS["transfo-xl"]):  # this checkout's, or that of another `--code-roots` checkout
         model = AutoModelForCausalLM.from_pretrained(folder)  # the legacy checkpoint: the same weights
     else:
         model_type = {OURS["gtrxl"]: "txv_gtrxl", OURS["adaptive-span"]: "txv_adaptive_span"}[name]
@@ -150,6 +150,7 @@ def load_average() -> str:
 
 def run_generation(args) -> list[dict]:
     names = [OURS[model] for model in args.models] + [GPT2] + ([LEGACY] if args.legacy_python else [])
+    names += [f"{OURS['transfo-xl']} @ {root}" for root in args.code_roots]
     cases = [(prompt, batch) for prompt in args.prompts for batch in args.batches]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
     times = {(name, case): [] for name in names for case in cases}
@@ -192,7 +193,7 @@ def run_generation(args) -> list[dict]:
             row = {"prompt": prompt, "batch": batch, "model": name, "tokens_per_s_wall": new / best_wall,
                    "tokens_per_s_cpu": new / best_cpu, "tokens_per_s_median_wall": new / median_wall,
                    "vs_gpt2_wall": reference[0][0] / best_wall, "vs_gpt2_cpu": reference[1][1] / best_cpu}
-            if name == OURS["transfo-xl"] and (LEGACY, case) in tokens:
+            if name.startswith(OURS["transfo-xl"]) and (LEGACY, case) in tokens:
                 row["same_tokens_as_legacy"] = tokens[name, case] == tokens[LEGACY, case]
             rows.append(row)
     return rows
@@ -274,6 +275,8 @@ def main():
     parser.add_argument("--prompts", type=int, nargs="+", default=[128])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--models", nargs="+", choices=sorted(OURS), default=["transfo-xl"])
+    parser.add_argument("--code-roots", nargs="*", default=[],
+                        help="other checkouts (folders holding hf_txvariants/) whose Transformer-XL is timed as well")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
@@ -292,7 +295,8 @@ def main():
         return
     if args.worker:
         if args.worker != LEGACY:
-            sys.path.insert(0, str(ROOT))
+            root = args.worker.split(" @ ")[1] if " @ " in args.worker else str(ROOT)
+            sys.path.insert(0, root)
         generation_worker(args.worker, args.folder, args.threads, args.device, args.new_tokens)
         return
     if args.full:

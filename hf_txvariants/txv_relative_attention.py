@@ -211,17 +211,16 @@ class RelativePositionAttention(nn.Module):
         if attention_bias is not None:
             bias = bias + attention_bias
         bias = additive_mask(allowed, query.dtype, bias)
-        one_query_attention = biased_attention_with_bias_gradient if cpu_sdpa and bias.requires_grad else attention
-        output, _ = one_query_attention(
-            self,
-            (query + r_w_bias).transpose(1, 2),  # (a) + (c): u folded into the query
-            key,
-            value,
-            bias,
-            scaling=self.scaling,
-            dropout=self.attention_dropout if self.training else 0.0,
-        )
-        return output
+        content_query = (query + r_w_bias).transpose(1, 2)  # (a) + (c): u folded into the query
+        dropout = self.attention_dropout if self.training else 0.0
+        if cpu_sdpa and bias.requires_grad:
+            return biased_attention_with_bias_gradient(self, content_query, key, value, bias, self.scaling, dropout)[0]
+        if attention is ALL_ATTENTION_FUNCTIONS.get("sdpa"):  # torch's kernel itself: the wrapper's checks cost a step
+            output = nn.functional.scaled_dot_product_attention(
+                content_query, key, value, attn_mask=bias, dropout_p=dropout, scale=self.scaling
+            )
+            return output.transpose(1, 2)
+        return attention(self, content_query, key, value, bias, scaling=self.scaling, dropout=dropout)[0]
 
     def project(self, hidden_states: torch.Tensor, memory: torch.Tensor | None, context_norm: nn.Module | None):
         """query `[B, Q, heads, head_dim]` for the segment, key and value `[B, heads, M + Q, head_dim]` for
