@@ -367,14 +367,20 @@ def _rewrite_torch_zip(path, out, edit_pickle=lambda data: data, compress=zipfil
 
 
 def test_safe_pickle_refuses_huge_allocations(tmp_path):
-    """bytes(10**13) from an allow-listed constructor is refused before anything is allocated; a huge memo index
-    costs nothing (the pure-Python unpickler's memo is a dict)."""
+    """bytes(10**13) from an allow-listed constructor is refused before anything is allocated; so is a memo index
+    far beyond the pickle's size (the C unpickler's memo is an array that long) and a string longer than the file."""
     path = tmp_path / "huge.pkl"
     path.write_bytes(pickle.dumps(_HugeBytes(), protocol=2))
     with pytest.raises(UnsafePickleError, match=r"refusing bytes\(10000000000000\)"):
         load_plain_pickle(path)
     path.write_bytes(b"\x80\x02N\x72\xff\xff\xff\x7f.")  # LONG_BINPUT 2**31 - 1
+    with pytest.raises(UnsafePickleError, match="memo index of 2147483647"):
+        load_plain_pickle(path)
+    path.write_bytes(b"\x80\x02Nq\x00.")  # the same with BINPUT 0: read
     assert load_plain_pickle(path) is None
+    path.write_bytes(b"\x80\x02X\xff\xff\xff\x7fab.")  # BINUNICODE of 2**31 - 1 bytes in a 12-byte file
+    with pytest.raises(UnsafePickleError, match="longer than what is left"):
+        load_plain_pickle(path)
 
 
 def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
