@@ -48,6 +48,8 @@ __all__ = [
     "TRANSFO_XL_TOKENIZER_CLASSES",
     "scan_pickle",
     "is_torch_file",
+    "check_view_bounds",
+    "MAX_CONSTRUCTOR_BYTES",
 ]
 
 
