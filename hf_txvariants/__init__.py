@@ -59,6 +59,12 @@ from .modeling_adaptive_span import (
     AdaptiveSpanModel,
     AdaptiveSpanPreTrainedModel,
 )
+from .configuration_adaptive_span_original import AdaptiveSpanOriginalConfig
+from .modeling_adaptive_span_original import (
+    AdaptiveSpanOriginalForCausalLM,
+    AdaptiveSpanOriginalModel,
+    AdaptiveSpanOriginalPreTrainedModel,
+)
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .modeling_sparse_transformer import (
     SparseTransformerForCausalLM,
@@ -89,6 +95,7 @@ from .modeling_act_rnn import (
     ACTRNNPreTrainedModel,
 )
 from .txv_cache import MemoryCache
+from .txv_span_cache import SpanCache
 from .peft_targets import register_peft_target_modules
 
 __version__ = "0.1.0"
@@ -110,6 +117,7 @@ VARIANTS = {
     "txv_r_transformer": (RTransformerConfig, RTransformerPreTrainedModel),
     "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
     "txv_adaptive_span": (AdaptiveSpanConfig, AdaptiveSpanPreTrainedModel),
+    "txv_adaptive_span_original": (AdaptiveSpanOriginalConfig, AdaptiveSpanOriginalPreTrainedModel),
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_image_transformer": (ImageTransformerConfig, ImageTransformerPreTrainedModel),
     "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
@@ -140,6 +148,10 @@ __all__ = [
     "AdaptiveSpanConfig",
     "AdaptiveSpanForCausalLM",
     "AdaptiveSpanModel",
+    "AdaptiveSpanOriginalConfig",
+    "AdaptiveSpanOriginalForCausalLM",
+    "AdaptiveSpanOriginalModel",
+    "AdaptiveSpanOriginalPreTrainedModel",
     "AdaptiveSpanPreTrainedModel",
     "GTrXLConfig",
     "GTrXLForCausalLM",
@@ -162,6 +174,7 @@ __all__ = [
     "ShawForSequenceClassification",
     "ShawModel",
     "ShawPreTrainedModel",
+    "SpanCache",
     "SparseTransformerConfig",
     "SparseTransformerForCausalLM",
     "SparseTransformerForSequenceClassification",
