@@ -92,7 +92,7 @@ class TxvModelMixin:
     head_key_patterns: tuple[str, ...] = ()
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
 
     def _init_weights(self, module):
         init_standard_weights(module, self.config.initializer_range)

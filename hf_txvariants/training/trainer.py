@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Sampler
 from transformers import Trainer
 
+from ..txv_compat import output_cache
 from .models import ModelError, init_memory, memory_state, restore_memory, uses_memory
 
 logger = logging.getLogger(__name__)
@@ -75,11 +76,11 @@ class MemoryTrainer(Trainer):
         # only the loss is needed: without the logits an adaptive softmax evaluates only the targets' clusters
         head_options = getattr(self.accelerator.unwrap_model(model), "head_options", ())
         logits = {"return_logits": False} if not return_outputs and "return_logits" in head_options else {}
-        outputs = model(**inputs, past_key_values=memory, use_cache=True, **logits)
+        outputs = model(**inputs, cache=memory, use_cache=True, **logits)
         if training:
-            self.train_memory = outputs.past_key_values
+            self.train_memory = output_cache(outputs)
         else:
-            self.eval_memory = outputs.past_key_values
+            self.eval_memory = output_cache(outputs)
         loss = outputs.loss
         return (loss, outputs) if return_outputs else loss
 
@@ -141,7 +142,8 @@ def train_with_trainer(args) -> dict:
 
     from .data import build_char_tokenizer, encode, load_text, segment_dataset, split_text
     from .distributed import fsdp_requested
-    from .models import build_config, build_model, check_text_variant, load_model
+    from ..txv_compat import output_cache
+from .models import build_config, build_model, check_text_variant, load_model
 
     if args.resume:
         raise ModelError("--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
