@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
 from collections import OrderedDict
 
@@ -331,8 +330,11 @@ def convert(args):
             tokenizer.save_pretrained(tmp)
         card = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards",
                             "adaptive_span_original.md")
-        if os.path.isfile(card):
-            shutil.copyfile(card, os.path.join(tmp, "README.md"))
+        if os.path.isfile(card):  # the authors' weights keep their license (CC-BY-NC 4.0)
+            with open(card, encoding="utf-8") as f:
+                text = f.read().replace("license: apache-2.0", "license: cc-by-nc-4.0", 1)
+            with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+                f.write(text)
     print(f"wrote {args.output}", file=sys.stderr)
 
 

@@ -52,7 +52,6 @@ class AdaptiveSpanOriginalConfig(TxvTransformerConfig):
         "pers_mem_size": "persistent_memory_size",
     }
 
-    vocab_size: int = 256
     hidden_size: int = 256
     num_attention_heads: int = 2
     intermediate_size: int = 1024
@@ -66,7 +65,6 @@ class AdaptiveSpanOriginalConfig(TxvTransformerConfig):
     adapt_span_cache: bool = False
     persistent_memory_size: int = 0
     dropout: float | int = 0.0
-    attention_dropout: float | int = 0.0
     emb_dropout: float | int = 0.0
     tie_word_embeddings: bool = False
 

@@ -250,13 +250,14 @@ class AdaptiveSpanOriginalPreTrainedModel(TxvModelMixin, PreTrainedModel):
                 module.clamp_()
 
 
-def check_no_padding(attention_mask: torch.Tensor | None, length: int):
+def check_no_padding(attention_mask: torch.Tensor | None, batch: int, length: int):
     """The original model has no padding: every position is a real one (an all-ones mask, as generate() passes, is
     accepted)."""
     if attention_mask is None or torch.compiler.is_compiling():
         return
-    if attention_mask.dim() != 2 or attention_mask.shape[1] < length:
-        raise ValueError(f"attention_mask must be [batch, >= {length}], got shape {tuple(attention_mask.shape)}")
+    if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
+        raise ValueError(f"attention_mask must be [batch={batch}, >= {length}], got shape "
+                         f"{tuple(attention_mask.shape)}")
     if not bool(attention_mask.bool().all()):
         raise ValueError("txv_adaptive_span_original has no padding (the original attends to every previous "
                          "position): attention_mask must be all ones; group inputs of equal length instead")
@@ -315,7 +316,7 @@ class AdaptiveSpanOriginalModel(AdaptiveSpanOriginalPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size,
                                      config.hidden_size)
-        check_no_padding(attention_mask, inputs_embeds.shape[1])
+        check_no_padding(attention_mask, *inputs_embeds.shape[:2])
         if cache is not None:
             if not isinstance(cache, SpanCache):
                 raise ValueError(f"cache must be the SpanCache returned by this model, got {type(cache).__name__}")
