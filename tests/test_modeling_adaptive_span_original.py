@@ -6,6 +6,7 @@ its cache (per-layer lengths, zeros at the start), the span penalty, the convert
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,26 @@ def test_padding_is_refused():
 def test_bad_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
         AdaptiveSpanOriginalConfig(**{**TINY, **overrides})
+
+
+def test_memory_trainer_trains_with_the_span_cache_carried(tmp_path):
+    """transformers' Trainer (the plugin's MemoryTrainer): the SpanCache is carried from step to step and the loss,
+    span penalty included, trains every parameter, the spans too."""
+    from transformers import TrainingArguments
+
+    from hf_txvariants.training import segment_dataset
+    from hf_txvariants.training.trainer import MemoryTrainer
+
+    model = build(adapt_span_loss=0.01).train()
+    tokens = torch.randint(1, 29, (600,), generator=torch.Generator().manual_seed(0)).tolist()
+    train_set = segment_dataset(tokens, batch_size=2, seg_len=8)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, learning_rate=1e-2,
+                             max_steps=3, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                             remove_unused_columns=False, dataloader_num_workers=0)
+    trainer = MemoryTrainer(model=model, args=args, train_dataset=train_set)
+    result = trainer.train()
+    assert math.isfinite(result.training_loss)
+    assert isinstance(trainer.train_memory, SpanCache) and trainer.train_memory.seen_tokens == 3 * 8
+    unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]
+    assert not unchanged, unchanged
