@@ -67,6 +67,10 @@ def accepts_cache_names(function):
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         if any(name in kwargs for name in CACHE_NAMES[1:]):
+            if CACHE_NAME == "cache":  # as transformers' own models do from 5.24 on
+                old = next(name for name in CACHE_NAMES[1:] if name in kwargs)
+                warnings.warn(f"`{old}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
+                              FutureWarning, stacklevel=2)
             kwargs["cache"] = pop_cache(kwargs)
         return function(*args, **kwargs)
 

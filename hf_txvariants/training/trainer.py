@@ -142,8 +142,7 @@ def train_with_trainer(args) -> dict:
 
     from .data import build_char_tokenizer, encode, load_text, segment_dataset, split_text
     from .distributed import fsdp_requested
-    from ..txv_compat import output_cache
-from .models import build_config, build_model, check_text_variant, load_model
+    from .models import build_config, build_model, check_text_variant, load_model
 
     if args.resume:
         raise ModelError("--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
