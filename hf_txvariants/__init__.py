@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForImageToImage,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
+    AutoTokenizer,
 )
 
 from .configuration_transfo_xl import TransfoXLConfig
@@ -94,6 +95,7 @@ from .modeling_act_rnn import (
     ACTRNNModel,
     ACTRNNPreTrainedModel,
 )
+from .tokenization_transfo_xl import TransfoXLTokenizer
 from .txv_cache import MemoryCache
 from .txv_span_cache import SpanCache
 from .txv_compat import check_transformers_version
@@ -140,6 +142,8 @@ check_transformers_version()
 
 for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
+# Legacy `transfo-xl` folders name "TransfoXLTokenizer" in tokenizer_config.json (or nothing: then the config's type)
+AutoTokenizer.register(TransfoXLConfig, tokenizer_class=TransfoXLTokenizer, exist_ok=True)
 register_peft_target_modules()
 
 __all__ = [
@@ -189,6 +193,7 @@ __all__ = [
     "TransfoXLLMHeadModel",
     "TransfoXLModel",
     "TransfoXLPreTrainedModel",
+    "TransfoXLTokenizer",
     "TxvReformerCache",
     "TxvReformerConfig",
     "TxvReformerForCausalLM",
