@@ -60,6 +60,12 @@ from .modeling_adaptive_span import (
     AdaptiveSpanModel,
     AdaptiveSpanPreTrainedModel,
 )
+from .configuration_adaptive_span_original import AdaptiveSpanOriginalConfig
+from .modeling_adaptive_span_original import (
+    AdaptiveSpanOriginalForCausalLM,
+    AdaptiveSpanOriginalModel,
+    AdaptiveSpanOriginalPreTrainedModel,
+)
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .modeling_sparse_transformer import (
     SparseTransformerForCausalLM,
@@ -91,6 +97,7 @@ from .modeling_act_rnn import (
 )
 from .tokenization_transfo_xl import TransfoXLTokenizer
 from .txv_cache import MemoryCache
+from .txv_span_cache import SpanCache
 from .txv_compat import check_transformers_version
 from .peft_targets import register_peft_target_modules
 
@@ -113,6 +120,7 @@ VARIANTS = {
     "txv_r_transformer": (RTransformerConfig, RTransformerPreTrainedModel),
     "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
     "txv_adaptive_span": (AdaptiveSpanConfig, AdaptiveSpanPreTrainedModel),
+    "txv_adaptive_span_original": (AdaptiveSpanOriginalConfig, AdaptiveSpanOriginalPreTrainedModel),
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_image_transformer": (ImageTransformerConfig, ImageTransformerPreTrainedModel),
     "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
@@ -147,6 +155,10 @@ __all__ = [
     "AdaptiveSpanConfig",
     "AdaptiveSpanForCausalLM",
     "AdaptiveSpanModel",
+    "AdaptiveSpanOriginalConfig",
+    "AdaptiveSpanOriginalForCausalLM",
+    "AdaptiveSpanOriginalModel",
+    "AdaptiveSpanOriginalPreTrainedModel",
     "AdaptiveSpanPreTrainedModel",
     "GTrXLConfig",
     "GTrXLForCausalLM",
@@ -169,6 +181,7 @@ __all__ = [
     "ShawForSequenceClassification",
     "ShawModel",
     "ShawPreTrainedModel",
+    "SpanCache",
     "SparseTransformerConfig",
     "SparseTransformerForCausalLM",
     "SparseTransformerForSequenceClassification",

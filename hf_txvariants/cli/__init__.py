@@ -248,7 +248,8 @@ def build_parser():
 
     from .convert import CONVERTERS
 
-    convert = sub.add_parser("convert", help="convert an original checkpoint (kimiyoung/transformer-xl), or "
+    convert = sub.add_parser("convert", help="convert an original checkpoint (kimiyoung/transformer-xl, "
+                                             "facebookresearch/adaptive-span), or "
                                              "evaluate a converted one; `txv convert NAME --help`", add_help=True)
     convert.add_argument("converter", choices=sorted(CONVERTERS), help="which converter")
     convert.add_argument("converter_args", nargs=argparse.REMAINDER, help="the converter's own flags")
