@@ -45,7 +45,7 @@ def _run_model(out, ref):
         for s in range(ref["inputs"].shape[0]):
             x = torch.from_numpy(ref["inputs"][s]).T
             y = torch.from_numpy(ref["targets"][s]).T
-            o = model(input_ids=x, past_key_values=past, use_cache=True)
+            o = model(input_ids=x, cache=past, use_cache=True)
             past = o.past_key_values
             nll = -o.logits.gather(-1, y[..., None])[..., 0].T
             worst = max(worst, (nll - torch.from_numpy(ref["nll"][s])).abs().max().item())

@@ -142,13 +142,13 @@ def test_trimming_changes_only_the_work_done():
     for segment in range(5):
         tokens = ids(2, 6, seed=segment)
         with torch.no_grad():
-            out_t = trimmed(tokens, past_key_values=cache_t)
-            out_u = untrimmed(tokens, past_key_values=cache_u)
+            out_t = trimmed(tokens, cache=cache_t)
+            out_u = untrimmed(tokens, cache=cache_u)
         cache_t, cache_u = out_t.past_key_values, out_u.past_key_values
         torch.testing.assert_close(out_t.logits, out_u.logits, atol=ATOL, rtol=0)
     # spans 0.2 * 24 = 4.8 -> keys at distances < ceil(4.8) + 3 = 8 -> 7 memory slots are enough
     assert cache_t.memory_length == 7 and cache_u.memory_length == 23
-    keys_t = trimmed.transformer(ids(2, 6), past_key_values=cache_t).attended_keys
+    keys_t = trimmed.transformer(ids(2, 6), cache=cache_t).attended_keys
     assert keys_t == (6 + 5, 6 + 7)  # layer 0: ceil(2.4) + 3 - 1 = 5 memory slots; layer 1: 7
 
 
