@@ -17,6 +17,7 @@ import warnings
 
 import transformers
 from transformers.utils import generic as _generic
+from transformers.utils import is_torchdynamo_compiling
 
 # The releases CI tests (`.ci/run`): keep in step with pyproject.toml and the README.
 OLDEST_SUPPORTED_TRANSFORMERS = "5.23.0"
@@ -75,7 +76,7 @@ def accepts_cache_names(function):
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         if any(name in kwargs for name in CACHE_NAMES[1:]):
-            if CACHE_NAME == "cache":  # as transformers' own models do from 5.24 on
+            if CACHE_NAME == "cache" and not is_torchdynamo_compiling():  # as transformers' models do from 5.24
                 old = next(name for name in CACHE_NAMES[1:] if name in kwargs)
                 warnings.warn(f"`{old}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
                               FutureWarning, stacklevel=2)
