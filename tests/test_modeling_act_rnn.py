@@ -134,7 +134,7 @@ def test_state_cache_continues_the_sequence_exactly():
         full = model(ids)
         first = model(ids[:, :5], use_cache=True)
         assert isinstance(first.past_key_values, ACTRNNCache) and first.past_key_values.get_seq_length() == 5
-        second = model(ids[:, 5:], past_key_values=first.past_key_values, use_cache=True)
+        second = model(ids[:, 5:], cache=first.past_key_values, use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full.logits, atol=ATOL, rtol=0)
     torch.testing.assert_close(torch.cat([first.n_updates, second.n_updates], 1), full.n_updates)
 
@@ -248,4 +248,4 @@ def test_bad_input_names_the_tensor():
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.tensor([[1, 2]]), attention_mask=torch.ones(1, 1))
     with pytest.raises(ValueError, match="ACTRNNCache"):
-        model(torch.tensor([[1, 2]]), past_key_values=torch.zeros(1))
+        model(torch.tensor([[1, 2]]), cache=torch.zeros(1))

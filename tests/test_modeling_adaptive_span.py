@@ -142,13 +142,13 @@ def test_trimming_changes_only_the_work_done():
     for segment in range(5):
         tokens = ids(2, 6, seed=segment)
         with torch.no_grad():
-            out_t = trimmed(tokens, past_key_values=cache_t)
-            out_u = untrimmed(tokens, past_key_values=cache_u)
+            out_t = trimmed(tokens, cache=cache_t)
+            out_u = untrimmed(tokens, cache=cache_u)
         cache_t, cache_u = out_t.past_key_values, out_u.past_key_values
         torch.testing.assert_close(out_t.logits, out_u.logits, atol=ATOL, rtol=0)
     # spans 0.2 * 24 = 4.8 -> keys at distances < ceil(4.8) + 3 = 8 -> 7 memory slots are enough
     assert cache_t.memory_length == 7 and cache_u.memory_length == 23
-    keys_t = trimmed.transformer(ids(2, 6), past_key_values=cache_t).attended_keys
+    keys_t = trimmed.transformer(ids(2, 6), cache=cache_t).attended_keys
     assert keys_t == (6 + 5, 6 + 7)  # layer 0: ceil(2.4) + 3 - 1 = 5 memory slots; layer 1: 7
 
 
@@ -237,8 +237,8 @@ def test_bad_input_names_the_tensor():
     model = build()
     with pytest.raises(ValueError, match="input_ids"):
         model(torch.tensor([[1, 99]]))
-    with pytest.raises(ValueError, match="past_key_values"):
-        model(torch.tensor([[1, 2]]), past_key_values=object())
+    with pytest.raises(ValueError, match="the cache must be the MemoryCache"):
+        model(torch.tensor([[1, 2]]), cache=object())
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.tensor([[1, 2]]), attention_mask=torch.ones(2, 2))
 

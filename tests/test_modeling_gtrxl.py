@@ -42,7 +42,7 @@ def step_by_step(model, embeds, episode_starts=None, use_reset_rows=False):
             memory.reset_rows(starts[:, 0], memory_init="empty")
             starts = None
         with torch.no_grad():
-            out = model(inputs_embeds=embeds[:, t : t + 1], past_key_values=memory, episode_starts=starts)
+            out = model(inputs_embeds=embeds[:, t : t + 1], cache=memory, episode_starts=starts)
         memory = out.past_key_values
         outputs.append(out.last_hidden_state)
     return torch.cat(outputs, dim=1), memory
@@ -161,8 +161,8 @@ def test_reset_row_behaves_like_a_fresh_row():
     done = torch.tensor([False, True, False])
     memory.reset_rows(done, memory_init="empty")
     with torch.no_grad():
-        after_reset = model(inputs_embeds=embeds[:, 6:], past_key_values=memory).last_hidden_state
-        kept = model(inputs_embeds=embeds[:, 6:], past_key_values=untouched).last_hidden_state
+        after_reset = model(inputs_embeds=embeds[:, 6:], cache=memory).last_hidden_state
+        kept = model(inputs_embeds=embeds[:, 6:], cache=untouched).last_hidden_state
         fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
     torch.testing.assert_close(after_reset[1], fresh[0], atol=ATOL, rtol=0)
     torch.testing.assert_close(after_reset[[0, 2]], kept[[0, 2]], atol=0, rtol=0)
@@ -176,15 +176,15 @@ def test_episode_start_inside_a_segment_behaves_like_a_fresh_row():
     starts = torch.zeros(2, 8, dtype=torch.bool)
     starts[0, 3] = True
     with torch.no_grad():
-        out = model(inputs_embeds=embeds, past_key_values=memory, episode_starts=starts)
+        out = model(inputs_embeds=embeds, cache=memory, episode_starts=starts)
         fresh = model(inputs_embeds=embeds[0:1, 3:]).last_hidden_state
     torch.testing.assert_close(out.last_hidden_state[0, 3:], fresh[0], atol=ATOL, rtol=0)
     # the memory of row 0 now holds only the new episode: continuing equals continuing the fresh row
     follow = observations(2, 3, seed=9)
     with torch.no_grad():
-        next_out = model(inputs_embeds=follow, past_key_values=out.past_key_values).last_hidden_state
+        next_out = model(inputs_embeds=follow, cache=out.past_key_values).last_hidden_state
         fresh_memory = model(inputs_embeds=embeds[0:1, 3:]).past_key_values
-        fresh_next = model(inputs_embeds=follow[0:1], past_key_values=fresh_memory).last_hidden_state
+        fresh_next = model(inputs_embeds=follow[0:1], cache=fresh_memory).last_hidden_state
     torch.testing.assert_close(next_out[0], fresh_next[0], atol=ATOL, rtol=0)
 
 
@@ -199,7 +199,7 @@ def test_training_on_stored_segments_with_their_memory():
     _, stored_memory = step_by_step(model, embeds[:, :6], starts[:, :6])
     stored_memory = stored_memory.clone()
     model.train()
-    out = model(inputs_embeds=embeds[:, 6:], past_key_values=stored_memory.clone(), episode_starts=starts[:, 6:])
+    out = model(inputs_embeds=embeds[:, 6:], cache=stored_memory.clone(), episode_starts=starts[:, 6:])
     torch.testing.assert_close(out.last_hidden_state.detach(), acted[:, 6:], atol=ATOL, rtol=0)
     out.last_hidden_state.pow(2).mean().backward()
     missing = [n for n, p in model.named_parameters() if n != "embed_tokens.weight" and p.grad is None]
@@ -243,9 +243,9 @@ def test_bad_inputs_are_clear_errors():
         model(input_ids=torch.tensor([[13]]))
     memory = model(inputs_embeds=observations(2, 3)).past_key_values
     with pytest.raises(ValueError, match="batch size"):
-        model(inputs_embeds=observations(3, 1), past_key_values=memory)
+        model(inputs_embeds=observations(3, 1), cache=memory)
     with pytest.raises(ValueError, match="MemoryCache"):
-        model(inputs_embeds=observations(2, 1), past_key_values=[torch.zeros(2, 1, 16)])
+        model(inputs_embeds=observations(2, 1), cache=[torch.zeros(2, 1, 16)])
     assert isinstance(memory, MemoryCache)
 
 
@@ -283,12 +283,12 @@ def test_reset_rows_by_default_is_exactly_a_fresh_start():
     with torch.no_grad():
         memory = model(inputs_embeds=embeds[:, :6]).past_key_values
         memory.reset_rows(torch.tensor([False, True, False]))
-        after_reset = model(inputs_embeds=embeds[:, 6:], past_key_values=memory).last_hidden_state
+        after_reset = model(inputs_embeds=embeds[:, 6:], cache=memory).last_hidden_state
         fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
         starts = torch.zeros(3, 4, dtype=torch.bool)
         starts[1, 0] = True
         memory = model(inputs_embeds=embeds[:, :6]).past_key_values
-        episode_start = model(inputs_embeds=embeds[:, 6:], past_key_values=memory, episode_starts=starts)
+        episode_start = model(inputs_embeds=embeds[:, 6:], cache=memory, episode_starts=starts)
     torch.testing.assert_close(after_reset[1], fresh[0], atol=0, rtol=0)
     torch.testing.assert_close(episode_start.last_hidden_state[1], fresh[0], atol=0, rtol=0)
 

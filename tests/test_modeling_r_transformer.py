@@ -131,8 +131,8 @@ def test_cache_incremental_equals_full():
     with torch.no_grad():
         full = model(x, use_cache=False).logits
         first = model(x[:, :4], use_cache=True)
-        second = model(x[:, 4:5], past_key_values=first.past_key_values)
-        third = model(x[:, 5:], past_key_values=second.past_key_values)
+        second = model(x[:, 4:5], cache=first.past_key_values)
+        third = model(x[:, 5:], cache=second.past_key_values)
     assert set(third.past_key_values.rnn_prefixes) == {(0, 0), (0, 1), (1, 0), (1, 1)}
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
@@ -186,7 +186,7 @@ def test_errors_name_the_field():
     with pytest.raises(ValueError, match="RTransformerCache"):
         from transformers import DynamicCache
 
-        build()(ids(), past_key_values=DynamicCache())
+        build()(ids(), cache=DynamicCache())
     config = RTransformerConfig(d_model=32, h=4, ksize=5, n_level=2, n=1)
     assert (config.hidden_size, config.num_attention_heads, config.local_window, config.intermediate_size) == (32, 4, 5, 128)
 

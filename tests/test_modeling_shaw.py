@@ -111,8 +111,8 @@ def test_attention_with_cache_queries_are_the_last_positions():
     past, x = torch.randn(2, 6, 16), torch.randn(2, 3, 16)
     cache = DynamicCache()
     with torch.no_grad():
-        attn(past, causal_mask(6, 6), past_key_values=cache)
-        ours = attn(x, causal_mask(3, 9), past_key_values=cache)[0]
+        attn(past, causal_mask(6, 6), cache=cache)
+        ours = attn(x, causal_mask(3, 9), cache=cache)[0]
         naive = naive_relation_aware_attention(attn, x, past=past, causal=True)
     torch.testing.assert_close(ours, naive, atol=1e-5, rtol=0)
 
@@ -138,8 +138,8 @@ def test_cache_incremental_equals_full():
     with torch.no_grad():
         full = model(x).logits
         first = model(x[:, :5], use_cache=True)
-        second = model(x[:, 5:6], past_key_values=first.past_key_values)
-        third = model(x[:, 6:], past_key_values=second.past_key_values)
+        second = model(x[:, 5:6], cache=first.past_key_values)
+        third = model(x[:, 6:], cache=second.past_key_values)
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
 
@@ -191,7 +191,7 @@ def test_encoder_decoder_model():
         first = model(encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, :3])
         second = model(
             encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, 3:],
-            past_key_values=first.past_key_values,
+            cache=first.past_key_values,
         )
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, atol=1e-5, rtol=0)
     generated = model.generate(source, attention_mask=source_mask, max_new_tokens=4, do_sample=False)

@@ -74,9 +74,9 @@ def test_legacy_checkpoint_reproduces_transformers_4_46(case):
     for segment in range(3):
         ids = reference[f"segment{segment}.input_ids"]
         with torch.no_grad():
-            with_labels = model(ids, labels=ids, past_key_values=cache.clone() if cache else None)
-            output = model(ids, past_key_values=cache)
-            base_output = base(ids, past_key_values=base_cache)
+            with_labels = model(ids, labels=ids, cache=cache.clone() if cache else None)
+            output = model(ids, cache=cache)
+            base_output = base(ids, cache=base_cache)
         cache, base_cache = output.past_key_values, base_output.past_key_values
         expected = lambda name: reference[f"segment{segment}.{name}"]  # noqa: E731
         torch.testing.assert_close(output.logits, expected("log_probs"), atol=ATOL, rtol=0)
@@ -178,13 +178,13 @@ def test_memory_from_another_batch_size_or_config():
     model = TransfoXLLMHeadModel(config).eval()
     memory = model(torch.randint(0, 40, (2, 4))).past_key_values
     with pytest.raises(ValueError, match="batch size 2"):
-        model(torch.randint(0, 40, (3, 4)), past_key_values=memory)
+        model(torch.randint(0, 40, (3, 4)), cache=memory)
     wider = TransfoXLLMHeadModel(TransfoXLConfig(**{**TINY, "d_model": 32, "d_head": 16})).eval()
     with pytest.raises(ValueError, match="hidden size"):
-        wider(torch.randint(0, 40, (2, 4)), past_key_values=memory)
+        wider(torch.randint(0, 40, (2, 4)), cache=memory)
     deeper = TransfoXLLMHeadModel(TransfoXLConfig(**{**TINY, "n_layer": 3})).eval()
     with pytest.raises(ValueError, match="layers"):
-        deeper(torch.randint(0, 40, (2, 4)), past_key_values=memory)
+        deeper(torch.randint(0, 40, (2, 4)), cache=memory)
 
 
 # ---------------------------------------------------------------------------------------------------- memory
@@ -194,16 +194,16 @@ def test_memory_is_detached_trimmed_and_rows_reset_independently():
     ids = torch.randint(0, 40, (3, 4))
     cache = model(ids, labels=ids).past_key_values
     assert cache.memory_length == 4 and all(not m.requires_grad for m in cache.memories)
-    cache = model(ids, labels=ids, past_key_values=cache).past_key_values
+    cache = model(ids, labels=ids, cache=cache).past_key_values
     assert cache.memory_length == config.mem_len
     model.eval()
     follow_up = torch.randint(0, 40, (3, 4))
     kept = cache.clone()
     cache.reset_rows(torch.tensor([False, True, False]), memory_init=config.memory_init)
     with torch.no_grad():
-        after_reset = model(follow_up, past_key_values=cache).logits
+        after_reset = model(follow_up, cache=cache).logits
         fresh_row = model(follow_up[1:2]).logits
-        untouched = model(follow_up, past_key_values=kept).logits
+        untouched = model(follow_up, cache=kept).logits
     torch.testing.assert_close(after_reset[1], fresh_row[0], atol=ATOL, rtol=0)
     torch.testing.assert_close(after_reset[[0, 2]], untouched[[0, 2]], atol=ATOL, rtol=0)
     assert not torch.allclose(after_reset[1], untouched[1], atol=1e-3)
@@ -217,7 +217,7 @@ def test_zero_memory_reset_row_equals_fresh_row():
         cache.reset_rows(torch.tensor([True, False]))
         follow_up = torch.randint(0, 40, (2, 3))
         torch.testing.assert_close(
-            model(follow_up, past_key_values=cache).logits[0], model(follow_up[:1]).logits[0], atol=ATOL, rtol=0
+            model(follow_up, cache=cache).logits[0], model(follow_up[:1]).logits[0], atol=ATOL, rtol=0
         )
 
 
@@ -232,7 +232,7 @@ def test_generate_feeds_one_token_per_step_and_keeps_memory_bounded():
     model = _generation_model()
     seen = []
     hook = model.transformer.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], kwargs["past_key_values"])),
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], kwargs["cache"])),
         with_kwargs=True,
     )
     prompt = torch.randint(1, 40, (1, 5))
@@ -245,7 +245,7 @@ def test_generate_feeds_one_token_per_step_and_keeps_memory_bounded():
         step = model(prompt)
         tokens = [step.logits[:, -1].argmax(-1)]
         for _ in range(7):
-            step = model(tokens[-1][:, None], past_key_values=step.past_key_values)
+            step = model(tokens[-1][:, None], cache=step.cache)
             tokens.append(step.logits[:, -1].argmax(-1))
     assert torch.equal(output[0, 5:], torch.stack(tokens, 1)[0])
 
@@ -306,7 +306,7 @@ def test_half_precision_forward_backward_is_finite(dtype):
     output.loss.backward()
     assert torch.isfinite(output.loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    second = model(ids, labels=ids, past_key_values=output.past_key_values)
+    second = model(ids, labels=ids, cache=output.past_key_values)
     assert torch.isfinite(second.loss)
 
 

@@ -188,7 +188,7 @@ def test_cached_step_equals_full_forward_with_padding_and_hidden_states():
     mask[1, 11:13] = 0
     with torch.no_grad():
         out = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
-        step = model(ids[:, -1:], attention_mask=mask, past_key_values=out.past_key_values, output_hidden_states=True)
+        step = model(ids[:, -1:], attention_mask=mask, cache=out.past_key_values, output_hidden_states=True)
         full = model(ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
     for layer, (a, b) in enumerate(zip(step.hidden_states, full.hidden_states)):
         torch.testing.assert_close(a[:, -1], b[:, -1], atol=1e-5, rtol=1e-5, msg=f"layer {layer}")
@@ -207,10 +207,10 @@ def test_cache_takes_one_token_per_step_and_refuses_training():
     with torch.no_grad():
         cache = model(torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
     with pytest.raises(ValueError, match="one new token"):
-        model(torch.tensor([[4, 5]]), past_key_values=cache)
+        model(torch.tensor([[4, 5]]), cache=cache)
     model.train()
     with pytest.raises(ValueError, match="eval"):
-        model(torch.tensor([[4]]), past_key_values=cache)
+        model(torch.tensor([[4]]), cache=cache)
 
 
 # ------------------------------------------------------------------------------------------------ issue 13

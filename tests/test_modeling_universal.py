@@ -268,7 +268,7 @@ def test_step_cache_incremental_equals_full_pass(use_act):
         full = model(tokens, attention_mask=mask)
         cache, logits, steps = None, [], []
         for start, end in [(0, 4), (4, 5), (5, 10)]:
-            out = model(tokens[:, start:end], attention_mask=mask[:, :end], past_key_values=cache, use_cache=True)
+            out = model(tokens[:, start:end], attention_mask=mask[:, :end], cache=cache, use_cache=True)
             cache = out.past_key_values
             logits.append(out.logits)
             steps.append(out.n_updates)
@@ -294,7 +294,7 @@ def test_foreign_cache_is_a_clear_error():
 
     model = build()
     with pytest.raises(ValueError, match="use_cache=False"):
-        model(torch.tensor([[1, 2]]), past_key_values=DynamicCache())
+        model(torch.tensor([[1, 2]]), cache=DynamicCache())
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -511,10 +511,10 @@ def test_crop_removes_the_last_positions_exactly():
     with torch.no_grad():
         full = model(torch.cat([tokens[:, :4], tokens[:, 7:]], dim=1)).logits
         first = model(tokens[:, :4], use_cache=True)
-        cache = model(tokens[:, 4:7], past_key_values=first.past_key_values, use_cache=True).past_key_values
+        cache = model(tokens[:, 4:7], cache=first.past_key_values, use_cache=True).past_key_values
         cache.crop(-3)  # forget the 3 rejected tokens
         assert cache.past_length == 4
-        last = model(tokens[:, 7:], past_key_values=cache, use_cache=True).logits
+        last = model(tokens[:, 7:], cache=cache, use_cache=True).logits
     torch.testing.assert_close(torch.cat([first.logits, last], dim=1), full, atol=ATOL, rtol=0)
 
 

@@ -136,8 +136,8 @@ def test_cache_incremental_equals_full():
     with torch.no_grad():
         full = model(x).logits
         first = model(x[:, :6], use_cache=True)
-        second = model(x[:, 6:8], past_key_values=first.past_key_values)
-        third = model(x[:, 8:], past_key_values=second.past_key_values)
+        second = model(x[:, 6:8], cache=first.past_key_values)
+        third = model(x[:, 8:], cache=second.past_key_values)
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
 
@@ -293,7 +293,7 @@ def test_encoder_decoder_model():
         first = model(encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, :4], use_cache=True)
         second = model(
             encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, 4:],
-            past_key_values=first.past_key_values, use_cache=True,
+            cache=first.past_key_values, use_cache=True,
         )
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, atol=1e-5, rtol=0)
     generated = model.generate(source, attention_mask=source_mask, max_new_tokens=4, do_sample=False)

@@ -97,18 +97,18 @@ def test_torch_compile_transfo_xl_gives_the_eager_outputs():
     ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         first = model(ids)
-        expected = model(ids, labels=ids, past_key_values=first.past_key_values.clone())
-        expected_logits = model(ids, past_key_values=first.past_key_values.clone()).logits
+        expected = model(ids, labels=ids, cache=first.past_key_values.clone())
+        expected_logits = model(ids, cache=first.past_key_values.clone()).logits
         compiled = torch.compile(model)
-        output = compiled(ids, labels=ids, past_key_values=first.past_key_values.clone())
-        logits = compiled(ids, past_key_values=first.past_key_values.clone()).logits
+        output = compiled(ids, labels=ids, cache=first.past_key_values.clone())
+        logits = compiled(ids, cache=first.past_key_values.clone()).logits
     torch.testing.assert_close(output.losses, expected.losses, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, expected_logits, atol=1e-5, rtol=1e-5)
 
     torch._dynamo.reset()
     try:
         with torch.no_grad():
-            full = torch.compile(model, fullgraph=True)(ids, labels=ids, past_key_values=first.past_key_values.clone())
+            full = torch.compile(model, fullgraph=True)(ids, labels=ids, cache=first.past_key_values.clone())
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
         location = graph_break_outside_layer_stack(error)
         if location is None:

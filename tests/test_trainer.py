@@ -46,7 +46,7 @@ class Recorder:
         self.original = model.forward
 
         def forward(*args, **kwargs):
-            cache = kwargs.get("past_key_values")
+            cache = kwargs.get("cache")
             self.calls.append((model.training, None if cache is None else cache.memory_length,
                                None if cache is None else id(cache), kwargs["input_ids"][:, 0].tolist()))
             return self.original(*args, **kwargs)

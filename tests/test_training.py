@@ -243,9 +243,9 @@ def test_adaptive_softmax_loss_of_the_loop_never_makes_full_log_probabilities(va
     def memory():  # the same memory for every call (a call with use_cache updates the one it is given)
         with torch.no_grad():
             return model(input_ids=stream.segment(1)[0], use_cache=True, return_logits=False,
-                         past_key_values=init_memory(model, 2)).past_key_values
+                         cache=init_memory(model, 2)).past_key_values
 
-    log_probs = model(input_ids=inputs, past_key_values=memory(), use_cache=True).logits
+    log_probs = model(input_ids=inputs, cache=memory(), use_cache=True).logits
     expected = torch.nn.functional.cross_entropy(log_probs.reshape(-1, 40), targets.reshape(-1), reduction="sum")
     (expected_gradient,) = torch.autograd.grad(expected, model.crit.out_layers[0].weight)
 

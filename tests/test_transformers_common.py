@@ -295,6 +295,12 @@ class TestAdaptiveSpanCommon(TxvCommonTestCase, unittest.TestCase):
     all_model_classes = (txv.AdaptiveSpanModel, txv.AdaptiveSpanForCausalLM)
 
 
+class TestAdaptiveSpanOriginalCommon(TxvCommonTestCase, unittest.TestCase):
+    model_type = "txv_adaptive_span_original"
+    all_model_classes = (txv.AdaptiveSpanOriginalModel, txv.AdaptiveSpanOriginalForCausalLM)
+    has_attentions = False  # a query's weights cover its own window of previous positions: output_attentions refused
+
+
 class TestSparseTransformerCommon(TxvCommonTestCase, unittest.TestCase):
     model_type = "txv_sparse_transformer"
     all_model_classes = (txv.SparseTransformerModel, txv.SparseTransformerForCausalLM,

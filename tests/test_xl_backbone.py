@@ -25,6 +25,7 @@ from hf_txvariants import (
     TransfoXLModel,
 )
 from hf_txvariants import txv_relative_attention
+from hf_txvariants.txv_compat import cache_field
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan
 from hf_txvariants.txv_gates import GRUGate
 
@@ -112,8 +113,8 @@ def test_gtrxl_with_a_full_span_equals_gtrxl(gate_type):
     ids = _ids()
     with torch.no_grad():
         first, first_composed = gated(ids[:, :5]), composed(ids[:, :5])
-        second = gated(ids[:, 5:], past_key_values=first.past_key_values).logits
-        second_composed = composed(ids[:, 5:], past_key_values=first_composed.past_key_values).logits
+        second = gated(ids[:, 5:], cache=first.past_key_values).logits
+        second_composed = composed(ids[:, 5:], cache=first_composed.past_key_values).logits
     torch.testing.assert_close(first_composed.logits, first.logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(second_composed, second, atol=1e-6, rtol=0)
     assert first_composed.span_penalty is not None and first.span_penalty is None
@@ -149,8 +150,8 @@ def test_adaptive_span_with_a_gate_equals_gtrxl_with_adaptive_span():
         out = gtrxl(ids[:, :8])
         torch.testing.assert_close(out.logits, expected.logits, atol=1e-5, rtol=0)
         torch.testing.assert_close(out.span_penalty, expected.span_penalty)
-        following = gtrxl(ids[:, 8:], past_key_values=out.past_key_values).logits
-        expected_following = adaptive_span(ids[:, 8:], past_key_values=expected.past_key_values).logits
+        following = gtrxl(ids[:, 8:], cache=out.past_key_values).logits
+        expected_following = adaptive_span(ids[:, 8:], cache=expected.past_key_values).logits
     torch.testing.assert_close(following, expected_following, atol=1e-5, rtol=0)
 
 
@@ -218,7 +219,7 @@ def test_generate_continues_from_past_key_values(name):
     cache = first.past_key_values
     assert isinstance(cache, MemoryCache) and len(cache) == len(cache.layers) == SIZE["num_hidden_layers"]
     assert torch.equal(cache.layers[1].keys, cache.memories[1])
-    continued = model.generate(first.sequences, past_key_values=cache, max_new_tokens=3, **kwargs)
+    continued = model.generate(first.sequences, **cache_field(cache), max_new_tokens=3, **kwargs)
     assert torch.equal(continued, model.generate(prompt, max_new_tokens=6, **kwargs))
 
 
@@ -234,15 +235,15 @@ def test_memory_of_another_variant_or_layout_is_a_clear_error():
     ids = _ids(2, 4)
     gtrxl_memory = models["gtrxl"](ids).past_key_values
     with pytest.raises(ValueError, match="txv_gtrxl"):
-        models["transfo-xl"](ids, past_key_values=gtrxl_memory)
+        models["transfo-xl"](ids, cache=gtrxl_memory)
     with pytest.raises(ValueError, match="transfo-xl"):
-        models["gtrxl"](ids, past_key_values=models["transfo-xl"](ids).past_key_values)
+        models["gtrxl"](ids, cache=models["transfo-xl"](ids).past_key_values)
     deeper = GTrXLForCausalLM(GTrXLConfig(**{**GTRXL, "num_hidden_layers": 3})).eval()
     with pytest.raises(ValueError, match="layers"):
-        deeper(ids, past_key_values=gtrxl_memory)
+        deeper(ids, cache=gtrxl_memory)
     wider = GTrXLForCausalLM(GTrXLConfig(**{**GTRXL, "hidden_size": 32})).eval()
     with pytest.raises(ValueError, match="hidden size"):
-        wider(ids, past_key_values=gtrxl_memory)
+        wider(ids, cache=gtrxl_memory)
 
 
 # ------------------------------------------------------------------------------------------ losses
@@ -319,7 +320,7 @@ def _segment_logits(model, ids, segment, recompute, resets=None):
                 cache.forget_key_values()
             if resets and index in resets:
                 cache.reset_rows(resets[index])
-            output = model(ids[:, start : start + segment], past_key_values=cache)
+            output = model(ids[:, start : start + segment], cache=cache)
             cache = output.past_key_values
             logits.append(output.logits)
     return logits, cache
@@ -385,8 +386,8 @@ def test_memory_keys_and_values_follow_beam_reordering():
         recomputed = reordered.clone()
         recomputed.forget_key_values()
         next_ids = ids[order, 4:]
-        actual = model(next_ids, past_key_values=reordered).logits
-        expected = model(next_ids, past_key_values=recomputed).logits
+        actual = model(next_ids, cache=reordered).logits
+        expected = model(next_ids, cache=recomputed).logits
     torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
 
 
@@ -403,8 +404,8 @@ def test_changed_weights_never_use_stale_keys_and_values():
             parameter.add_(0.05 * torch.randn_like(parameter))
         recomputed = cache.clone()
         recomputed.forget_key_values()
-        actual = model(ids[:, 5:], past_key_values=cache).logits
-        expected = model(ids[:, 5:], past_key_values=recomputed).logits
+        actual = model(ids[:, 5:], cache=cache).logits
+        expected = model(ids[:, 5:], cache=recomputed).logits
     torch.testing.assert_close(actual, expected, atol=1e-6, rtol=0)
 
 
@@ -425,7 +426,7 @@ def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
     gradients = []
     for memory in (cache, recomputed):
         model.zero_grad()
-        model(ids[:, 5:], labels=ids[:, 5:], past_key_values=memory).loss.backward()
+        model(ids[:, 5:], labels=ids[:, 5:], cache=memory).loss.backward()
         gradients.append(model.transformer.layers[0].dec_attn.qkv_net.weight.grad.clone())
     torch.testing.assert_close(gradients[0], gradients[1], atol=1e-6, rtol=0)
     assert cache.memory_keys is None

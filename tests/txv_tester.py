@@ -250,7 +250,7 @@ class TxvModelTesterMixin:
         ids = self.make_inputs(config, seq_length=2 * self.seq_length)["input_ids"]
         full = first_tensor(self.run(model, input_ids=ids))
         first = self.run(model, input_ids=ids[:, : self.seq_length])
-        second = self.run(model, input_ids=ids[:, self.seq_length :], past_key_values=first.past_key_values)
+        second = self.run(model, input_ids=ids[:, self.seq_length :], cache=first.past_key_values)
         torch.testing.assert_close(first_tensor(first), full[:, : self.seq_length], atol=ATOL, rtol=0)
         torch.testing.assert_close(first_tensor(second), full[:, self.seq_length :], atol=ATOL, rtol=0)
 
