@@ -64,19 +64,21 @@ def write_code_payload(config_class, model_class, folder: str | os.PathLike) -> 
     for source in (config_file, modeling_file):
         code_files.update(get_relative_import_files(source))
     for source in sorted(code_files):
-        _replace_file(folder / Path(source).name, Path(source).read_bytes())
+        atomic_write_bytes(folder / Path(source).name, Path(source).read_bytes())
     modeling_module = Path(modeling_file).stem
     auto_map = {"AutoConfig": f"{Path(config_file).stem}.{config_class.__name__}"}
     auto_map.update({auto: f"{modeling_module}.{name}" for auto, name in model_class.auto_classes.items()})
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = auto_map
-    _replace_file(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     return sorted(Path(source).name for source in code_files) + ["config.json"]
 
 
-def _replace_file(path: Path, content: bytes):
-    """Writes `content` to `path` through a temporary file in the same folder and an atomic rename."""
+def atomic_write_bytes(path: str | os.PathLike, content: bytes):
+    """Writes `content` to `path` through a temporary file in the same folder and an atomic rename (the one
+    atomic-file helper of the project, as `atomic_directory` is for folders)."""
+    path = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as file:
