@@ -6,20 +6,12 @@ line `txv: error: <what and where>` and exit status 2; `--debug` (anywhere on th
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
 
 from .errors import UsageError, run_guarded
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hf-txvariants")
-    except PackageNotFoundError:  # a checkout that was not installed
-        return "unknown (not installed)"
 
 
 def _int_at_least(low: int, what: str):
@@ -131,18 +123,6 @@ def _push(args):
     print(f"pushed to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
 
 
-def _demo(args):
-    from .demo import run
-
-    run(args)
-
-
-def _convert(args):
-    from .convert import run
-
-    return run(args.converter, args.converter_args)  # the converter printed its own `error:` line
-
-
 class TxvParser(argparse.ArgumentParser):
     """argparse with `transformers.HfArgumentParser`'s dataclass support (used for `txv train`), whose usage errors
     become one `txv: error:` line like every other error."""
@@ -160,12 +140,12 @@ def _hf_parser_class():
     return TxvDataclassParser
 
 
-def _add_train_parser(sub):
+def add_train_parser(sub, name: str, help_text: str):
     from ..training.loop import TrainArgs
     from ..training.models import text_variant_names
 
     train = sub.add_parser(
-        "train", help="train a causal LM with Accelerate (works under `accelerate launch`) or Trainer (--trainer)",
+        name, help=help_text,
         description="Train a causal language model of any text variant. Every flag is a field of "
                     "hf_txvariants.training.TrainArgs.", dataclass_types=[TrainArgs])
     train.add_argument("--trainer", action="store_true",
@@ -173,25 +153,12 @@ def _add_train_parser(sub):
                             "of the Accelerate loop")
     # the registered text variants are known only once the package is imported, after TrainArgs was defined
     train._option_string_actions["--variant"].help = f"model variant, one of: {', '.join(text_variant_names())}"
+    train.set_defaults(func=_train)
     return train
 
 
-def build_parser():
-    hf_parser = _hf_parser_class()
-    parser = TxvParser(prog="txv", description="hf-txvariants: train, evaluate, share, convert, demo. "
-                                               "Add --debug anywhere to see a traceback on error.")
-    parser.add_argument("--version", action="version", version=f"txv (hf-txvariants) {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=hf_parser)
-    from .demo import add_arguments
-
-    demo = sub.add_parser("demo", help="Transformer-XL vs a same-size baseline without memory, on CPU")
-    add_arguments(demo)
-    demo.set_defaults(func=_demo)
-
-    _add_train_parser(sub).set_defaults(func=_train)
-
-    ev = sub.add_parser("eval", help="bits per token / perplexity of a saved model on a text",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_eval_parser(sub, name: str, help_text: str):
+    ev = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--model", required=True, help="saved model folder or Hub repo id")
     ev.add_argument("--data", help="text file / folder / saved dataset (default: the embedded corpus)")
     ev.add_argument("--text-column", default="text", help="column of a saved `datasets` folder that holds the text")
@@ -203,9 +170,11 @@ def build_parser():
                     help="score with a sliding window of this length instead (no memory)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_eval)
+    return ev
 
-    push = sub.add_parser("push", help="upload a saved model with its code and model card to the Hub",
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+def add_push_parser(sub, name: str, help_text: str):
+    push = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     push.add_argument("--model", required=True, help="saved model folder (with its tokenizer)")
     push.add_argument("--repo-id", required=True, help="Hub repo, e.g. user/transfo-xl-char")
     push.add_argument("--dataset", help="dataset name for the model card's metadata")
@@ -216,14 +185,19 @@ def build_parser():
     push.add_argument("--commit-message", default="Upload hf-txvariants model", help="commit message")
     push.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
     push.set_defaults(func=_push)
+    return push
 
-    from .convert import CONVERTERS
 
-    convert = sub.add_parser("convert", help="convert an original checkpoint (kimiyoung/transformer-xl), or "
-                                             "evaluate a converted one; `txv convert NAME --help`", add_help=True)
-    convert.add_argument("converter", choices=sorted(CONVERTERS), help="which converter")
-    convert.add_argument("converter_args", nargs=argparse.REMAINDER, help="the converter's own flags")
-    convert.set_defaults(func=_convert)
+def build_parser():
+    """Every subcommand of the table `hf_txvariants_launcher.COMMANDS`, with all its flags."""
+    from hf_txvariants_launcher import COMMANDS, DESCRIPTION, add_version_argument
+
+    parser = TxvParser(prog="txv", description=DESCRIPTION)
+    add_version_argument(parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_hf_parser_class())
+    for name, (help_text, where) in COMMANDS.items():
+        module_name, function_name = where.split(":")
+        getattr(importlib.import_module(module_name), function_name)(sub, name, help_text)
     return parser
 
 
