@@ -18,6 +18,8 @@ COMMANDS = {
     "train": ("train a causal LM with Accelerate (works under `accelerate launch`) or Trainer (--trainer)",
               "hf_txvariants.cli:add_train_parser"),
     "eval": ("bits per token / perplexity of a saved model on a text", "hf_txvariants.cli:add_eval_parser"),
+    "refresh-code": ("replace the model code a saved model folder carries with this plugin's (weights untouched), "
+                     "e.g. a folder saved before transformers 5.24 support", "hf_txvariants.cli:add_refresh_code_parser"),
     "push": ("upload a saved model with its code and model card to the Hub", "hf_txvariants.cli:add_push_parser"),
     "convert": ("convert an original checkpoint (kimiyoung/transformer-xl), or evaluate a converted one; "
                 "`txv convert NAME --help`", "hf_txvariants.cli.convert:add_parser"),

@@ -1,4 +1,4 @@
-"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`.
+"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`, `txv refresh-code`.
 
 Every expected failure (a bad argument, a missing, corrupt or unsafe file, an offline Hub, a bad number) ends with one
 line `txv: error: <what and where>` and exit status 2; `--debug` (anywhere on the line) shows the traceback instead."""
@@ -123,6 +123,16 @@ def _push(args):
     print(f"pushed to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
 
 
+def _refresh_code(args):
+    from ..hub import refresh_code
+
+    try:
+        written = refresh_code(args.folder)
+    except (OSError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    print(f"{args.folder}: model code refreshed ({', '.join(written)}); weights untouched")
+
+
 class TxvParser(argparse.ArgumentParser):
     """argparse with `transformers.HfArgumentParser`'s dataclass support (used for `txv train`), whose usage errors
     become one `txv: error:` line like every other error."""
@@ -171,6 +181,13 @@ def add_eval_parser(sub, name: str, help_text: str):
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_eval)
     return ev
+
+
+def add_refresh_code_parser(sub, name: str, help_text: str):
+    refresh = sub.add_parser(name, help=help_text)
+    refresh.add_argument("folder", help="the saved model folder (its config.json names the variant)")
+    refresh.set_defaults(func=_refresh_code)
+    return refresh
 
 
 def add_push_parser(sub, name: str, help_text: str):
