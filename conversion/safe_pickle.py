@@ -370,6 +370,10 @@ def _unpickle(unpickler, path):
     except (MemoryError, RecursionError, OverflowError) as error:
         raise UnsafePickleError(f"{path}: the pickle asks for too much ({type(error).__name__}); "
                                 "nothing was executed") from None
+    except KeyError as error:  # the pure-Python unpickler's dispatch table: a byte that is no pickle opcode
+        raise pickle.UnpicklingError(f"{path}: not a pickle (byte {error.args[0]!r} is no pickle opcode)") from None
+    except (EOFError, struct.error):  # an opcode's argument is cut off
+        raise pickle.UnpicklingError(f"{path}: the pickle ends early (a truncated file)") from None
 
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C

@@ -394,3 +394,25 @@ def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
     deflated = _rewrite_torch_zip(good, tmp_path / "deflated.pt", compress=zipfile.ZIP_DEFLATED)
     with pytest.raises(UnsafePickleError, match="compressed"):
         load_torch_file(deflated, classes={})
+
+
+def test_tf_convert_with_the_index_file_as_vocab_is_one_line_naming_it(tmp_path, capsys):
+    """`--vocab model.ckpt-0.index` (a TensorFlow file, not a pickle) and a truncated cache.pkl: one `error:` line
+    naming the file and what --vocab takes (a `KeyError: 0` traceback before, issue 24); nothing is written."""
+    import make_vocab_fixtures as mvf
+
+    prefix, info, _ = _tf("wt103")
+    words = ["<eos>"] + [f"w{i}" for i in range(38)] + ["<unk>"]
+    writer = mvf.Py2Writer()
+    writer.obj(mvf.Instance("vocabulary", "Vocab", mvf.vocab(words, special=["<eos>"], lower_case=False)))
+    truncated = tmp_path / "cache.pkl"
+    truncated.write_bytes(writer.finish()[:-2])
+    for vocab, expected in [(f"{prefix}.index", "is not a vocabulary (this is a TensorFlow checkpoint file)"),
+                            (str(truncated), "the pickle ends early")]:
+        out = tmp_path / "out"
+        assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--vocab", vocab, "--output", str(out),
+                         "--no-progress"]) == 2
+        err = capsys.readouterr().err  # (the inferred config is printed first)
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err and last.startswith("error: ") and vocab in last and expected in last, err
+        assert "cache.pkl or cache.pt" in last and not out.exists()

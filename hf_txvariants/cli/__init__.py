@@ -104,10 +104,13 @@ def _push(args):
     from ..hub import push_to_hub
     from ..training import load_model
 
-    if constants.HF_HUB_OFFLINE:
-        raise UsageError("cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)")
+    # what is wrong on this machine first (a missing folder or card), then whether the Hub can be reached
+    if not Path(args.model).is_dir():
+        raise UsageError(f"model folder not found: {args.model}")
     if args.card is not None and not Path(args.card).is_file():
         raise UsageError(f"model card not found: {args.card}")
+    if constants.HF_HUB_OFFLINE:
+        raise UsageError("cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)")
     model = load_model(args.model)
     tokenizer = _load_tokenizer(args.model)
     metrics = {}
