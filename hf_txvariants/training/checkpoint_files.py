@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -33,7 +34,8 @@ def check_readable(path: Path, shown: str | None = None) -> None:
         elif path.suffix in (".bin", ".pt", ".pth") and not path.name.startswith(NOT_TORCH_TENSOR_FILES):
             with warnings.catch_warnings():  # torch warns about a foreign pickle protocol before refusing it
                 warnings.simplefilter("ignore")
-                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                # memory-mapped where torch can (its zip format); an older or foreign file is read whole
+                torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError:
         raise ModelError(f"{shown} is refused by the weights-only loader (it holds more than tensors; nothing in it "
                          "was run)") from None
