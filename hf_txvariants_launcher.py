@@ -21,6 +21,8 @@ COMMANDS = {
     "refresh-code": ("replace the model code a saved model folder carries with this plugin's (weights untouched), "
                      "e.g. a folder saved before transformers 5.24 support", "hf_txvariants.cli:add_refresh_code_parser"),
     "push": ("upload a saved model with its code and model card to the Hub", "hf_txvariants.cli:add_push_parser"),
+    "upgrade-legacy": ("rewrite a Transformer-XL folder saved by transformers 4.x without pickles (vocab.json, "
+                       "safetensors, remote code)", "hf_txvariants.cli.upgrade_legacy:add_parser"),
     "convert": ("convert an original checkpoint (kimiyoung/transformer-xl), or evaluate a converted one; "
                 "`txv convert NAME --help`", "hf_txvariants.cli.convert:add_parser"),
 }

@@ -17,15 +17,12 @@ original ids and the original's rules:
 from __future__ import annotations
 
 import os
-import pickle
 import zipfile
 
-from .common import ConversionError
-from .safe_pickle import VOCAB_CLASSES, PickledObject, UnsafePickleError, load_plain_pickle, load_torch_file
+from .errors import ConversionError
+from .safe_pickle import VOCAB_CLASSES, PickledObject, is_torch_file, load_plain_pickle, load_torch_file
 
 __all__ = ["read_vocab", "build_tokenizer", "convert_vocab"]
-
-_LEGACY_TORCH_MAGIC_PREFIX = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 
 
 def _text(x):
@@ -37,27 +34,13 @@ def _text(x):
     return x
 
 
-def _is_torch_file(path):
-    if zipfile.is_zipfile(path):
-        return True
-    with open(path, "rb") as f:
-        return f.read(len(_LEGACY_TORCH_MAGIC_PREFIX)) == _LEGACY_TORCH_MAGIC_PREFIX
-
-
 def read_vocab(path):
     """-> dict(idx2sym, lower_case, delimiter, special, dataset) from a cache.pkl / cache.pt, safely."""
     path = os.fspath(path)
-    try:
-        if _is_torch_file(path):
-            obj = load_torch_file(path, classes=VOCAB_CLASSES, load_tensors=False, numpy_stubs=True)
-        else:
-            obj = load_plain_pickle(path, classes=VOCAB_CLASSES, encoding="bytes")
-    except UnsafePickleError:
-        raise
-    except pickle.UnpicklingError as error:  # not a pickle at all, e.g. a TensorFlow checkpoint's .index file
-        tensorflow = " (this is a TensorFlow checkpoint file)" if path.endswith(".index") or ".data-" in path else ""
-        raise ConversionError(f"{path} is not a vocabulary{tensorflow}: --vocab takes the original code's "
-                              f"data/cache.pkl or cache.pt ({error})") from None
+    if is_torch_file(path):
+        obj = load_torch_file(path, classes=VOCAB_CLASSES, load_tensors=False, numpy_stubs=True)
+    else:
+        obj = load_plain_pickle(path, classes=VOCAB_CLASSES, encoding="bytes")
     dataset = None
     if isinstance(obj, PickledObject) and obj.name == "Corpus":
         dataset = _text(obj.get("dataset"))

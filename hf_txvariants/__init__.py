@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForImageToImage,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
+    AutoTokenizer,
 )
 
 from .configuration_transfo_xl import TransfoXLConfig
@@ -88,6 +89,7 @@ from .modeling_act_rnn import (
     ACTRNNModel,
     ACTRNNPreTrainedModel,
 )
+from .tokenization_transfo_xl import TransfoXLTokenizer
 from .txv_cache import MemoryCache
 from .txv_compat import check_transformers_version
 from .peft_targets import register_peft_target_modules
@@ -132,6 +134,8 @@ check_transformers_version()
 
 for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
+# Legacy `transfo-xl` folders name "TransfoXLTokenizer" in tokenizer_config.json (or nothing: then the config's type)
+AutoTokenizer.register(TransfoXLConfig, tokenizer_class=TransfoXLTokenizer, exist_ok=True)
 register_peft_target_modules()
 
 __all__ = [
@@ -176,6 +180,7 @@ __all__ = [
     "TransfoXLLMHeadModel",
     "TransfoXLModel",
     "TransfoXLPreTrainedModel",
+    "TransfoXLTokenizer",
     "TxvReformerCache",
     "TxvReformerConfig",
     "TxvReformerForCausalLM",

@@ -168,3 +168,18 @@ def test_refresh_code_refuses_what_is_not_a_plugin_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ValueError, match="model_type 'gpt2' is not a variant of this plugin"):
         refresh_code(tmp_path)
+
+
+def test_a_folder_with_outdated_code_loads_the_plugin_code_when_installed(tmp_path):
+    """A folder whose remote-code files predate the plugin's support of this release (here: files that fail to
+    import) loads with the plugin's code when `trust_remote_code` is not asked for, and gives the same outputs."""
+    model = tiny_causal_lm("txv_gtrxl")
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    for name in ("modeling_gtrxl.py", "configuration_gtrxl.py", "txv_xl.py"):
+        (folder / name).write_text("raise ImportError('code from before the fix')\n")
+    loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(loaded) is txv.GTrXLForCausalLM
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
