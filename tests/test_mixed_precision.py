@@ -172,3 +172,35 @@ def check_mixed_precision_training(variant: str, precision: str, device: str, **
 @pytest.mark.parametrize(("variant", "attn_implementation"), attention_cases(VARIANTS))
 def test_trains_in_mixed_precision_close_to_float32(variant, attn_implementation, precision):
     check_mixed_precision_training(variant, precision, "cpu", attn_implementation=attn_implementation)
+
+
+def without_dropout_overrides(kwargs: dict) -> dict:
+    """The config kwargs less the dropout settings this file pins to 0 (the variant's defaults then apply)."""
+    return {key: value for key, value in kwargs.items() if "drop" not in key}
+
+
+def has_default_dropout(variant: str) -> bool:
+    model_type, kwargs, _ = VARIANTS[variant]
+    config = AutoConfig.for_model(model_type, **without_dropout_overrides(kwargs))
+    return any(value for key, value in config.to_dict().items() if "drop" in key and isinstance(value, float))
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("variant", [name for name in VARIANTS if has_default_dropout(name)])
+def test_trains_in_mixed_precision_with_the_default_dropout(variant, precision):
+    """What a user runs: the default attention and the variant's default dropout (the comparison with float32 above
+    needs dropout off, since the masks differ between runs): a finite loss and finite gradients for every parameter
+    that gets one in float32. Variants whose default dropout is 0 are covered above."""
+    model_type, kwargs, length = VARIANTS[variant]
+    config = AutoConfig.for_model(model_type, **without_dropout_overrides(kwargs))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    assert model.config._attn_implementation == tiny_configs.default_attention(model_type)
+    ids = torch.randint(0, config.vocab_size, (2, length), generator=torch.Generator().manual_seed(1))
+    _, reference_gradients = loss_and_gradients(model, ids)
+    how, dtype = PRECISIONS[precision]
+    loss, gradients = run_in_precision(copy.deepcopy(model), ids, how, dtype)
+    assert torch.isfinite(loss), f"{variant} {precision}: loss {loss}"
+    assert set(gradients) == set(reference_gradients)
+    not_finite = [name for name, g in gradients.items() if not torch.isfinite(g).all()]
+    assert not not_finite, f"{variant} {precision}: non-finite gradients in {not_finite}"
