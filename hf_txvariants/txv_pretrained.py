@@ -100,6 +100,28 @@ def init_standard_weights(module: nn.Module, std: float):
         init.zeros_(module.bias)
 
 
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file (name -> dtype, shape, data_offsets), checked against the file's size;
+    a ValueError says what is wrong (read here, as the format defines it: 8 bytes of little-endian header length,
+    then the header)."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{size} bytes, shorter than the 8-byte header length")
+        length = int.from_bytes(prefix, "little")
+        if length > size - 8:
+            raise ValueError(f"a header of {length} bytes in a file of {size}")
+        try:
+            header = json.loads(file.read(length))
+        except ValueError:
+            raise ValueError("the header is not JSON") from None
+    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    if 8 + length + end > size:
+        raise ValueError(f"the tensors need {8 + length + end} bytes, the file has {size}")
+    return header
+
+
 def explain_loading_error(model_class, source, error: Exception) -> Exception | None:
     """An error naming the file or the config field for what `from_pretrained` of a local folder reports in library
     terms, or None: a safetensors file that is truncated or has an absurd header ("Error while deserializing header"),
@@ -108,17 +130,14 @@ def explain_loading_error(model_class, source, error: Exception) -> Exception | 
     folder = Path(source) if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() else None
     if folder is None:
         return None
-    from safetensors import SafetensorError, safe_open
-
     weight_files = sorted(folder.glob("*.safetensors"))
-    if isinstance(error, SafetensorError):
+    if type(error).__name__ == "SafetensorError":
         for path in weight_files:
             try:
-                with safe_open(str(path), "pt") as weights:
-                    weights.keys()
-            except SafetensorError as file_error:
-                return OSError(f"{path} cannot be read ({str(file_error).splitlines()[0]}): the weights file is "
-                               "truncated or damaged")
+                safetensors_header(path)
+            except ValueError as reason:
+                return OSError(f"{path} cannot be read ({reason}; safetensors: {str(error).splitlines()[0]}): the "
+                               "weights file is truncated or damaged")
         return None
     if not (isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error)):
         return None
@@ -128,15 +147,14 @@ def explain_loading_error(model_class, source, error: Exception) -> Exception | 
     with torch.device("meta"):
         expected = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}
     stored = json.loads((folder / "config.json").read_text())
+    prefix = model_class.base_model_prefix + "."
     mismatches = []
     for path in weight_files:
-        with safe_open(str(path), "pt") as weights:
-            for key in weights.keys():
-                prefix = model_class.base_model_prefix + "."
-                model_key = next((k for k in (key, prefix + key, key.removeprefix(prefix)) if k in expected), None)
-                shape = tuple(weights.get_slice(key).get_shape())
-                if model_key is not None and shape != expected[model_key]:
-                    mismatches.append((path.name, key, shape, expected[model_key]))
+        for key, entry in safetensors_header(path).items():
+            model_key = next((k for k in (key, prefix + key, key.removeprefix(prefix)) if k in expected), None)
+            shape = tuple(entry["shape"]) if key != "__metadata__" else None
+            if model_key is not None and shape != expected[model_key]:
+                mismatches.append((path.name, key, shape, expected[model_key]))
     if not mismatches:
         return None
 
