@@ -51,13 +51,13 @@ def worker(args):
     memory = None
     with torch.no_grad():
         for ids in segments[:fill]:
-            memory = model(ids, past_key_values=memory).past_key_values
+            memory = model(ids, cache=memory).cache
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         start = time.perf_counter()
         for ids in segments[fill:]:
-            output = model.transformer(ids, past_key_values=memory)
+            output = model.transformer(ids, cache=memory)
             logits = model.lm_head(output.last_hidden_state)
-            memory = output.past_key_values
+            memory = output.cache
         seconds = (time.perf_counter() - start) / args.segments
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cache_bytes = sum(m.numel() * m.element_size() for m in memory.memories)

@@ -19,6 +19,7 @@ import torch
 from transformers.utils import logging
 
 from hf_txvariants import TxvReformerConfig, TxvReformerForCausalLM
+from hf_txvariants.txv_compat import output_cache
 
 logging.set_verbosity_error()
 
@@ -62,7 +63,7 @@ def per_token_seconds(model, prefix, tokens, use_cache):
     for _ in range(tokens):
         ids = torch.cat([ids, next_id], dim=1)
         if use_cache:
-            out = model(next_id, past_key_values=out.past_key_values)
+            out = model(next_id, cache=output_cache(out))
         else:
             out = model(ids, use_cache=False)
         next_id = out.logits[:, -1].argmax(-1, keepdim=True)

@@ -140,7 +140,7 @@ def worker(
         model = torch.compile(module)  # the switch a user turns on (warm-up calls below include the compilation)
 
     def memory_of(output):
-        return {"mems": output.mems} if implementation == "legacy" else {"past_key_values": output.past_key_values}
+        return {"mems": output.mems} if implementation == "legacy" else {"cache": output.cache}
 
     def peak_memory_mib(reset=False):
         if cuda:
@@ -271,8 +271,8 @@ def memory_vs_sliding_window(attention_lengths, tokens_measured: int) -> list[di
         ).eval()
         ids = torch.randint(0, 256, (1, attention_length + tokens_measured))
         with torch.no_grad():
-            cache = xl(ids[:, :segment]).past_key_values
-            xl_seconds = timed(lambda: xl(ids[:, segment : 2 * segment], past_key_values=cache.clone()), 3) / segment
+            cache = xl(ids[:, :segment]).cache
+            xl_seconds = timed(lambda: xl(ids[:, segment : 2 * segment], cache=cache.clone()), 3) / segment
             window_seconds = timed(
                 lambda: sliding_window_log_probs(vanilla, ids[:, 1:], attention_length, windows_per_batch=8), 1
             )

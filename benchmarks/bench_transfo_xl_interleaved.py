@@ -58,7 +58,7 @@ def load(implementation: str, folder: str):
     # with labels the legacy model returns only the losses; ours skips the log-probabilities when told (if it can)
     arguments = (*inspect.signature(model.forward).parameters, *getattr(model, "head_options", ()))
     extra = {"return_logits": False} if "return_logits" in arguments else {}
-    return model, extra, lambda output: {"past_key_values": output.past_key_values}
+    return model, extra, lambda output: {"cache": output.cache}
 
 
 def worker(implementation: str, folder: str, threads: int, compile_ours: bool):

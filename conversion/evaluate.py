@@ -23,6 +23,7 @@ import sys
 import torch
 
 from hf_txvariants.cli import non_negative_int, positive_int
+from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.cli.errors import run_guarded
 
 
@@ -85,8 +86,8 @@ def evaluate(model, data, batch_size, tgt_len, max_segments=None, progress=True)
         seq = min(tgt_len, steps - 1 - a)
         x = stream[:, a : a + seq]
         y = stream[:, a + 1 : a + 1 + seq]
-        out = model(input_ids=x, past_key_values=past, use_cache=True, logits_to_keep=0)
-        past = out.past_key_values
+        out = model(input_ids=x, cache=past, use_cache=True, logits_to_keep=0)
+        past = output_cache(out)
         nll = -out.logits.float().gather(-1, y[..., None])[..., 0]
         total += nll.sum().item()
         count += nll.numel()

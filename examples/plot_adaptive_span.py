@@ -56,8 +56,8 @@ def train_adaptive_span(
     for step in range(1, steps + 1):
         inputs, _ = stream.segment(step - 1)
         # the model shifts the labels itself (position t predicts inputs[t + 1])
-        output = model(inputs, past_key_values=memory, labels=inputs)
-        memory = output.past_key_values
+        output = model(inputs, cache=memory, labels=inputs)
+        memory = output.cache
         optimizer.zero_grad()
         output.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

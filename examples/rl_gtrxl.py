@@ -4,7 +4,7 @@ The task, `RememberCueEnv`, is a T-maze without the maze: the first observation 
 `corridor_length` steps show nothing, and at the junction (flagged in the observation) the agent must pick the side
 the cue showed: +1 if right, -1 if wrong. The decision comes more steps after the cue than one training segment holds
 (`corridor_length >= segment_length`), so the agent can only succeed by reading the cue from its memory
-(`past_key_values`) across segments. A memory-less agent is at chance (50 %).
+(`cache`) across segments. A memory-less agent is at chance (50 %).
 
 The agent acts one step at a time, carrying the GTrXL memory and marking episode starts (a per-row reset); every
 `segment_length` steps it learns with PPO on the segment it just collected, re-run from the memory that segment
@@ -85,10 +85,10 @@ class ActorCritic(nn.Module):
     def forward(self, observations, memory, episode_starts):
         """observations `[envs, steps, obs]`, episode_starts `[envs, steps]` -> logits, values, updated memory."""
         out = self.backbone(
-            inputs_embeds=self.encoder(observations), past_key_values=memory, episode_starts=episode_starts
+            inputs_embeds=self.encoder(observations), cache=memory, episode_starts=episode_starts
         )
         hidden = out.last_hidden_state
-        return self.policy(hidden), self.value(hidden).squeeze(-1), out.past_key_values
+        return self.policy(hidden), self.value(hidden).squeeze(-1), out.cache
 
 
 @dataclass

@@ -89,6 +89,7 @@ from .modeling_act_rnn import (
     ACTRNNPreTrainedModel,
 )
 from .txv_cache import MemoryCache
+from .txv_compat import check_transformers_version
 from .peft_targets import register_peft_target_modules
 
 __version__ = "0.1.0"
@@ -126,6 +127,8 @@ def _register(config_class, pretrained_class):
     for auto_name, class_name in pretrained_class.auto_classes.items():
         AUTO_CLASSES[auto_name].register(config_class, getattr(module, class_name), exist_ok=True)
 
+
+check_transformers_version()
 
 for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)

@@ -43,7 +43,7 @@ class ACTRNNConfig(TxvConfig):
         halting_bias_init: initial bias b_h of the halting unit.
         dropout: on the input vectors and on the output states. initializer_range: std of the embedding and output
             weights (the cells keep PyTorch's uniform(+-1/sqrt(hidden_size)) initialisation).
-        use_cache: forward passes return an `ACTRNNCache` (the state) as `past_key_values` (default False, which
+        use_cache: forward passes return an `ACTRNNCache` (the state) as `cache` (default False, which
             suits training; `generate()` turns it on).
     """
 

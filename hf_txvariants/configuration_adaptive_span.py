@@ -10,7 +10,7 @@ from .txv_xl_config import XLFamilyConfig
 @strict
 class AdaptiveSpanConfig(XLFamilyConfig):
     r"""
-    A Transformer-XL-style decoder (segment memory as `past_key_values`, relative positions, post-layer-norm) whose
+    A Transformer-XL-style decoder (segment memory as `cache`, relative positions, post-layer-norm) whose
     heads learn their attention span.
 
     Standard names are stored; the papers' and the original code's names are accepted through `attribute_map`

@@ -25,7 +25,7 @@ class GTrXLConfig(XLFamilyConfig):
         gate_bias: the paper's b_g, initial value of the gate bias (> 0 starts each layer close to the identity);
             only the output, highway, sigmoid_tanh and gru gates have one (another value with another gate_type is
             refused: it would be ignored).
-        mem_len: number of past time steps kept as memory (`past_key_values`); 0 gives a memory-less model.
+        mem_len: number of past time steps kept as memory (`cache`); 0 gives a memory-less model.
         same_length: every query attends to at most `mem_len + 1` steps (itself and `mem_len` before), exactly what
             step-by-step inference with a `mem_len` memory sees, so training on stored segments sees the same
             context as acting. False: a segment also sees all of its own earlier steps (plain Transformer-XL).

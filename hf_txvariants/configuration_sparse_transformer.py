@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 
+from .txv_compat import CACHE_OUTPUT_KEYS
 from .txv_config import TxvTransformerConfig
 from .txv_config_checks import check_choice, check_non_negative, check_positive, integer_list
 
@@ -49,7 +50,7 @@ class SparseTransformerConfig(TxvTransformerConfig):
     """
 
     model_type = "txv_sparse_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = CACHE_OUTPUT_KEYS
     attribute_map = TxvTransformerConfig.attribute_map | {"n_positions": "max_position_embeddings"}
 
     intermediate_size: int | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
 
+from .txv_compat import CACHE_OUTPUT_KEYS
 from .txv_config_checks import check_choice
 from .txv_xl_config import XLFamilyConfig
 
@@ -47,7 +48,7 @@ class TransfoXLConfig(XLFamilyConfig):
     """
 
     model_type = "transfo-xl"
-    keys_to_ignore_at_inference = ["past_key_values", "mems"]
+    keys_to_ignore_at_inference = [*CACHE_OUTPUT_KEYS, "mems"]
     attribute_map = XLFamilyConfig.attribute_map | {
         "n_token": "vocab_size",
         "init_std": "initializer_range",

@@ -10,6 +10,7 @@ import math
 
 from huggingface_hub.dataclasses import strict
 
+from .txv_compat import CACHE_OUTPUT_KEYS
 from .txv_config import TxvConfig
 from .txv_config_checks import check_non_negative, check_positive, check_probabilities, integer_list
 
@@ -32,7 +33,7 @@ class TxvReformerConfig(TxvConfig):
     """
 
     model_type = "txv_reformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = CACHE_OUTPUT_KEYS
     attribute_map = {
         "head_dim": "attention_head_size",
         "intermediate_size": "feed_forward_size",

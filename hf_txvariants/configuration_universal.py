@@ -51,7 +51,7 @@ class UniversalTransformerConfig(TxvTransformerConfig):
         separable_conv_kernel_sizes: the two kernel sizes of the separable-convolution transition.
         scale_embedding: token embeddings are multiplied by sqrt(hidden_size) (tensor2tensor's symbol modality).
         dropout, attention_dropout (`dropatt`), layer_norm_eps, initializer_range.
-        use_cache: causal forward passes return a `UniversalStepCache` as `past_key_values` (default False, which
+        use_cache: causal forward passes return a `UniversalStepCache` as `cache` (default False, which
             suits training; `generate()` turns it on).
     """
 

@@ -24,6 +24,7 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_act_rnn import ACTRNNConfig
+from .txv_compat import accepts_cache_names, cache_field
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
@@ -36,13 +37,13 @@ from .txv_pretrained import TxvModelMixin
 @dataclass
 class ACTRNNModelOutput(ACTModelOutput):
     """last_hidden_state: `[batch, length, hidden]` the output part of s_t (h for an LSTM). ponder_cost:
-    `[batch, length]` rho_t = N(t) + R(t) (0 at padding). n_updates: `[batch, length]` N(t). past_key_values: the
+    `[batch, length]` rho_t = N(t) + R(t) (0 at padding). n_updates: `[batch, length]` N(t). cache: the
     `ACTRNNCache`. hidden_states: the input vectors x_t and last_hidden_state."""
 
 
 @dataclass
 class ACTRNNCausalLMOutput(ACTCausalLMOutput):
-    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions); past_key_values: the
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions); cache: the
     `ACTRNNCache`."""
 
 
@@ -56,7 +57,7 @@ class ACTRNNSequenceClassifierOutput(SequenceClassifierOutput):
 
 
 class ACTRNNCache(RowStateCache):
-    """The recurrent state s_t after the last input step (`[batch, state_size]`), carried as `past_key_values`. An
+    """The recurrent state s_t after the last input step (`[batch, state_size]`), carried as `cache`. An
     RNN state cannot be rolled back, so the model is declared stateful (transformers refuses assisted decoding)."""
 
     def __init__(self):
@@ -167,22 +168,23 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def _state_cache(self, past_key_values, use_cache: bool, batch: int) -> ACTRNNCache | None:
-        if past_key_values is None:
+    def _state_cache(self, cache, use_cache: bool, batch: int) -> ACTRNNCache | None:
+        if cache is None:
             return ACTRNNCache() if use_cache else None
-        if not isinstance(past_key_values, ACTRNNCache):
+        if not isinstance(cache, ACTRNNCache):
             raise ValueError(
-                f"past_key_values must be the ACTRNNCache returned by this model, got {type(past_key_values).__name__}"
+                f"cache must be the ACTRNNCache returned by this model, got {type(cache).__name__}"
             )
-        past_key_values.check_batch(batch)
-        return past_key_values
+        cache.check_batch(batch)
+        return cache
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: ACTRNNCache | None = None,
+        cache: ACTRNNCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
@@ -192,7 +194,7 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
         input_ids `[batch, length]` or inputs_embeds `[batch, length, embedding_size]` (the input vectors x_t).
         attention_mask: `[batch, length]` (or `[batch, past + length]`), 1 = input, 0 = padding; a padding step leaves
             the state unchanged, so a left-padded row gives the outputs of the row alone.
-        past_key_values / use_cache: the `ACTRNNCache` (the state s_t) to continue from / to return.
+        cache / use_cache: the `ACTRNNCache` (the state s_t) to continue from / to return.
         """
         if kwargs.get("output_attentions"):
             raise ValueError("output_attentions: the ACT RNN has no attention")
@@ -201,7 +203,7 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         inputs = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.embedding_size)
         batch, length = inputs.shape[:2]
-        cache = self._state_cache(past_key_values, use_cache, batch)
+        cache = self._state_cache(cache, use_cache, batch)
         real = None
         if attention_mask is not None:
             if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
@@ -228,7 +230,7 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
             last_hidden_state=last_hidden_state,
             ponder_cost=torch.stack(ponder_costs, dim=1),
             n_updates=torch.stack(n_updates, dim=1),
-            past_key_values=cache,
+            **cache_field(cache),
             hidden_states=(inputs, last_hidden_state) if output_hidden_states else None,
         )
 

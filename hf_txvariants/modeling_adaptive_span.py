@@ -1,6 +1,6 @@
 """Adaptive Attention Span (Sukhbaatar et al. 2019, "Adaptive Attention Span in Transformers").
 
-A Transformer-XL-style decoder language model: segment memory carried as `past_key_values` (the shared
+A Transformer-XL-style decoder language model: segment memory carried as the cache (the shared
 `MemoryCache`), the shared Transformer-XL relative attention, and in every head the learned soft span mask of
 `txv_adaptive_span.AdaptiveSpan`, passed to the attention as an exact additive term (so SDPA stays exact). The L1 span
 penalty is added to the loss with `adapt_span_loss` and returned as `span_penalty`. With `adapt_span_cache` each layer

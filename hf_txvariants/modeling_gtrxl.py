@@ -11,7 +11,7 @@ One layer with identity map reordering (TrXL-I and every gate), M the layer's me
 with g a gate from `txv_gates` (plain residual `x + y` for TrXL-I). TrXL is the original post-LN block:
 `E' = LayerNorm(E + Y)`, `E_out = LayerNorm(E' + F)`.
 
-RL use: `inputs_embeds` are embedded observations; the memory (`past_key_values`, a `MemoryCache` of the inputs each
+RL use: `inputs_embeds` are embedded observations; the memory (`cache`, a `MemoryCache` of the inputs each
 layer saw at the last `mem_len` time steps) carries the past across calls, one step at a time while acting or a stored
 segment at a time while learning. `episode_starts` (or `MemoryCache.reset_rows(done)`, the default memory_init="empty") makes
 an episode's first step attend to nothing before it, so a row whose episode restarts behaves exactly like a fresh row.
@@ -85,10 +85,10 @@ class GTrXLModel(XLModelMixin, XLBackboneMixin, GTrXLPreTrainedModel):
         self.build_stack(config, GTrXLLayer)
         self.post_init()
 
-    def backbone_inputs(self, past_key_values, episode_starts: torch.Tensor | None = None, **kwargs):
+    def backbone_inputs(self, cache, episode_starts: torch.Tensor | None = None, **kwargs):
         """episode_starts: `[batch, length]` bool, True where a new episode begins: that step and the later ones attend
         to nothing before it (neither memory nor earlier steps), and the memory keeps only the new episode."""
-        return past_key_values, {"episode_starts": episode_starts}
+        return cache, {"episode_starts": episode_starts}
 
 
 class GTrXLForCausalLM(MemoryGenerationMixin, XLCausalLMHeadMixin, GTrXLPreTrainedModel, GenerationMixin):

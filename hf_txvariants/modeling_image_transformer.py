@@ -29,6 +29,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
+from .txv_compat import accepts_cache_names, cache_field
 from .txv_attention import additive_mask
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin
@@ -118,12 +119,12 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
         hidden_states,
         key_padding_mask=None,
         output_attentions=False,
-        past_key_values=None,
+        cache=None,
         encoder_hidden_states=None,
         encoder_attention_mask=None,
     ):
         attention_output, weights = self.attn(
-            self.ln_attn(hidden_states), key_padding_mask, past_key_values, output_attentions
+            self.ln_attn(hidden_states), key_padding_mask, cache, output_attentions
         )
         hidden_states = hidden_states + self.dropout(attention_output)
         if hasattr(self, "cross_attn"):
@@ -199,12 +200,13 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
             hidden_states = hidden_states + self.embed_classes(class_labels)[:, None]
         return hidden_states
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -215,21 +217,21 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        """input_ids: `[batch, <= 1 + positions]` in generation order, start token first (with `past_key_values`,
+        """input_ids: `[batch, <= 1 + positions]` in generation order, start token first (with `cache`,
         the positions after the cached ones). class_labels: `[batch]` (required when `num_classes > 0`).
         attention_mask: `[batch, length]` or, with a cache, `[batch, past + length]`; positions (and the local
-        pattern) count from the first column, so padding must end a row: left padding is refused. `use_cache` returns the keys and
-        values of every layer in a `DynamicCache` (`past_key_values`). encoder_hidden_states: the encoded
+        pattern) count from the first column, so padding must end a row: left padding is refused. `use_cache` returns
+        the keys and values of every layer in a `DynamicCache` (`cache`). encoder_hidden_states: the encoded
         low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer, through the additive
         `encoder_attention_mask` `[1, 1, length, encoder positions]` when given."""
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=config)
-        if past_key_values is not None and not isinstance(past_key_values, Cache):
-            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
-        past_length = cache_past_length(past_key_values)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=config)
+        if cache is not None and not isinstance(cache, Cache):
+            raise ValueError(f"cache must be a transformers Cache, got {type(cache).__name__}")
+        past_length = cache_past_length(cache)
         hidden_states = self.embed(input_ids, inputs_embeds, class_labels, past_length)
         batch, length = hidden_states.shape[:2]
         key_padding_mask = None
@@ -237,7 +239,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
             if attention_mask.shape not in ((batch, length), (batch, past_length + length)):
                 raise ValueError(
                     f"attention_mask must be [batch={batch}, length={length}] (or [batch, {past_length + length}] "
-                    f"with past_key_values), got {tuple(attention_mask.shape)}"
+                    f"with cache), got {tuple(attention_mask.shape)}"
                 )
             if attention_mask.shape[1] != past_length + length:
                 attention_mask = torch.cat([attention_mask.new_ones(batch, past_length), attention_mask], dim=1)
@@ -251,7 +253,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
                 hidden_states,
                 key_padding_mask,
                 output_attentions,
-                past_key_values=past_key_values,
+                cache=cache,
                 encoder_hidden_states=encoder_hidden_states,
                 encoder_attention_mask=encoder_attention_mask,
             )
@@ -259,7 +261,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
         fields = run_layers(
             self.layers, self.dropout(hidden_states), call_layer, output_attentions, output_hidden_states, self.norm
         )
-        return BaseModelOutputWithPast(**fields, past_key_values=past_key_values if use_cache else None)
+        return BaseModelOutputWithPast(**fields, **cache_field(cache if use_cache else None))
 
 
 def check_intensity_targets(labels, shift_labels) -> None:
@@ -441,7 +443,7 @@ class ImageTransformerForSuperResolution(
         inputs["encoder_hidden_states"] = encoder_hidden_states = self.encoder(conditioning_ids)
         if self.config.conditioning_attention_radius is not None:
             tokens = inputs["input_ids"] if inputs.get("input_ids") is not None else inputs["inputs_embeds"]
-            past_length = cache_past_length(inputs.get("past_key_values"))
+            past_length = cache_past_length(inputs.get("cache"))
             steps = torch.arange(past_length, past_length + tokens.shape[1], device=encoder_hidden_states.device)
             allowed = conditioning_neighbourhood(self.config, steps)
             inputs["encoder_attention_mask"] = additive_mask(allowed[None, None], encoder_hidden_states.dtype)

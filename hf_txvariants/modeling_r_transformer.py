@@ -20,6 +20,7 @@ from transformers.utils import can_return_tuple
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
 from .configuration_r_transformer import RTransformerConfig
+from .txv_compat import accepts_cache_names, cache_field
 from .txv_inputs import embed_inputs
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
@@ -79,13 +80,13 @@ class RTransformerBlock(GradientCheckpointingLayer):
         self.mlp = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states, attention_mask=None, token_mask=None, past_key_values=None, output_attentions=False):
+    def forward(self, hidden_states, attention_mask=None, token_mask=None, cache=None, output_attentions=False):
         for index, rnn_layer in enumerate(self.rnn_layers):
-            hidden_states = rnn_layer(hidden_states, token_mask, past_key_values, (self.self_attn.layer_idx, index))
+            hidden_states = rnn_layer(hidden_states, token_mask, cache, (self.self_attn.layer_idx, index))
         attention_output, weights = self.self_attn(
             self.attention_layer_norm(hidden_states),
             attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             output_attentions=output_attentions,
         )
         hidden_states = hidden_states + self.dropout(attention_output)
@@ -135,12 +136,13 @@ class RTransformerModel(RTransformerPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: RTransformerCache | None = None,
+        cache: RTransformerCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -148,7 +150,7 @@ class RTransformerModel(RTransformerPreTrainedModel):
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding (left or right).
-        past_key_values: the `RTransformerCache` of the previous call (created when `use_cache`)."""
+        cache: the `RTransformerCache` of the previous call (created when `use_cache`)."""
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
@@ -159,26 +161,26 @@ class RTransformerModel(RTransformerPreTrainedModel):
         )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
-        if past_key_values is not None and not isinstance(past_key_values, RTransformerCache):
+        if cache is not None and not isinstance(cache, RTransformerCache):
             raise ValueError(
-                f"past_key_values must be the RTransformerCache returned by this model, got {type(past_key_values).__name__}"
+                f"cache must be the RTransformerCache returned by this model, got {type(cache).__name__}"
             )
-        if use_cache and past_key_values is None:
-            past_key_values = RTransformerCache()
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = RTransformerCache()
+        past_length = cache.get_seq_length() if cache is not None else 0
         mask = self_attention_mask(attention_mask, batch, length, past_length, True, dtype, device, fused=True)
         token_mask = attention_mask[:, -length:].to(device) if attention_mask is not None else None
 
         def call_layer(_, layer, hidden_states):
             return layer(
-                hidden_states, mask, token_mask, past_key_values=past_key_values, output_attentions=output_attentions
+                hidden_states, mask, token_mask, cache=cache, output_attentions=output_attentions
             )
 
         fields = run_layers(
             self.layers, self.embedding_dropout(inputs_embeds), call_layer, output_attentions, output_hidden_states,
             self.norm,
         )
-        return BaseModelOutputWithPast(**fields, past_key_values=past_key_values if use_cache else None)
+        return BaseModelOutputWithPast(**fields, **cache_field(cache if use_cache else None))
 
 
 class RTransformerForCausalLM(CausalLMHeadMixin, RTransformerPreTrainedModel, GenerationMixin):

@@ -17,6 +17,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
+from .txv_compat import accepts_cache_names
 from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_mha import self_attention_mask
 from .txv_pretrained import TxvModelMixin
@@ -53,12 +54,13 @@ class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
         self.build_stack(config, RelationAwareSelfAttention)
         self.post_init()
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -74,8 +76,8 @@ class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
         """
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
-        inputs_embeds, past_key_values, past_length, use_cache = self.prepare_stack(
-            input_ids, inputs_embeds, past_key_values, use_cache
+        inputs_embeds, cache, past_length, use_cache = self.prepare_stack(
+            input_ids, inputs_embeds, cache, use_cache
         )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
@@ -83,7 +85,7 @@ class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
         hidden_states = self.dropout(inputs_embeds * self.embed_scale)
         mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
         return self.run_stack(
-            hidden_states, mask, past_key_values, use_cache, output_attentions, output_hidden_states,
+            hidden_states, mask, cache, use_cache, output_attentions, output_hidden_states,
             encoder_hidden_states, encoder_attention_mask,
         )
 

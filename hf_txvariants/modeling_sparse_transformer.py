@@ -22,6 +22,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import can_return_tuple
 
 from .configuration_sparse_transformer import SparseTransformerConfig
+from .txv_compat import accepts_cache_names, cache_field
 from .txv_attention import all_tokens_real
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import check_right_padding, embed_inputs
@@ -72,9 +73,9 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         self.mlp = SparseTransformerMLP(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, hidden_states, key_padding_mask=None, past_key_values=None, output_attentions=False):
+    def forward(self, hidden_states, key_padding_mask=None, cache=None, output_attentions=False):
         attention_output, weights = self.attn(
-            self.ln_attn(hidden_states), key_padding_mask, past_key_values, output_attentions
+            self.ln_attn(hidden_states), key_padding_mask, cache, output_attentions
         )
         hidden_states = hidden_states + self.dropout(attention_output)
         hidden_states = hidden_states + self.mlp(self.ln_mlp(hidden_states))
@@ -130,12 +131,13 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         row = torch.div(positions, channels * width, rounding_mode="floor")
         return self.embed_rows(row) + self.embed_cols(column) + self.embed_channels(channel)
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -155,9 +157,9 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         batch, length = inputs_embeds.shape[:2]
         if self.gradient_checkpointing and self.training:
             use_cache = False
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=config)
-        past_length = cache_past_length(past_key_values)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=config)
+        past_length = cache_past_length(cache)
         if past_length + length > config.max_position_embeddings:
             raise ValueError(
                 f"input of {past_length + length} positions is longer than max_position_embeddings "
@@ -175,16 +177,16 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
                 check_right_padding(key_padding_mask, "Sparse Transformer")
         positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
         hidden_states = self.dropout(inputs_embeds + self.position_embeddings(positions)[None])
-        past_key_values = past_key_values if use_cache else None
+        cache = cache if use_cache else None
         fields = run_layers(
             self.layers,
             hidden_states,
-            lambda _, layer, states: layer(states, key_padding_mask, past_key_values, output_attentions),
+            lambda _, layer, states: layer(states, key_padding_mask, cache, output_attentions),
             output_attentions,
             output_hidden_states,
             self.norm,
         )
-        return BaseModelOutputWithPast(**fields, past_key_values=past_key_values)
+        return BaseModelOutputWithPast(**fields, **cache_field(cache))
 
 
 class SparseTransformerForCausalLM(CausalLMHeadMixin, SparseTransformerPreTrainedModel, GenerationMixin):

@@ -1,13 +1,11 @@
 """Transformer-XL (Dai et al. 2019, "Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context").
 
-Segment-level recurrence (the memory is carried as `past_key_values`, a `MemoryCache`), relative positional
+Segment-level recurrence (the memory is carried as the cache, a `MemoryCache`), relative positional
 attention, adaptive input embeddings and a projected adaptive softmax. Parameter names are those of transformers'
 legacy TransfoXL (removed in transformers 5), so its checkpoints load unchanged and reproduce its outputs.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,6 +16,7 @@ from transformers.modeling_outputs import ModelOutput
 from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_cache import MemoryCache, MemoryGenerationMixin
+from .txv_compat import model_output, output_cache
 from .txv_heads import SequenceClassificationHeadMixin
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
@@ -25,22 +24,23 @@ from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism
 from .txv_xl_model import NormedFeedForward, NormedRelativeAttention, XLCausalLMHeadMixin, XLModelMixin
 
 
-@dataclass
+@model_output
 class TransfoXLModelOutput(ModelOutput):
-    """`past_key_values` is the memory for the next segment; `mems` gives it in the legacy time-major layout."""
+    """`cache` is the memory for the next segment; `mems` gives it in the legacy time-major layout."""
 
     last_hidden_state: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
+    cache: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     span_penalty: torch.FloatTensor | None = None  # with adaptive span: sum over layers of the mean span
 
     @property
     def mems(self) -> list[torch.Tensor] | None:
-        return None if self.past_key_values is None else self.past_key_values.to_legacy_mems()
+        memory = output_cache(self)
+        return None if memory is None else memory.to_legacy_mems()
 
 
-@dataclass
+@model_output
 class TransfoXLLMHeadModelOutput(ModelOutput):
     """`logits` are log-probabilities (the adaptive softmax is normalised); `losses` are the per-token negative
     log-likelihoods `[batch, length - 1]` in position order (0 where the label is -100; `[batch, length]` with
@@ -49,7 +49,7 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
     losses: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
+    cache: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
@@ -59,7 +59,8 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
 
     @property
     def mems(self) -> list[torch.Tensor] | None:
-        return None if self.past_key_values is None else self.past_key_values.to_legacy_mems()
+        memory = output_cache(self)
+        return None if memory is None else memory.to_legacy_mems()
 
 
 class TransfoXLAttention(NormedRelativeAttention):
@@ -188,15 +189,15 @@ class TransfoXLModel(XLModelMixin, XLBackboneMixin, TransfoXLPreTrainedModel):
         self.build_stack(config, TransfoXLLayer)
         self.post_init()
 
-    def backbone_inputs(self, past_key_values, mems: list[torch.Tensor] | None = None, **kwargs):
-        """mems: the legacy memory (a list of `[mem_len, batch, hidden]` tensors), instead of past_key_values."""
+    def backbone_inputs(self, cache, mems: list[torch.Tensor] | None = None, **kwargs):
+        """mems: the legacy memory (a list of `[mem_len, batch, hidden]` tensors), instead of the cache."""
         config = self.config
         if mems is not None:
-            if past_key_values is not None:
-                raise ValueError("Pass either past_key_values or the legacy mems, not both")
-            past_key_values = MemoryCache.from_legacy_mems(mems, config.mem_len)
-            past_key_values.memory_init, past_key_values.model_type = config.memory_init, config.model_type
-        return past_key_values, {"shared_biases": None if config.untie_r else (self.r_w_bias, self.r_r_bias)}
+            if cache is not None:
+                raise ValueError("Pass either the cache or the legacy mems, not both")
+            cache = MemoryCache.from_legacy_mems(mems, config.mem_len)
+            cache.memory_init, cache.model_type = config.memory_init, config.model_type
+        return cache, {"shared_biases": None if config.untie_r else (self.r_w_bias, self.r_r_bias)}
 
 
 class TransfoXLLMHeadModel(MemoryGenerationMixin, XLCausalLMHeadMixin, TransfoXLPreTrainedModel, GenerationMixin):

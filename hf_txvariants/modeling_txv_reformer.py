@@ -36,6 +36,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClass
 from transformers.utils import can_return_tuple
 
 from .configuration_txv_reformer import TxvReformerConfig
+from .txv_compat import accepts_cache_names, cache_field
 from .txv_cache import RowStateCache
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
@@ -396,34 +397,35 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
             return 0
         return multiple - length % multiple
 
-    def _prepare_cache(self, past_key_values, use_cache: bool, batch: int, length: int, padded_length: int):
+    def _prepare_cache(self, cache, use_cache: bool, batch: int, length: int, padded_length: int):
         """The cache this forward reads and writes (None without one), with the facts its layers need."""
-        if past_key_values is None and not use_cache:
+        if cache is None and not use_cache:
             return None
-        if past_key_values is None:
+        if cache is None:
             if self.training:
                 return None  # training recomputes everything; a cache is only built for inference
-            past_key_values = TxvReformerCache(self.config.num_hidden_layers)
-        if not isinstance(past_key_values, TxvReformerCache):
+            cache = TxvReformerCache(self.config.num_hidden_layers)
+        if not isinstance(cache, TxvReformerCache):
             raise ValueError(
-                f"past_key_values must be the TxvReformerCache returned by this model, got {type(past_key_values).__name__}"
+                f"cache must be the TxvReformerCache returned by this model, got {type(cache).__name__}"
             )
         if self.training:
-            raise ValueError("past_key_values (the generation cache) is for inference: call model.eval() first")
-        incremental = past_key_values.seen_tokens > 0
+            raise ValueError("cache (the generation cache) is for inference: call model.eval() first")
+        incremental = cache.seen_tokens > 0
         if incremental and length != 1:
-            raise ValueError(f"with past_key_values, txv_reformer takes one new token per step, got {length}")
+            raise ValueError(f"with cache, txv_reformer takes one new token per step, got {length}")
         if incremental:
-            past_key_values.check_batch(batch)
-        past_key_values.step = {"incremental": incremental, "length": length, "padded_length": padded_length}
-        return past_key_values
+            cache.check_batch(batch)
+        cache.step = {"incremental": incremental, "length": length, "padded_length": padded_length}
+        return cache
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: TxvReformerCache | None = None,
+        cache: TxvReformerCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -435,7 +437,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         """attention_mask: `[batch, length]` (with a cache: `[batch, past + length]`), 1 for tokens, 0 for padding.
         Returns `last_hidden_state` of width 2 * hidden_size; `attentions` are, per layer, the `[batch, heads,
         length, keys]` weights each query used (LSH: its rounds' probabilities over the key positions, weighted by the
-        rounds' weights). `use_cache` (inference) returns a `TxvReformerCache` as `past_key_values`; given back with
+        rounds' weights). `use_cache` (inference) returns a `TxvReformerCache` as `cache`; given back with
         one new token, only that token is computed (see the module docstring)."""
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
@@ -445,15 +447,15 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         )
         batch, length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
-        past_length = past_key_values.seen_tokens if isinstance(past_key_values, TxvReformerCache) else 0
+        past_length = cache.seen_tokens if isinstance(cache, TxvReformerCache) else 0
         full_length = past_length + length
         if attention_mask is not None and attention_mask.shape not in ((batch, length), (batch, full_length)):
             raise ValueError(
                 f"attention_mask must be [batch={batch}, length={length}] (or [batch, {full_length}] with "
-                f"past_key_values), got {tuple(attention_mask.shape)}"
+                f"cache), got {tuple(attention_mask.shape)}"
             )
         padding = self._padding_length(full_length)
-        cache = self._prepare_cache(past_key_values, use_cache, batch, length, full_length + padding)
+        cache = self._prepare_cache(cache, use_cache, batch, length, full_length + padding)
         key_valid = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
         if cache is not None and cache.step["incremental"]:
             return self._forward_step(inputs_embeds, key_valid, cache, output_attentions, output_hidden_states)
@@ -506,7 +508,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         output = nn.functional.dropout(output, p=config.hidden_dropout_prob, training=self.training)[:, :length]
         return BaseModelOutputWithPast(
             last_hidden_state=output,
-            past_key_values=cache,
+            **cache_field(cache),
             hidden_states=tuple(h if h.shape[1] == length else h[:, :length] for h in all_hidden)
             if output_hidden_states else None,
             attentions=tuple(w[:, :, :length, :length] for w in all_attentions) if output_attentions else None,
@@ -566,7 +568,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         output = self.encoder.layer_norm(torch.cat([attn_stream, hidden_stream], dim=-1))
         return BaseModelOutputWithPast(
             last_hidden_state=output,
-            past_key_values=cache,
+            **cache_field(cache),
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )
@@ -608,8 +610,9 @@ class TxvReformerForCausalLM(CausalLMHeadMixin, TxvReformerPreTrainedModel, Gene
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    @accepts_cache_names
     def prepare_inputs_for_generation(
-        self, input_ids, next_sequence_length=None, past_key_values=None, attention_mask=None, **kwargs
+        self, input_ids, next_sequence_length=None, cache=None, attention_mask=None, **kwargs
     ):
         """transformers' preparation (which forwards `output_attentions`, `output_hidden_states`, ...), after refusing
         left padding: a left-padded row would get other positions, hence other outputs, than the row alone."""
@@ -621,12 +624,12 @@ class TxvReformerForCausalLM(CausalLMHeadMixin, TxvReformerPreTrainedModel, Gene
                     "tokens): the positions, hence the outputs, would differ from each row alone; generate the rows "
                     "separately or group prompts of equal length"
                 )
-        if past_key_values is None:
+        if cache is None:
             next_sequence_length = None  # no cache (yet): the whole sequence
         return super().prepare_inputs_for_generation(
             input_ids,
             next_sequence_length=next_sequence_length,
-            past_key_values=past_key_values,
+            **cache_field(cache),
             attention_mask=attention_mask,
             **kwargs,
         )

@@ -32,6 +32,7 @@ from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutp
 from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
+from .txv_compat import CACHE_NAME, accepts_cache_names, cache_field
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward
@@ -48,7 +49,7 @@ from .txv_positions import sinusoid_table
 class UniversalTransformerModelOutput(ACTModelOutput):
     """ponder_cost: `[batch, length]` rho = N + R of every position (0 at padding; None without ACT); the loss adds
     its mean over the real positions. n_updates: `[batch, length]` the number of steps each position took.
-    past_key_values: the `UniversalStepCache`. hidden_states: the state before the first step and after every step."""
+    cache: the `UniversalStepCache`. hidden_states: the state before the first step and after every step."""
 
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
@@ -56,7 +57,7 @@ class UniversalTransformerModelOutput(ACTModelOutput):
 
 @dataclass
 class UniversalTransformerCausalLMOutput(ACTCausalLMOutput):
-    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions); past_key_values: the
+    """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions); cache: the
     `UniversalStepCache`."""
 
     attentions: tuple[torch.FloatTensor, ...] | None = None
@@ -79,7 +80,7 @@ class UniversalTransformerSequenceClassifierOutput(SequenceClassifierOutput):
 
 
 class UniversalStepCache(RowStateCache):
-    """The past of a causal Universal Transformer, carried as `past_key_values`.
+    """The past of a causal Universal Transformer, carried as `cache`.
 
     `step_inputs[t]` is `[batch, past, hidden]`: the input x^t of step t of every cached position. Every cached
     position has halted after the steps stored (the loop of its call ran until all had halted); for a later step t it
@@ -154,7 +155,7 @@ class UniversalTransformerSelfAttention(MultiHeadAttention):
     inputs of the cached positions followed by the new ones (recomputed with the current weights, like
     Transformer-XL's memory); without, from `hidden_states`."""
 
-    def keys_values(self, hidden_states, key_value_states=None, past_key_values=None):
+    def keys_values(self, hidden_states, key_value_states=None, cache=None):
         return super().keys_values(hidden_states if key_value_states is None else key_value_states)
 
 
@@ -369,24 +370,24 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         positions = sinusoid_table(position_ids.reshape(-1), self.config.hidden_size).view(batch, length, -1)
         return positions.to(dtype) + self.time_embedding(step, position_ids.device, dtype)
 
-    def _step_cache(self, past_key_values, use_cache: bool, causal: bool, batch: int) -> UniversalStepCache | None:
+    def _step_cache(self, cache, use_cache: bool, causal: bool, batch: int) -> UniversalStepCache | None:
         """The cache this pass reads and extends (None when it keeps none)."""
-        if past_key_values is not None and not isinstance(past_key_values, UniversalStepCache):
+        if cache is not None and not isinstance(cache, UniversalStepCache):
             raise ValueError(
-                f"past_key_values must be the UniversalStepCache returned by this model, got "
-                f"{type(past_key_values).__name__} (with EncoderDecoderModel.generate pass use_cache=False)"
+                f"cache must be the UniversalStepCache returned by this model, got "
+                f"{type(cache).__name__} (with EncoderDecoderModel.generate pass use_cache=False)"
             )
-        wants_cache = past_key_values is not None or use_cache
+        wants_cache = cache is not None or use_cache
         if wants_cache and not self.keeps_step_cache:
             raise ValueError(
                 "config.transition='separable_conv' keeps no UniversalStepCache (the convolution mixes positions): "
-                "pass use_cache=False and no past_key_values"
+                "pass use_cache=False and no cache"
             )
-        if past_key_values is not None:
-            if not causal and past_key_values.past_length:
-                raise ValueError("past_key_values (a UniversalStepCache) needs causal self-attention")
-            past_key_values.check_batch(batch)
-            return past_key_values
+        if cache is not None:
+            if not causal and cache.past_length:
+                raise ValueError("cache (a UniversalStepCache) needs causal self-attention")
+            cache.check_batch(batch)
+            return cache
         return UniversalStepCache() if use_cache and causal else None
 
     @staticmethod
@@ -455,12 +456,13 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         n_updates = torch.full((batch, length), float(self.config.num_hidden_layers), device=state.device)
         return state, None, n_updates, tuple(states) if output_hidden_states else None
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds: torch.FloatTensor | None = None,
         encoder_hidden_states: torch.FloatTensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
@@ -475,7 +477,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             real tokens only, so a left-padded row gives the outputs of the row alone.
         encoder_hidden_states / encoder_attention_mask: the encoder output and its padding mask, for the
             cross-attention (`config.add_cross_attention`).
-        past_key_values: the `UniversalStepCache` of the previous call (causal only); use_cache: return one
+        cache: the `UniversalStepCache` of the previous call (causal only); use_cache: return one
             (default `config.use_cache`; `generate()` turns it on). attention_mask may then cover past + new tokens.
         """
         config = self.config
@@ -485,7 +487,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         state = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
         batch, length = state.shape[:2]
         device, dtype = state.device, state.dtype
-        cache = self._step_cache(past_key_values, use_cache, causal, batch)
+        cache = self._step_cache(cache, use_cache, causal, batch)
         past = cache.past_length if cache is not None else 0
 
         real = self._new_positions(attention_mask, batch, length, past, device)
@@ -514,7 +516,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             cache.append(inputs.step_inputs, hidden_states, inputs.positions, new_real, time_fn)
         return UniversalTransformerModelOutput(
             last_hidden_state=self.final_layer_norm(hidden_states),
-            past_key_values=cache,
+            **cache_field(cache),
             ponder_cost=ponder_cost,
             n_updates=n_updates,
             hidden_states=states,
@@ -563,21 +565,22 @@ class UniversalTransformerForCausalLM(
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         """A fresh `UniversalStepCache` before the first step, so that assisted decoding finds a cache to crop."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        if generation_config.use_cache and self.model.keeps_step_cache and model_kwargs.get("past_key_values") is None:
-            model_kwargs["past_key_values"] = UniversalStepCache()
+        if generation_config.use_cache and self.model.keeps_step_cache and model_kwargs.get(CACHE_NAME) is None:
+            model_kwargs[CACHE_NAME] = UniversalStepCache()
 
+    @accepts_cache_names
     def prepare_inputs_for_generation(
-        self, input_ids, next_sequence_length=None, past_key_values=None, inputs_embeds=None, **kwargs
+        self, input_ids, next_sequence_length=None, cache=None, inputs_embeds=None, **kwargs
     ):
         """transformers' own preparation (new tokens only, `inputs_embeds` on the first step, every output flag
         passed on); without a step cache (the convolution transition) the whole sequence at every step."""
         if not self.model.keeps_step_cache:
-            next_sequence_length, past_key_values = None, None
+            next_sequence_length, cache = None, None
             kwargs["use_cache"] = False
         return super().prepare_inputs_for_generation(
             input_ids,
             next_sequence_length=next_sequence_length,
-            past_key_values=past_key_values,
+            **cache_field(cache),
             inputs_embeds=inputs_embeds,
             **kwargs,
         )

@@ -8,7 +8,6 @@ schedule (`hf_txvariants.training.callbacks`) live outside this file: it holds m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,6 +17,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttenti
 from transformers.utils import can_return_tuple
 
 from .configuration_vanilla import VanillaConfig
+from .txv_compat import accepts_cache_names, model_output
 from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_losses import check_causal_lm_targets, next_token_targets, token_cross_entropy
 from .txv_mha import MultiHeadAttention, self_attention_mask
@@ -26,7 +26,7 @@ from .txv_positions import sinusoid_table
 from .txv_transformer_stack import TransformerStackMixin
 
 
-@dataclass
+@model_output
 class VanillaCausalLMOutput(ModelOutput):
     """`loss` = lm_loss + intermediate_loss_weight * intermediate_loss + future_target_loss_weight * future_loss
     (the auxiliary terms only in training mode); `lm_loss` is the next-token loss of the last layer."""
@@ -36,7 +36,7 @@ class VanillaCausalLMOutput(ModelOutput):
     lm_loss: torch.FloatTensor | None = None
     intermediate_loss: torch.FloatTensor | None = None
     future_loss: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
+    cache: Cache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
@@ -87,12 +87,13 @@ class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
         table = sinusoid_table(position_ids.reshape(-1), self.config.hidden_size)
         return table.view(*position_ids.shape, -1).to(dtype)
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -110,8 +111,8 @@ class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
         """
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
-        inputs_embeds, past_key_values, past_length, use_cache = self.prepare_stack(
-            input_ids, inputs_embeds, past_key_values, use_cache
+        inputs_embeds, cache, past_length, use_cache = self.prepare_stack(
+            input_ids, inputs_embeds, cache, use_cache
         )
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
@@ -134,7 +135,7 @@ class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
             return hidden_states
 
         return self.run_stack(
-            hidden_states, mask, past_key_values, use_cache, output_attentions, output_hidden_states,
+            hidden_states, mask, cache, use_cache, output_attentions, output_hidden_states,
             encoder_hidden_states, encoder_attention_mask, layer_input,
         )
 

@@ -28,6 +28,8 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import ModelOutput
 
+from .txv_compat import model_output
+
 
 @dataclass
 class ACTOutput:
@@ -188,7 +190,7 @@ def add_ponder_cost(loss, ponder_cost, weight: float, attention_mask=None):
     return loss + weight * mean_ponder_cost(ponder_cost, real)
 
 
-@dataclass
+@model_output
 class ACTModelOutput(ModelOutput):
     """The base model output of a pondering model. ponder_cost: `[batch, length]` rho_t = N(t) + R(t) (0 at padding);
     the loss adds its mean over the real positions. n_updates: `[batch, length]` N(t)."""
@@ -196,11 +198,11 @@ class ACTModelOutput(ModelOutput):
     last_hidden_state: torch.FloatTensor | None = None
     ponder_cost: torch.FloatTensor | None = None
     n_updates: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
+    cache: Cache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
 
 
-@dataclass
+@model_output
 class ACTCausalLMOutput(ModelOutput):
     """loss = lm_loss + act_loss_weight * (mean of ponder_cost over the real positions)."""
 
@@ -209,7 +211,7 @@ class ACTCausalLMOutput(ModelOutput):
     lm_loss: torch.FloatTensor | None = None
     ponder_cost: torch.FloatTensor | None = None
     n_updates: torch.FloatTensor | None = None
-    past_key_values: Cache | None = None
+    cache: Cache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
 
 

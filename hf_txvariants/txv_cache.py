@@ -1,4 +1,4 @@
-"""Segment-level recurrence memory for the Transformer-XL family, carried as `past_key_values`.
+"""Segment-level recurrence memory for the Transformer-XL family, carried as the model's cache (`cache`).
 
 A Transformer-XL memory is not a key/value cache: for every layer it holds the hidden states that *entered* that
 layer at the last `mem_len` positions (Dai et al. 2019, eq. for h~_{tau+1}^{n-1}). Keys and values are recomputed from
@@ -18,10 +18,12 @@ import torch
 import torch.utils._pytree
 from transformers.cache_utils import Cache
 
+from .txv_compat import accepts_cache_names, cache_field
+
 
 class RowStateCache(Cache):
     """Base of the caches here that carry a model's own state (not transformers' key/value layers) as
-    `past_key_values`: the batch-row operations `generate()` uses (beam reordering, expansion, selection) are applied
+    the model's cache: the batch-row operations `generate()` uses (beam reordering, expansion, selection) are applied
     to every tensor that `_row_tensors()` names, and the model keeps its own cache instead of a `DynamicCache`.
 
     Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty) and
@@ -49,7 +51,7 @@ class RowStateCache(Cache):
             if tensor is not None:
                 if tensor.shape[0] != batch:
                     raise ValueError(
-                        f"past_key_values holds batch size {tensor.shape[0]}, but the input has batch size {batch}"
+                        f"the cache holds batch size {tensor.shape[0]}, but the input has batch size {batch}"
                     )
                 return
 
@@ -282,21 +284,21 @@ class MemoryCache(RowStateCache):
         """Raises a ValueError naming the mismatch when this memory cannot be used with the given input."""
         if model_type is not None and self.model_type is not None and self.model_type != model_type:
             raise ValueError(
-                f"past_key_values is the memory of a {self.model_type!r} model, this model is {model_type!r}: "
+                f"the cache is the memory of a {self.model_type!r} model, this model is {model_type!r}: "
                 "a memory is only valid for the model (and weights) that wrote it"
             )
         if self.num_layers != num_layers:
-            raise ValueError(f"past_key_values holds memory for {self.num_layers} layers, the model has {num_layers}")
+            raise ValueError(f"the cache holds memory for {self.num_layers} layers, the model has {num_layers}")
         if self.memories is None:
             return
         mem_batch, _, mem_hidden = self.memories[0].shape
         if mem_batch != batch_size:
             raise ValueError(
-                f"past_key_values holds memory for batch size {mem_batch}, but the input has batch size {batch_size}"
+                f"the cache holds memory for batch size {mem_batch}, but the input has batch size {batch_size}"
             )
         if mem_hidden != hidden_size:
             raise ValueError(
-                f"past_key_values holds memory of hidden size {mem_hidden}, but config.hidden_size is {hidden_size}"
+                f"the cache holds memory of hidden size {mem_hidden}, but config.hidden_size is {hidden_size}"
             )
 
     def key_mask(self, input_mask: torch.Tensor | None, query_length: int) -> torch.Tensor | None:
@@ -426,7 +428,7 @@ def _unflatten_memory(children, context) -> MemoryCache:
     return MemoryCache(num_layers, mem_len, memories, memory_mask, seen_tokens, memory_init, model_type)
 
 
-# A pytree node, so that `torch.export` and `torch.compile` can return (and take) the memory as `past_key_values`.
+# A pytree node, so that `torch.export` and `torch.compile` can return (and take) the memory as the cache.
 torch.utils._pytree.register_pytree_node(
     MemoryCache,
     _flatten_memory,
@@ -440,19 +442,15 @@ torch.utils._pytree.register_pytree_node(
 
 
 def memory_for_input(
-    past_key_values, new_memory, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None
+    memory, new_memory, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None
 ) -> MemoryCache:
-    """The memory a forward pass reads: `past_key_values` checked against the input, or `new_memory()` when None."""
-    if past_key_values is None:
+    """The memory a forward pass reads: the given cache checked against the input, or `new_memory()` when None."""
+    if memory is None:
         return new_memory()
-    if not isinstance(past_key_values, MemoryCache):
-        raise ValueError(
-            f"past_key_values must be the MemoryCache returned by this model, got {type(past_key_values).__name__}"
-        )
-    past_key_values.check_compatible(
-        batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers, model_type=model_type
-    )
-    return past_key_values
+    if not isinstance(memory, MemoryCache):
+        raise ValueError(f"the cache must be the MemoryCache returned by this model, got {type(memory).__name__}")
+    memory.check_compatible(batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers, model_type=model_type)
+    return memory
 
 
 class MemoryGenerationMixin:
@@ -469,9 +467,10 @@ class MemoryGenerationMixin:
     def _supports_default_dynamic_cache(cls) -> bool:
         return False
 
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, past_key_values=None, **kwargs):
+    @accepts_cache_names
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, **kwargs):
         if self.config.mem_len == 0:
-            next_sequence_length, past_key_values = None, None
+            next_sequence_length, cache = None, None
         return super().prepare_inputs_for_generation(
-            input_ids, next_sequence_length=next_sequence_length, past_key_values=past_key_values, **kwargs
+            input_ids, next_sequence_length=next_sequence_length, **cache_field(cache), **kwargs
         )

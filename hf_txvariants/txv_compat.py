@@ -77,13 +77,16 @@ def accepts_cache_names(function):
 
 def model_output(cls):
     """`@dataclass` for a `ModelOutput` whose cache field is declared as `cache`: before transformers 5.24 the field
-    is named `past_key_values` (what those releases' `generate()` reads), from 5.24 on `cache` (the old name stays
-    readable through transformers' own alias)."""
+    is named `past_key_values` (what those releases' `generate()` reads) and `.cache` reads it, from 5.24 on it is
+    `cache` (and transformers' own alias reads `.past_key_values`). So `output.cache` works on every release."""
     annotations = cls.__dict__.get("__annotations__", {})
     if CACHE_NAME != "cache" and "cache" in annotations:
         cls.__annotations__ = {(CACHE_NAME if name == "cache" else name): kind for name, kind in annotations.items()}
         setattr(cls, CACHE_NAME, cls.__dict__.get("cache"))
         delattr(cls, "cache")
+        cls = dataclasses.dataclass(cls)
+        cls.cache = property(lambda self: getattr(self, CACHE_NAME), doc="The cache (the release's field name).")
+        return cls
     return dataclasses.dataclass(cls)
 
 

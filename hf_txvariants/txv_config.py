@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from transformers.configuration_utils import PreTrainedConfig
 
+from .txv_compat import CACHE_OUTPUT_KEYS
 from .txv_config_checks import apply_paper_names, check_positive, check_probabilities, default_head_dim
 
 # The papers' and the original code's names of the standard fields, accepted by every Transformer variant.
@@ -96,7 +97,7 @@ class TxvEncoderOrDecoderConfig(TxvTransformerConfig):
     by sqrt(hidden_size); `pre_lnorm` puts the layer norm on each sub-layer's input (plus a final norm) instead of
     after the residual; `classifier_dropout` is the sequence-classification head's dropout (None: none)."""
 
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = CACHE_OUTPUT_KEYS
 
     scale_embedding: bool = False
     pre_lnorm: bool = False

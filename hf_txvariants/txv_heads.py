@@ -18,13 +18,14 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput, SequenceClassifierOutputWithPast
 from transformers.utils import can_return_tuple
 
+from .txv_compat import CACHE_NAME, accepts_cache_names
 from .txv_losses import causal_lm_head, check_labels, masked_lm_loss
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 def head_output(output_class, backbone_outputs, **fields):
     """`output_class(**fields)`, completed with every field of `backbone_outputs` that `output_class` also has
-    (`past_key_values`, `hidden_states`, `attentions`, `ponder_cost`, ...). `fields` that `output_class` lacks (e.g.
+    (the cache, `hidden_states`, `attentions`, `ponder_cost`, ...). `fields` that `output_class` lacks (e.g.
     `lm_loss` for a plain `CausalLMOutputWithPast`) are left out."""
     names = output_class.__dataclass_fields__.keys()
     values = {name: backbone_outputs.get(name) for name in names if name not in fields}
@@ -80,12 +81,13 @@ class CausalLMHeadMixin(TxvHeadMixin):
         loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
         return {"loss": loss, "logits": logits, "lm_loss": lm_loss}
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -115,7 +117,7 @@ class CausalLMHeadMixin(TxvHeadMixin):
         outputs = self.run_backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
@@ -196,12 +198,13 @@ class SequenceClassificationHeadMixin(TxvHeadMixin):
     def pool(self, hidden_states, input_ids, attention_mask) -> torch.Tensor:
         return last_token_states(hidden_states, input_ids, attention_mask, self.config.pad_token_id)
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values=None,
+        cache=None,
         inputs_embeds: torch.FloatTensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -210,13 +213,13 @@ class SequenceClassificationHeadMixin(TxvHeadMixin):
         **kwargs,
     ):
         """labels: `[batch]` class ids (float `[batch, num_labels]` for multi-label, `[batch]` floats for
-        regression). A head whose output has no `past_key_values` field asks its base model for no cache."""
-        if "past_key_values" not in self.output_class.__dataclass_fields__:
-            past_key_values, use_cache = None, False
+        regression). A head whose output has no cache field asks its base model for no cache."""
+        if CACHE_NAME not in self.output_class.__dataclass_fields__:
+            cache, use_cache = None, False
         outputs = self.run_backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,

@@ -16,13 +16,13 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from .txv_attention import CausalMask, additive_mask, all_tokens_real, attention_forward, causal_allowed
 
 
-def cache_past_length(past_key_values: Cache | None, layer_idx: int = 0) -> int:
+def cache_past_length(cache: Cache | None, layer_idx: int = 0) -> int:
     """Number of cached self-attention positions (0 without a cache)."""
-    if past_key_values is None:
+    if cache is None:
         return 0
-    if isinstance(past_key_values, EncoderDecoderCache):
-        past_key_values = past_key_values.self_attention_cache
-    return past_key_values.get_seq_length(layer_idx)
+    if isinstance(cache, EncoderDecoderCache):
+        cache = cache.self_attention_cache
+    return cache.get_seq_length(layer_idx)
 
 
 class MultiHeadAttention(nn.Module):
@@ -58,25 +58,24 @@ class MultiHeadAttention(nn.Module):
         batch, length = states.shape[:2]
         return states.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def keys_values(self, hidden_states, key_value_states=None, past_key_values: Cache | None = None):
+    def keys_values(self, hidden_states, key_value_states=None, cache: Cache | None = None):
         """`[batch, heads, k_len, head_dim]` keys and values, read from / written to the cache."""
         if not self.is_cross_attention:
             key, value = self._heads(self.k_proj(hidden_states)), self._heads(self.v_proj(hidden_states))
-            if past_key_values is not None:
-                cache = past_key_values
+            if cache is not None:
                 if isinstance(cache, EncoderDecoderCache):
                     cache = cache.self_attention_cache
                 key, value = cache.update(key, value, self.layer_idx)
             return key, value
         if key_value_states is None:
             raise ValueError("encoder_hidden_states is required for cross-attention (config.add_cross_attention=True)")
-        if isinstance(past_key_values, EncoderDecoderCache) and past_key_values.is_updated.get(self.layer_idx):
-            layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        if isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(self.layer_idx):
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
             return layer.keys, layer.values
         key, value = self._heads(self.k_proj(key_value_states)), self._heads(self.v_proj(key_value_states))
-        if isinstance(past_key_values, EncoderDecoderCache):
-            key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
-            past_key_values.is_updated[self.layer_idx] = True
+        if isinstance(cache, EncoderDecoderCache):
+            key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
         return key, value
 
     def attend(self, query, key, value, attention_mask, output_attentions=False, need_weights=False):
@@ -99,14 +98,14 @@ class MultiHeadAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`attention_mask`: additive float mask broadcastable to `[batch, heads, q_len, k_len]`, None, or a
         `CausalMask` (from `self_attention_mask(..., fused=True)`)."""
         batch, query_length = hidden_states.shape[:2]
         query = self._heads(self.q_proj(hidden_states))
-        key, value = self.keys_values(hidden_states, key_value_states, past_key_values)
+        key, value = self.keys_values(hidden_states, key_value_states, cache)
         output, weights = self.attend(query, key, value, attention_mask, output_attentions)
         output = self.o_proj(output.reshape(batch, query_length, -1))
         return output, (weights if output_attentions else None)

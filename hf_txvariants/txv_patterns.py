@@ -1018,18 +1018,18 @@ def pattern_attention(
 class PatternSelfAttention(MultiHeadAttention):
     """Multi-head self-attention restricted to `pattern` (q/k/v/o projections and the cache of `txv_mha`), run by
     `config.pattern_implementation` (its dense path by `config._attn_implementation`, gathered queries in blocks of
-    `config.block_size`). With `past_key_values`, the new positions' keys/values join the cached ones and the queries
+    `config.block_size`). With `cache`, the new positions' keys/values join the cached ones and the queries
     (at positions past_length + i) attend to the keys their pattern allows among all of them."""
 
     def __init__(self, config, layer_idx: int, pattern: AttentionPattern):
         super().__init__(config, layer_idx)
         self.pattern = pattern
 
-    def forward(self, hidden_states, key_padding_mask=None, past_key_values=None, output_attentions=False):
+    def forward(self, hidden_states, key_padding_mask=None, cache=None, output_attentions=False):
         batch, length = hidden_states.shape[:2]
-        past_length = cache_past_length(past_key_values, self.layer_idx)
+        past_length = cache_past_length(cache, self.layer_idx)
         query = self._heads(self.q_proj(hidden_states))
-        key, value = self.keys_values(hidden_states, past_key_values=past_key_values)
+        key, value = self.keys_values(hidden_states, cache=cache)
         output, weights = pattern_attention(
             self,
             query,

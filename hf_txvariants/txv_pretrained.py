@@ -50,21 +50,41 @@ def atomic_directory(target: str | os.PathLike, keep_existing: bool = True):
 def write_remote_code(model, folder: str | os.PathLike):
     """Copies the model's configuration and modeling files, with every `txv_*` file they import, into `folder` and
     writes an `auto_map` entry for every Auto class the variant supports into its config.json."""
+    write_code_payload(type(model.config), type(model), folder)
+
+
+def write_code_payload(config_class, model_class, folder: str | os.PathLike) -> list[str]:
+    """`write_remote_code` for a variant given by its classes (`model_class` names the Auto classes through
+    `auto_classes`). Every file is replaced atomically, config.json last, so the weights are never touched and an
+    interruption leaves each file whole (old or new). Returns the names of the files written."""
     folder = Path(folder)
-    config_file = inspect.getfile(type(model.config))
-    modeling_file = inspect.getfile(type(model))
+    config_file = inspect.getfile(config_class)
+    modeling_file = inspect.getfile(model_class)
     code_files = {config_file, modeling_file}
     for source in (config_file, modeling_file):
         code_files.update(get_relative_import_files(source))
-    for source in code_files:
-        shutil.copy(source, folder / Path(source).name)
+    for source in sorted(code_files):
+        _replace_file(folder / Path(source).name, Path(source).read_bytes())
     modeling_module = Path(modeling_file).stem
-    auto_map = {"AutoConfig": f"{Path(config_file).stem}.{type(model.config).__name__}"}
-    auto_map.update({auto: f"{modeling_module}.{name}" for auto, name in model.auto_classes.items()})
+    auto_map = {"AutoConfig": f"{Path(config_file).stem}.{config_class.__name__}"}
+    auto_map.update({auto: f"{modeling_module}.{name}" for auto, name in model_class.auto_classes.items()})
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = auto_map
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    _replace_file(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    return sorted(Path(source).name for source in code_files) + ["config.json"]
+
+
+def _replace_file(path: Path, content: bytes):
+    """Writes `content` to `path` through a temporary file in the same folder and an atomic rename."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(content)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def init_standard_weights(module: nn.Module, std: float):
@@ -92,7 +112,7 @@ class TxvModelMixin:
     head_key_patterns: tuple[str, ...] = ()
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
 
     def _init_weights(self, module):
         init_standard_weights(module, self.config.initializer_range)

@@ -41,10 +41,10 @@ class RelationAwareSelfAttention(MultiHeadAttention):
             nn.Embedding(2 * self.max_relative_position + 1, self.head_dim) if config.relative_values else None
         )
 
-    def forward(self, hidden_states, attention_mask, key_value_states=None, past_key_values=None, output_attentions=False):
+    def forward(self, hidden_states, attention_mask, key_value_states=None, cache=None, output_attentions=False):
         batch, query_length = hidden_states.shape[:2]
         query = self._heads(self.q_proj(hidden_states))
-        key, value = self.keys_values(hidden_states, None, past_key_values)
+        key, value = self.keys_values(hidden_states, None, cache)
         key_length = key.shape[-2]
         index = relative_distance_index(query_length, key_length, self.max_relative_position, query.device)
         index = index.expand(batch, self.num_heads, query_length, key_length)

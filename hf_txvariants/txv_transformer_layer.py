@@ -40,14 +40,14 @@ class TransformerLayer(GradientCheckpointingLayer):
         attention_mask=None,
         encoder_hidden_states=None,
         encoder_attention_mask=None,
-        past_key_values=None,
+        cache=None,
         output_attentions=False,
     ):
         """Returns `(hidden_states, self_attention_weights, cross_attention_weights)` (weights None unless asked)."""
         hidden_states, self_weights = self._sublayer(
             hidden_states,
             self.self_attn_layer_norm,
-            lambda x: self.self_attn(x, attention_mask, past_key_values=past_key_values, output_attentions=output_attentions),
+            lambda x: self.self_attn(x, attention_mask, cache=cache, output_attentions=output_attentions),
         )
         cross_weights = None
         if self.cross_attn is not None and encoder_hidden_states is not None:
@@ -58,7 +58,7 @@ class TransformerLayer(GradientCheckpointingLayer):
                     x,
                     encoder_attention_mask,
                     key_value_states=encoder_hidden_states,
-                    past_key_values=past_key_values,
+                    cache=cache,
                     output_attentions=output_attentions,
                 ),
             )

@@ -11,6 +11,7 @@ from torch import nn
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
+from .txv_compat import cache_field
 from .txv_inputs import embed_inputs
 from .txv_mha import cache_past_length, cross_attention_mask
 from .txv_transformer_layer import TransformerLayer
@@ -33,7 +34,7 @@ class TransformerStackMixin:
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
         self.gradient_checkpointing = False
 
-    def prepare_stack(self, input_ids, inputs_embeds, past_key_values, use_cache: bool | None):
+    def prepare_stack(self, input_ids, inputs_embeds, cache, use_cache: bool | None):
         """`(token embeddings, cache, cache length, use_cache)`. `use_cache` defaults to `config.use_cache` for a
         decoder; it is off while training with gradient checkpointing (a checkpointed layer is run twice: it would
         write its keys/values twice)."""
@@ -42,26 +43,26 @@ class TransformerStackMixin:
         if self.gradient_checkpointing and self.training:
             use_cache = False
         inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
-        past_key_values, past_length = self.key_value_cache(past_key_values, use_cache)
-        return inputs_embeds, past_key_values, past_length, use_cache
+        cache, past_length = self.key_value_cache(cache, use_cache)
+        return inputs_embeds, cache, past_length, use_cache
 
-    def key_value_cache(self, past_key_values, use_cache: bool) -> tuple[Cache | None, int]:
+    def key_value_cache(self, cache, use_cache: bool) -> tuple[Cache | None, int]:
         """The cache this call reads and extends (a new one when `use_cache` and none is given) and its length."""
-        if use_cache and past_key_values is None:
-            past_key_values = (
+        if use_cache and cache is None:
+            cache = (
                 EncoderDecoderCache(DynamicCache(), DynamicCache())
                 if self.config.add_cross_attention
                 else DynamicCache()
             )
-        if past_key_values is not None and not isinstance(past_key_values, Cache):
-            raise ValueError(f"past_key_values must be a transformers Cache, got {type(past_key_values).__name__}")
-        return past_key_values, cache_past_length(past_key_values)
+        if cache is not None and not isinstance(cache, Cache):
+            raise ValueError(f"cache must be a transformers Cache, got {type(cache).__name__}")
+        return cache, cache_past_length(cache)
 
     def run_stack(
         self,
         hidden_states: torch.Tensor,
         mask,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         use_cache: bool,
         output_attentions: bool,
         output_hidden_states: bool,
@@ -87,7 +88,7 @@ class TransformerStackMixin:
                 mask,
                 encoder_hidden_states,
                 cross_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 output_attentions=output_attentions,
             )
 
@@ -98,7 +99,7 @@ class TransformerStackMixin:
         if encoder_hidden_states is None:
             fields["cross_attentions"] = None
         return BaseModelOutputWithPastAndCrossAttentions(
-            **fields, past_key_values=past_key_values if use_cache else None
+            **fields, **cache_field(cache if use_cache else None)
         )
 
 

@@ -2,7 +2,7 @@
 
 A forward pass over a segment, whatever the variant:
 
-    memory  = past_key_values (a `MemoryCache`), or the memory a first segment starts with (`config.memory_init`)
+    memory  = the cache (a `MemoryCache`), or the memory a first segment starts with (`config.memory_init`)
     allowed = causal over [memory; segment], within the attention window, without padding or masked memory slots
     R       = the sinusoid table of relative distances (Dai et al. 2019, section 3.3)
     h^0     = dropout(embeddings);  h^n = layer_n(h^{n-1}, memory_n, R, allowed)     (`XLLayer`)
@@ -33,6 +33,7 @@ from transformers.modeling_outputs import ModelOutput
 from .txv_adaptive_span import AdaptiveSpan
 from .txv_attention import causal_allowed
 from .txv_cache import MemoryCache, memory_for_input
+from .txv_compat import model_output
 from .txv_gates import GatingLayer, build_gate
 from .txv_inputs import segment_padding_mask
 from .txv_relative_attention import relative_position_embeddings
@@ -178,18 +179,18 @@ def keep_last_memory(memory, position_embeddings, allowed, memory_length: int, q
     return memory, position_embeddings, allowed[..., allowed.shape[-1] - key_length :]
 
 
-@dataclass
+@model_output
 class XLModelOutput(ModelOutput):
     """The base model's output. span_penalty: with adaptive span, the sum over layers of the mean span (tokens)."""
 
     last_hidden_state: torch.FloatTensor | None = None
     span_penalty: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
+    cache: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-@dataclass
+@model_output
 class XLCausalLMOutput(ModelOutput):
     """The causal LM's output: loss = lm_loss + adapt_span_loss * span_penalty (just lm_loss without adaptive span)."""
 
@@ -197,7 +198,7 @@ class XLCausalLMOutput(ModelOutput):
     logits: torch.FloatTensor | None = None
     lm_loss: torch.FloatTensor | None = None
     span_penalty: torch.FloatTensor | None = None
-    past_key_values: MemoryCache | None = None
+    cache: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
@@ -258,10 +259,10 @@ class XLBackboneMixin:
             model_type=self.config.model_type,
         )
 
-    def memory_for_input(self, past_key_values, batch_size: int, dtype, device) -> MemoryCache:
+    def memory_for_input(self, memory, batch_size: int, dtype, device) -> MemoryCache:
         config = self.config
         return memory_for_input(
-            past_key_values,
+            memory,
             lambda: self.init_memory(batch_size, dtype, device),
             batch_size=batch_size,
             hidden_size=config.hidden_size,
@@ -279,7 +280,7 @@ class XLBackboneMixin:
         self,
         inputs_embeds: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        past_key_values: MemoryCache | None,
+        memory: MemoryCache | None,
         use_cache: bool,
         output_attentions: bool,
         episode_starts: torch.Tensor | None = None,
@@ -288,7 +289,7 @@ class XLBackboneMixin:
         config = self.config
         batch, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
-        cache = self.memory_for_input(past_key_values, batch, inputs_embeds.dtype, device)
+        cache = self.memory_for_input(memory, batch, inputs_embeds.dtype, device)
         memory_length = cache.memory_length
         input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
         leading_padding = None

@@ -8,6 +8,7 @@ by default). Each variant keeps its own defaults, names and extra fields."""
 from __future__ import annotations
 
 from .txv_adaptive_span import check_span_fields
+from .txv_compat import CACHE_OUTPUT_KEYS
 from .txv_config import TxvTransformerConfig
 from .txv_config_checks import (
     check_choice,
@@ -27,7 +28,7 @@ ADAPTIVE_SPAN_SETTINGS = ("adapt_span_ramp", "adapt_span_init", "adapt_span_loss
 class XLFamilyConfig(TxvTransformerConfig):
     """The XL backbone's fields (see the module docstring and each variant's config for their meaning)."""
 
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = CACHE_OUTPUT_KEYS
 
     mem_len: int = 64
     memory_init: str = "empty"

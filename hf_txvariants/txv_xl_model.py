@@ -12,6 +12,7 @@ from transformers.utils import can_return_tuple
 from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_cache import MemoryCache
+from .txv_compat import accepts_cache_names, cache_field
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, head_output
 from .txv_inputs import embed_inputs
@@ -61,7 +62,7 @@ def build_token_embeddings(config) -> nn.Module:
 class XLModelMixin:
     """`forward` of an XL-family base model (mixed in before `XLBackboneMixin`): the input embeddings
     (`get_input_embeddings()`), the XL backbone over [memory; segment], then `output_class` with the fields it has
-    (`last_hidden_state`, `span_penalty`, `past_key_values`, `hidden_states`, `attentions`, `attended_keys`)."""
+    (`last_hidden_state`, `span_penalty`, the cache, `hidden_states`, `attentions`, `attended_keys`)."""
 
     output_class = XLModelOutput
 
@@ -72,16 +73,17 @@ class XLModelMixin:
         self.norm = build_final_norm(config)
         self.gradient_checkpointing = False
 
-    def backbone_inputs(self, past_key_values, **kwargs) -> tuple[MemoryCache | None, dict]:
+    def backbone_inputs(self, cache, **kwargs) -> tuple[MemoryCache | None, dict]:
         """The memory this segment starts from and the variant's extra `run_backbone` options (none by default)."""
-        return past_key_values, {}
+        return cache, {}
 
+    @accepts_cache_names
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: MemoryCache | None = None,
+        cache: MemoryCache | None = None,
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -92,7 +94,8 @@ class XLModelMixin:
         input_ids `[batch, length]`, or inputs_embeds `[batch, length, hidden_size]` (e.g. embedded observations).
         attention_mask: `[batch, >= length]`, 1 for real tokens and 0 for padding; its last `length` columns describe
             the segment (generation passes the whole sequence).
-        past_key_values: the `MemoryCache` returned by the previous segment, updated in place and returned.
+        cache (also accepted as `past_key_values`): the `MemoryCache` returned by the previous segment, updated in
+            place and returned.
         The variant's own inputs (e.g. `episode_starts`, `mems`) are described by its `backbone_inputs`.
         """
         config = self.config
@@ -101,9 +104,9 @@ class XLModelMixin:
         inputs_embeds = embed_inputs(
             input_ids, inputs_embeds, self.get_input_embeddings(), config.vocab_size, config.hidden_size
         )
-        past_key_values, options = self.backbone_inputs(past_key_values, **kwargs)
+        memory, options = self.backbone_inputs(cache, **kwargs)
         backbone = self.run_backbone(
-            inputs_embeds, attention_mask, past_key_values, use_cache, output_attentions, **options
+            inputs_embeds, attention_mask, memory, use_cache, output_attentions, **options
         )
         hidden_states = backbone.last_hidden_state
         return head_output(
@@ -111,7 +114,7 @@ class XLModelMixin:
             {},
             last_hidden_state=hidden_states,
             span_penalty=backbone.span_penalty,
-            past_key_values=backbone.cache if use_cache else None,
+            **cache_field(backbone.cache if use_cache else None),
             hidden_states=tuple(backbone.layer_inputs) + (hidden_states,) if output_hidden_states else None,
             attentions=tuple(backbone.attentions) if output_attentions else None,
             attended_keys=backbone.attended_keys,

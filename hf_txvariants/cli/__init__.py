@@ -1,4 +1,4 @@
-"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`.
+"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`, `txv refresh-code`.
 
 Every expected failure (a bad argument, a missing, corrupt or unsafe file, an offline Hub, a bad number) ends with one
 line `txv: error: <what and where>` and exit status 2; `--debug` (anywhere on the line) shows the traceback instead."""
@@ -131,6 +131,16 @@ def _push(args):
     print(f"pushed to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
 
 
+def _refresh_code(args):
+    from ..hub import refresh_code
+
+    try:
+        written = refresh_code(args.folder)
+    except (OSError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    print(f"{args.folder}: model code refreshed ({', '.join(written)}); weights untouched")
+
+
 def _demo(args):
     from .demo import run
 
@@ -203,6 +213,11 @@ def build_parser():
                     help="score with a sliding window of this length instead (no memory)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_eval)
+
+    refresh = sub.add_parser("refresh-code", help="replace the model code a saved model folder carries with this "
+                             "plugin's (weights untouched), e.g. a folder saved before transformers 5.24 support")
+    refresh.add_argument("folder", help="the saved model folder (its config.json names the variant)")
+    refresh.set_defaults(func=_refresh_code)
 
     push = sub.add_parser("push", help="upload a saved model with its code and model card to the Hub",
                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)

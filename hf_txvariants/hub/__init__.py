@@ -129,3 +129,25 @@ def snapshot_into_cache(folder: str | Path, repo_id: str, cache_dir: str | Path,
 
 
 __all__ = ["build_model_card", "push_to_hub", "save_for_hub", "snapshot_into_cache"]
+
+
+def refresh_code(folder: str | Path) -> list[str]:
+    """Replaces the model code that a saved or downloaded model folder carries (its remote-code payload and
+    `auto_map`) with the installed plugin's, leaving the weights and everything else untouched: a folder saved
+    before a fix (e.g. before the plugin supported transformers 5.24) then loads with `trust_remote_code=True` on
+    the releases the plugin supports. Returns the names of the files written. Also `txv refresh-code FOLDER`."""
+    import hf_txvariants
+    from ..txv_pretrained import write_code_payload
+
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json: not a saved model folder")
+    try:
+        model_type = json.loads(config_path.read_text()).get("model_type")
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_path} is not valid JSON: {error}") from None
+    if model_type not in hf_txvariants.VARIANTS:
+        raise ValueError(f"{config_path}: model_type {model_type!r} is not a variant of this plugin "
+                         f"(known: {', '.join(sorted(hf_txvariants.VARIANTS))})")
+    return write_code_payload(*hf_txvariants.VARIANTS[model_type], folder)

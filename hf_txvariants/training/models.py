@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..txv_compat import output_cache
+
 
 class ModelError(ValueError):
     """Bad model request (unknown variant, unreadable checkpoint ...); the CLI prints its message on one line."""
@@ -210,7 +212,7 @@ def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, 
     predicts targets[t]): only each target's cluster is evaluated and no `[tokens, vocabulary]` log-probabilities
     are made. Otherwise it is computed here from the logits. (Not with `labels`: their HF convention shifts inside
     the segment and would never predict a segment's last target.)"""
-    kwargs = {"past_key_values": memory, "use_cache": True} if memory is not None else {"use_cache": False}
+    kwargs = {"cache": memory, "use_cache": True} if memory is not None else {"use_cache": False}
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     if targets.shape != inputs.shape:
@@ -221,8 +223,8 @@ def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, 
         losses = getattr(output, "losses", None)
         mean = losses.mean() if losses is not None else output.lm_loss
         loss = mean * targets.numel() if reduction == "sum" else mean
-        return loss, (output.past_key_values if memory is not None else None)
+        return loss, (output_cache(output) if memory is not None else None)
     output = model(input_ids=inputs, **kwargs)
     logits = output.logits.float()
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
-    return loss, (output.past_key_values if memory is not None else None)
+    return loss, (output_cache(output) if memory is not None else None)

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Sampler
 from transformers import Trainer
 
+from ..txv_compat import output_cache
 from .models import ModelError, init_memory, memory_state, restore_memory, uses_memory
 
 logger = logging.getLogger(__name__)
@@ -75,11 +76,11 @@ class MemoryTrainer(Trainer):
         # only the loss is needed: without the logits an adaptive softmax evaluates only the targets' clusters
         head_options = getattr(self.accelerator.unwrap_model(model), "head_options", ())
         logits = {"return_logits": False} if not return_outputs and "return_logits" in head_options else {}
-        outputs = model(**inputs, past_key_values=memory, use_cache=True, **logits)
+        outputs = model(**inputs, cache=memory, use_cache=True, **logits)
         if training:
-            self.train_memory = outputs.past_key_values
+            self.train_memory = output_cache(outputs)
         else:
-            self.eval_memory = outputs.past_key_values
+            self.eval_memory = output_cache(outputs)
         loss = outputs.loss
         return (loss, outputs) if return_outputs else loss
 
