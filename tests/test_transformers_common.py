@@ -213,6 +213,13 @@ class TxvModelTester:
 # Why a test does not apply (one line each; the tests are skipped with these words).
 _XL_MEMORY_KEYS = "XL memory (memory_init='zeros'): attention keys include the memory, weights are [.., q, mem + q]"
 _ADAPTIVE_INPUT = "adaptive input embeddings (cutoffs): not one nn.Embedding, and vocab_size is tied to the cutoffs"
+_XL_MEMORY_IN_GENERATE = (
+    "XL memory: the attentions returned by generate include the memory keys, weights are [.., q, mem + q]"
+)
+_XL_MEMORY_CACHE_FORMAT = (
+    "XL memory: the cache is a MemoryCache of per-layer hidden states [batch, mem_len, hidden] (the paper's memory), "
+    "not keys and values"
+)
 _ADAPTIVE_SOFTMAX_ZERO_LABELS = (
     "adaptive softmax: a tail cluster gets gradients only from targets in it, and the test's labels are all 0"
 )
@@ -227,8 +234,9 @@ _NEEDS_WHAT_THE_SDIST_LACKS = {} if TESTS_FOLDER else {
 }
 
 
-class TxvCommonTestCase(ModelTesterMixin, GenerationTesterMixin):
-    """transformers' ModelTesterMixin for one variant: set `model_type` (its tiny config comes from
+class TxvCommonTestCase(ModelTesterMixin):
+    """transformers' ModelTesterMixin for one variant (a class whose models generate also inherits
+    GenerationTesterMixin, as transformers' own test classes do): set `model_type` (its tiny config comes from
     tests/tiny_configs.py, with `config_overrides`) and `all_model_classes`; `by_design_skips` names the tests whose
     assumption does not hold for the variant, with the reason."""
 
@@ -283,7 +291,7 @@ class TxvCommonTestCase(ModelTesterMixin, GenerationTesterMixin):
 # txv_act_rnn (ACT as its own model, added by another change) gets a class here like the ones below.
 
 
-class TestTransfoXLCommon(TxvCommonTestCase, unittest.TestCase):
+class TestTransfoXLCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "transfo-xl"
     all_model_classes = (txv.TransfoXLModel, txv.TransfoXLLMHeadModel, txv.TransfoXLForSequenceClassification)
     by_design_skips = {
@@ -296,15 +304,22 @@ class TestTransfoXLCommon(TxvCommonTestCase, unittest.TestCase):
         "test_training_gradient_checkpointing": _ADAPTIVE_SOFTMAX_ZERO_LABELS,
         "test_training_gradient_checkpointing_use_reentrant_false": _ADAPTIVE_SOFTMAX_ZERO_LABELS,
         "test_training_gradient_checkpointing_use_reentrant_true": _ADAPTIVE_SOFTMAX_ZERO_LABELS,
+        "test_*_generate_dict_output*": _XL_MEMORY_IN_GENERATE + " (memory_init='zeros': from the first step)",
+        "test_past_key_values_format": _XL_MEMORY_CACHE_FORMAT,
     }
 
 
-class TestGTrXLCommon(TxvCommonTestCase, unittest.TestCase):
+class TestGTrXLCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_gtrxl"
     all_model_classes = (txv.GTrXLModel, txv.GTrXLForCausalLM)
+    by_design_skips = {
+        **TxvCommonTestCase.by_design_skips,
+        "test_*_generate_dict_outputs_use_cache": _XL_MEMORY_IN_GENERATE,
+        "test_past_key_values_format": _XL_MEMORY_CACHE_FORMAT,
+    }
 
 
-class TestVanillaDecoderCommon(TxvCommonTestCase, unittest.TestCase):
+class TestVanillaDecoderCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_vanilla"
     all_model_classes = (txv.VanillaModel, txv.VanillaForCausalLM, txv.VanillaForSequenceClassification)
 
@@ -315,7 +330,7 @@ class TestVanillaEncoderCommon(TxvCommonTestCase, unittest.TestCase):
     all_model_classes = (txv.VanillaModel, txv.VanillaForMaskedLM, txv.VanillaForSequenceClassification)
 
 
-class TestShawDecoderCommon(TxvCommonTestCase, unittest.TestCase):
+class TestShawDecoderCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_shaw"
     all_model_classes = (txv.ShawModel, txv.ShawForCausalLM, txv.ShawForSequenceClassification)
 
@@ -326,12 +341,12 @@ class TestShawEncoderCommon(TxvCommonTestCase, unittest.TestCase):
     all_model_classes = (txv.ShawModel, txv.ShawForMaskedLM, txv.ShawForSequenceClassification)
 
 
-class TestRTransformerCommon(TxvCommonTestCase, unittest.TestCase):
+class TestRTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_r_transformer"
     all_model_classes = (txv.RTransformerModel, txv.RTransformerForCausalLM, txv.RTransformerForSequenceClassification)
 
 
-class TestUniversalDecoderCommon(TxvCommonTestCase, unittest.TestCase):
+class TestUniversalDecoderCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_universal"
     all_model_classes = (txv.UniversalTransformerModel, txv.UniversalTransformerForCausalLM,
                          txv.UniversalTransformerForSequenceClassification)
@@ -344,25 +359,34 @@ class TestUniversalEncoderCommon(TxvCommonTestCase, unittest.TestCase):
                          txv.UniversalTransformerForSequenceClassification)
 
 
-class TestAdaptiveSpanCommon(TxvCommonTestCase, unittest.TestCase):
+class TestAdaptiveSpanCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_adaptive_span"
     all_model_classes = (txv.AdaptiveSpanModel, txv.AdaptiveSpanForCausalLM)
+    by_design_skips = {
+        **TxvCommonTestCase.by_design_skips,
+        "test_*_generate_dict_outputs_use_cache": _XL_MEMORY_IN_GENERATE,
+        "test_past_key_values_format": _XL_MEMORY_CACHE_FORMAT,
+    }
 
 
-class TestSparseTransformerCommon(TxvCommonTestCase, unittest.TestCase):
+_SPARSE_LEFT_PADDING = (
+    "left padding is refused with a ValueError: the pattern counts positions from the first column, so a "
+    "left-padded row would silently differ from the row alone (right padding is tested)"
+)
+
+
+class TestSparseTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_sparse_transformer"
     all_model_classes = (txv.SparseTransformerModel, txv.SparseTransformerForCausalLM,
                          txv.SparseTransformerForSequenceClassification)
     by_design_skips = {
         **TxvCommonTestCase.by_design_skips,
-        "test_eager_matches_sdpa_inference_*pad_left*": (
-            "left padding is refused with a ValueError: the pattern counts positions from the first column, so a "
-            "left-padded row would silently differ from the row alone (right padding is tested)"
-        ),
+        "test_eager_matches_sdpa_inference_*pad_left*": _SPARSE_LEFT_PADDING,
+        "test_left_padding_compatibility": _SPARSE_LEFT_PADDING,
     }
 
 
-class TestImageTransformerCommon(TxvCommonTestCase, unittest.TestCase):
+class TestImageTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_image_transformer"
     all_model_classes = (txv.ImageTransformerModel, txv.ImageTransformerForCausalLM)
     by_design_skips = {
@@ -387,7 +411,7 @@ class TestImageTransformerCommon(TxvCommonTestCase, unittest.TestCase):
         self.assertListEqual([tuple(step.shape) for step in scores], [(batch_size, NUM_INTENSITIES)] * len(scores))
 
 
-class TestACTRNNCommon(TxvCommonTestCase, unittest.TestCase):
+class TestACTRNNCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_act_rnn"
     all_model_classes = (txv.ACTRNNModel, txv.ACTRNNForCausalLM, txv.ACTRNNForSequenceClassification)
     has_attentions = False  # a pondering RNN
@@ -399,7 +423,7 @@ class TestACTRNNCommon(TxvCommonTestCase, unittest.TestCase):
     }
 
 
-class TestTxvReformerCommon(TxvCommonTestCase, unittest.TestCase):
+class TestTxvReformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_reformer"
     all_model_classes = (txv.TxvReformerModel, txv.TxvReformerForCausalLM, txv.TxvReformerForSequenceClassification)
     by_design_skips = {
@@ -408,7 +432,30 @@ class TestTxvReformerCommon(TxvCommonTestCase, unittest.TestCase):
             "the attentions returned are a dense [query, key] map rebuilt from the chunked, bucket-sorted LSH and "
             "local attention (as transformers' Reformer returns them): a copy the output does not flow through"
         ),
+        "test_left_padding_compatibility": (
+            "positions count from the first column (axial position embeddings, as in transformers' Reformer): "
+            "generate refuses left-padded prompts with a ValueError (test_modeling_txv_reformer.py); the forward takes "
+            "padding masks as transformers' Reformer does"
+        ),
     }
+
+    def _check_caches_are_equal(self, cache1, cache2):
+        """TxvReformerCache holds keys/values, LSH buckets, key validity and the LSH input streams, not a `layers`
+        list: every one of its tensors must agree."""
+        self.assertIsInstance(cache1, txv.modeling_txv_reformer.TxvReformerCache)
+        self.assertIsInstance(cache2, txv.modeling_txv_reformer.TxvReformerCache)
+        self.assertEqual(cache1.seen_tokens, cache2.seen_tokens)
+        tensors1, tensors2 = cache1._row_tensors(), cache2._row_tensors()
+        self.assertEqual(tensors1.keys(), tensors2.keys())
+        for name, first in tensors1.items():
+            second = tensors2[name]
+            self.assertEqual(first is None, second is None, name)
+            if isinstance(first, list):
+                self.assertEqual(len(first), len(second), name)
+                for a, b in zip(first, second):
+                    torch.testing.assert_close(a, b, msg=name)
+            elif first is not None:
+                torch.testing.assert_close(first, second, msg=name)
 
 
 def test_every_variant_has_a_common_test_class():
