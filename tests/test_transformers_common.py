@@ -12,16 +12,17 @@ placeholders in `_MISSING_FROM_SDIST`: empty mixins, so no generation or export 
 own tests cover them: tests/test_export_compile.py and the generation tests of each variant), and a
 `config_common_kwargs` of None, so the one ConfigTester check that needs it is not called (see `test_config`).
 
-Opt-in, the generation tests: `TXV_TRANSFORMERS_TESTS=<a transformers tests/ folder>` (e.g. from a clone of
-transformers' git repository, or a fork that `fetch` can bring) takes the three modules above from that folder instead
+Opt-in, the generation tests: `TXV_TRANSFORMERS_TESTS=<a transformers tests/ folder>` (the `tests/` of a clone of
+transformers' git repository, best at the installed release) takes the three modules above from that folder instead
 of the placeholders: `generation/test_utils.py` and `exporters/test_export.py` as they are (their `from tests.<x>`
 imports pointed at the package the sdist files are imported under), and `config_common_kwargs` read as a literal from
 `utils/test_configuration_utils.py` (the rest of that file needs the repository's root `utils/` folder). Every test
-class then also runs transformers' `GenerationTesterMixin`, and `test_config` runs `check_config_arguments_init`. The
-folder is copied into a temporary package each run (nothing is cached or committed); a folder without those files,
-or one whose modules do not import on the installed transformers, is an error naming it, not a skip. Measured so far
-with the tests/ folder of a fork of transformers at 5.16.0.dev0 (the newest snapshot that could be had; none of
-5.23/5.24 exists): see `by_design_skips` for the generation tests whose assumption does not apply.
+class whose models generate then runs transformers' `GenerationTesterMixin` (the export tests are `@slow` there), and
+`test_config` runs `check_config_arguments_init`. The folder is copied into a temporary package each run (nothing is
+cached or committed); a folder without those files, or one whose modules do not import on the installed transformers,
+is an error naming it, not a skip. So far run with the tests/ folder of a fork of transformers at 5.16.0.dev0 (the
+newest snapshot of transformers' repository that could be had; none at 5.23 or 5.24), on transformers 5.23.0 and
+5.24.0; the generation tests whose assumption does not apply are in `by_design_skips` with the others.
 
 Each variant has a ModelTester built from its tiny config; the variants are registered in the `*_MAPPING_NAMES` tables
 that the tests consult to choose labels. A test is skipped only where its assumption does not hold by design; every
