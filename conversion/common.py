@@ -11,6 +11,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from .errors import ConversionError
+
 # The paper's evaluation settings, from kimiyoung/transformer-xl tf/sota/<name>.sh
 # (tgt_len is the evaluation segment length; all four evaluate with same_length=True).
 PRESETS = {
@@ -23,10 +25,6 @@ PRESETS = {
     "lm1b": dict(mem_len=128, clamp_len=-1, same_length=True, tgt_len=32, result="test perplexity 21.8",
                  metric="perplexity"),
 }
-
-
-class ConversionError(ValueError):
-    """A checkpoint that cannot be converted; the message names the offending tensor or field."""
 
 
 def to_torch(array):

@@ -19,12 +19,10 @@ from __future__ import annotations
 import os
 import zipfile
 
-from .common import ConversionError
-from .safe_pickle import VOCAB_CLASSES, PickledObject, load_plain_pickle, load_torch_file
+from .errors import ConversionError
+from .safe_pickle import VOCAB_CLASSES, PickledObject, is_torch_file, load_plain_pickle, load_torch_file
 
 __all__ = ["read_vocab", "build_tokenizer", "convert_vocab"]
-
-_LEGACY_TORCH_MAGIC_PREFIX = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 
 
 def _text(x):
@@ -36,17 +34,10 @@ def _text(x):
     return x
 
 
-def _is_torch_file(path):
-    if zipfile.is_zipfile(path):
-        return True
-    with open(path, "rb") as f:
-        return f.read(len(_LEGACY_TORCH_MAGIC_PREFIX)) == _LEGACY_TORCH_MAGIC_PREFIX
-
-
 def read_vocab(path):
     """-> dict(idx2sym, lower_case, delimiter, special, dataset) from a cache.pkl / cache.pt, safely."""
     path = os.fspath(path)
-    if _is_torch_file(path):
+    if is_torch_file(path):
         obj = load_torch_file(path, classes=VOCAB_CLASSES, load_tensors=False, numpy_stubs=True)
     else:
         obj = load_plain_pickle(path, classes=VOCAB_CLASSES, encoding="bytes")

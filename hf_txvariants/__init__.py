@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForImageToImage,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
+    AutoTokenizer,
 )
 
 from .configuration_transfo_xl import TransfoXLConfig
@@ -59,6 +60,12 @@ from .modeling_adaptive_span import (
     AdaptiveSpanModel,
     AdaptiveSpanPreTrainedModel,
 )
+from .configuration_adaptive_span_original import AdaptiveSpanOriginalConfig
+from .modeling_adaptive_span_original import (
+    AdaptiveSpanOriginalForCausalLM,
+    AdaptiveSpanOriginalModel,
+    AdaptiveSpanOriginalPreTrainedModel,
+)
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .modeling_sparse_transformer import (
     SparseTransformerForCausalLM,
@@ -88,7 +95,9 @@ from .modeling_act_rnn import (
     ACTRNNModel,
     ACTRNNPreTrainedModel,
 )
+from .tokenization_transfo_xl import TransfoXLTokenizer
 from .txv_cache import MemoryCache
+from .txv_span_cache import SpanCache
 from .txv_compat import check_transformers_version
 from .peft_targets import register_peft_target_modules
 
@@ -111,6 +120,7 @@ VARIANTS = {
     "txv_r_transformer": (RTransformerConfig, RTransformerPreTrainedModel),
     "txv_universal": (UniversalTransformerConfig, UniversalTransformerPreTrainedModel),
     "txv_adaptive_span": (AdaptiveSpanConfig, AdaptiveSpanPreTrainedModel),
+    "txv_adaptive_span_original": (AdaptiveSpanOriginalConfig, AdaptiveSpanOriginalPreTrainedModel),
     "txv_sparse_transformer": (SparseTransformerConfig, SparseTransformerPreTrainedModel),
     "txv_image_transformer": (ImageTransformerConfig, ImageTransformerPreTrainedModel),
     "txv_reformer": (TxvReformerConfig, TxvReformerPreTrainedModel),
@@ -132,6 +142,8 @@ check_transformers_version()
 
 for _config_class, _pretrained_class in VARIANTS.values():
     _register(_config_class, _pretrained_class)
+# Legacy `transfo-xl` folders name "TransfoXLTokenizer" in tokenizer_config.json (or nothing: then the config's type)
+AutoTokenizer.register(TransfoXLConfig, tokenizer_class=TransfoXLTokenizer, exist_ok=True)
 register_peft_target_modules()
 
 __all__ = [
@@ -143,6 +155,10 @@ __all__ = [
     "AdaptiveSpanConfig",
     "AdaptiveSpanForCausalLM",
     "AdaptiveSpanModel",
+    "AdaptiveSpanOriginalConfig",
+    "AdaptiveSpanOriginalForCausalLM",
+    "AdaptiveSpanOriginalModel",
+    "AdaptiveSpanOriginalPreTrainedModel",
     "AdaptiveSpanPreTrainedModel",
     "GTrXLConfig",
     "GTrXLForCausalLM",
@@ -165,6 +181,7 @@ __all__ = [
     "ShawForSequenceClassification",
     "ShawModel",
     "ShawPreTrainedModel",
+    "SpanCache",
     "SparseTransformerConfig",
     "SparseTransformerForCausalLM",
     "SparseTransformerForSequenceClassification",
@@ -176,6 +193,7 @@ __all__ = [
     "TransfoXLLMHeadModel",
     "TransfoXLModel",
     "TransfoXLPreTrainedModel",
+    "TransfoXLTokenizer",
     "TxvReformerCache",
     "TxvReformerConfig",
     "TxvReformerForCausalLM",

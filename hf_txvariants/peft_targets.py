@@ -14,6 +14,7 @@ LORA_TARGET_MODULES = {
     "transfo-xl": ["qkv_net", "o_net"],  # the XL family computes q, k, v with one fused projection
     "txv_gtrxl": ["qkv_net", "o_net"],
     "txv_adaptive_span": ["qkv_net", "o_net"],
+    "txv_adaptive_span_original": ["proj_query", "proj_val"],
     "txv_vanilla": ["q_proj", "v_proj"],
     "txv_shaw": ["q_proj", "v_proj"],
     "txv_r_transformer": ["q_proj", "v_proj"],

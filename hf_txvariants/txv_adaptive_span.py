@@ -20,7 +20,9 @@ after an optimiser step, like the original `clamp_param`.
 The dynamic variant computes the span from the query's input, z_t = S * sigmoid(v . x_t + b), one per head.
 
 Trimming: a key at distance x >= ceil(z_max) + R has weight exactly 0, so keys farther than `required_keys()` are
-dropped before attention (and memory older than that is not kept), which is what makes a short span cheap.
+dropped before attention (and memory older than that is not kept), which is what makes a short span cheap. The
+original code trims in steps of 64 positions (`original_trim_length`, `original_cache_length`), which the
+`txv_adaptive_span_original` model reproduces.
 """
 
 from __future__ import annotations
@@ -42,6 +44,23 @@ def span_attention_bias(distances: torch.Tensor, spans: torch.Tensor, ramp: int,
     minimum = torch.finfo(dtype).min
     log_mask = torch.log(mask.clamp(min=torch.finfo(torch.float32).tiny))
     return log_mask.masked_fill(mask <= 0, minimum).to(dtype)
+
+
+# The original code trims keys and memory in steps of this many positions ("too fine granularity might be bad for the
+# memory management", adaptive_span.py `get_trim_len`), and keeps one step more memory than the spans need.
+ORIGINAL_TRIM_STEP = 64
+
+
+def original_trim_length(required_keys: int, max_span: int, step: int = ORIGINAL_TRIM_STEP) -> int:
+    """How many of the S farthest positions the original code drops before attention (`get_trim_len`):
+    S - required_keys rounded down to a multiple of `step`, and always fewer than S."""
+    return (min(max_span - 1, max_span - required_keys) // step) * step
+
+
+def original_cache_length(trim_length: int, max_span: int, step: int = ORIGINAL_TRIM_STEP) -> int:
+    """How many past positions the original code keeps with `adapt_span_cache` (`get_cache_size`): what the attended
+    span needs plus one trimming step, since the spans may grow before the next block; at most S."""
+    return min(max_span, max_span - trim_length + step)
 
 
 def check_span_fields(config):
@@ -127,4 +146,12 @@ class AdaptiveSpan(nn.Module):
             self.current_val.clamp_(0.0, 1.0)
 
 
-__all__ = ["AdaptiveSpan", "check_span_fields", "soft_span_mask", "span_attention_bias"]
+__all__ = [
+    "ORIGINAL_TRIM_STEP",
+    "AdaptiveSpan",
+    "check_span_fields",
+    "original_cache_length",
+    "original_trim_length",
+    "soft_span_mask",
+    "span_attention_bias",
+]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import warnings
 
 import transformers
-from packaging.version import Version
 from transformers.utils import generic as _generic
 
 # The releases CI tests (`.ci/run`): keep in step with pyproject.toml and the README.
@@ -31,11 +31,19 @@ CACHE_NAMES = ("cache", "past_key_values", "cache_params")
 CACHE_OUTPUT_KEYS = ["cache", "past_key_values"]
 
 
+def _release(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a version string such as "5.24.0" or "5.25.0.dev0"."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if match is None:
+        raise ValueError(f"not a transformers version: {version!r}")
+    return tuple(int(part or 0) for part in match.groups())
+
+
 def check_transformers_version(version: str | None = None) -> bool:
     """Warns once (a `UserWarning` naming the supported range) when the installed transformers is outside the
     releases this plugin is tested on; returns whether it is inside."""
     version = version or transformers.__version__
-    inside = Version(OLDEST_SUPPORTED_TRANSFORMERS) <= Version(version) < Version(FIRST_UNSUPPORTED_TRANSFORMERS)
+    inside = _release(OLDEST_SUPPORTED_TRANSFORMERS) <= _release(version) < _release(FIRST_UNSUPPORTED_TRANSFORMERS)
     if not inside:
         warnings.warn(
             f"hf_txvariants is tested with transformers >={OLDEST_SUPPORTED_TRANSFORMERS},"
@@ -67,6 +75,10 @@ def accepts_cache_names(function):
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         if any(name in kwargs for name in CACHE_NAMES[1:]):
+            if CACHE_NAME == "cache":  # as transformers' own models do from 5.24 on
+                old = next(name for name in CACHE_NAMES[1:] if name in kwargs)
+                warnings.warn(f"`{old}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
+                              FutureWarning, stacklevel=2)
             kwargs["cache"] = pop_cache(kwargs)
         return function(*args, **kwargs)
 

@@ -186,11 +186,11 @@ def test_a_foreign_memory_is_a_clear_error(case):
                                       d_model=16, n_layer=2, n_head=2, mem_len=4))
     reader = build_model(build_config("transfo-xl", 20, d_model=16, n_layer=3 if "depth" in case else 2, n_head=2,
                                       mem_len=4))
-    memory = writer(input_ids=torch.ones(2, 5, dtype=torch.long), use_cache=True).past_key_values
+    memory = writer(input_ids=torch.ones(2, 5, dtype=torch.long), use_cache=True).cache
     rows = 3 if "batch" in case else 2
     with pytest.raises(ValueError) as error, torch.no_grad():
-        reader(input_ids=torch.ones(rows, 5, dtype=torch.long), past_key_values=memory)
-    _assert_clear(error.value, "past_key_values")
+        reader(input_ids=torch.ones(rows, 5, dtype=torch.long), cache=memory)
+    _assert_clear(error.value, "the cache")
 
 
 # ------------------------------------------------------------------------------------------------ generate

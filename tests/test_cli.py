@@ -15,7 +15,7 @@ def _subparser(name):
     return action.choices[name]
 
 
-@pytest.mark.parametrize("command", ["demo", "train", "eval", "push", "convert"])
+@pytest.mark.parametrize("command", ["demo", "train", "eval", "push", "convert", "upgrade-legacy"])
 def test_every_flag_has_help(command):
     parser = _subparser(command)
     undocumented = [a.option_strings for a in parser._actions if a.option_strings and not (a.help or "").strip()]

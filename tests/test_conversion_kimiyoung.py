@@ -367,14 +367,20 @@ def _rewrite_torch_zip(path, out, edit_pickle=lambda data: data, compress=zipfil
 
 
 def test_safe_pickle_refuses_huge_allocations(tmp_path):
-    """bytes(10**13) from an allow-listed constructor is refused before anything is allocated; a huge memo index
-    costs nothing (the pure-Python unpickler's memo is a dict)."""
+    """bytes(10**13) from an allow-listed constructor is refused before anything is allocated; so is a memo index
+    far beyond the pickle's size (the C unpickler's memo is an array that long) and a string longer than the file."""
     path = tmp_path / "huge.pkl"
     path.write_bytes(pickle.dumps(_HugeBytes(), protocol=2))
     with pytest.raises(UnsafePickleError, match=r"refusing bytes\(10000000000000\)"):
         load_plain_pickle(path)
     path.write_bytes(b"\x80\x02N\x72\xff\xff\xff\x7f.")  # LONG_BINPUT 2**31 - 1
+    with pytest.raises(UnsafePickleError, match="memo index of 2147483647"):
+        load_plain_pickle(path)
+    path.write_bytes(b"\x80\x02Nq\x00.")  # the same with BINPUT 0: read
     assert load_plain_pickle(path) is None
+    path.write_bytes(b"\x80\x02X\xff\xff\xff\x7fab.")  # BINUNICODE of 2**31 - 1 bytes in a 12-byte file
+    with pytest.raises(UnsafePickleError, match="longer than what is left"):
+        load_plain_pickle(path)
 
 
 def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
@@ -394,3 +400,23 @@ def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
     deflated = _rewrite_torch_zip(good, tmp_path / "deflated.pt", compress=zipfile.ZIP_DEFLATED)
     with pytest.raises(UnsafePickleError, match="compressed"):
         load_torch_file(deflated, classes={})
+
+
+def test_opcode_scan_refuses_before_the_unpickler_runs(tmp_path):
+    """scan_pickle walks every opcode first: what the C unpickler would turn into a large allocation, the extension
+    registry and a pickle without STOP are refused with one error naming the file."""
+    path = tmp_path / "x.pkl"
+    cases = {
+        b"\x80\x04\x95\xff\xff\xff\xff\x00\x00\x00\x00N.": "a frame of 4294967295",  # FRAME longer than the file
+        b"\x80\x02\x8e" + (2**40).to_bytes(8, "little") + b".": "longer than what is left",  # BINBYTES8
+        b"\x80\x02\x82\x01.": "refusing opcode EXT1",
+        b"\x80\x02p99999999999\nN.": "memo index of 99999999999",  # text PUT
+        b"\x80\x02N": "ends before its STOP",
+        b"\x80\x02\xff.": "unknown pickle opcode 0xff",
+    }
+    for data, message in cases.items():
+        path.write_bytes(data)
+        with pytest.raises(UnsafePickleError, match=rf"{path}: .*{message}"):
+            load_plain_pickle(path)
+    path.write_bytes(pickle.dumps({"a": [1, 2.5, "x" * 300, b"y" * 70000, None, True]}, protocol=4))
+    assert load_plain_pickle(path, encoding="utf-8") == {"a": [1, 2.5, "x" * 300, b"y" * 70000, None, True]}

@@ -1,9 +1,9 @@
 """The import rules of DESIGN.md, checked statically (no import is run):
 
 * the shared blocks `txv_*.py` never import a variant's file (configuration_* / modeling_*);
-* configuration_* / modeling_* files (and the txv_* blocks: all of them ship in a Hub repo's remote-code payload)
+* configuration_* / modeling_* / tokenization_* files (and the txv_* blocks: all of them ship in a Hub repo's remote-code payload)
   import only `.txv_*` blocks, their own configuration, transformers (and its huggingface_hub), torch and the
-  standard library: never `..`, never `hf_txvariants`, never the training / hub / cli / metrics subpackages;
+  standard library (a tokenizer also its tokenization library, sacremoses): never `..`, never `hf_txvariants`, never the training / hub / cli / metrics subpackages;
 * nothing in the package imports the repository's `conversion` folder (the wheel installs it as
   `hf_txvariants.converters`, reached only by `txv convert`)."""
 
@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_txvariants"
-PAYLOAD = sorted(p for p in PACKAGE.glob("*.py") if p.name.startswith(("txv_", "configuration_", "modeling_")))
+PAYLOAD = sorted(p for p in PACKAGE.glob("*.py")
+                 if p.name.startswith(("txv_", "configuration_", "modeling_", "tokenization_")))
 # huggingface_hub: transformers 5 configs use its `strict` dataclasses (a dependency of transformers itself)
 THIRD_PARTY_ALLOWED = {"transformers", "torch", "huggingface_hub"}
+# a tokenizer may also use its tokenization library (Transformer-XL's: the Moses tokenizer)
+TOKENIZER_LIBRARIES = {"sacremoses"}
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -38,7 +41,8 @@ def payload_violations(path: Path) -> list[str]:
     for level, module in imports(path):
         top = module.split(".")[0]
         if level == 0:
-            if top not in THIRD_PARTY_ALLOWED and top not in sys.stdlib_module_names:
+            allowed = THIRD_PARTY_ALLOWED | (TOKENIZER_LIBRARIES if path.name.startswith("tokenization_") else set())
+            if top not in allowed and top not in sys.stdlib_module_names:
                 bad.append(f"import {module}")
         elif level > 1:
             bad.append(f"from {'.' * level}{module} import ...")

@@ -237,8 +237,8 @@ def test_bad_input_names_the_tensor():
     model = build()
     with pytest.raises(ValueError, match="input_ids"):
         model(torch.tensor([[1, 99]]))
-    with pytest.raises(ValueError, match="past_key_values"):
-        model(torch.tensor([[1, 2]]), past_key_values=object())
+    with pytest.raises(ValueError, match="the cache must be the MemoryCache"):
+        model(torch.tensor([[1, 2]]), cache=object())
     with pytest.raises(ValueError, match="attention_mask"):
         model(torch.tensor([[1, 2]]), attention_mask=torch.ones(2, 2))
 

@@ -21,7 +21,7 @@ class _Rows(RowStateCache):
 def test_check_batch_reads_the_first_cached_tensor_and_names_both_sizes():
     cache = _Rows(empty=None, per_layer=[None, torch.zeros(3, 2)], other=torch.zeros(3))
     cache.check_batch(3)
-    with pytest.raises(ValueError, match="past_key_values holds batch size 3, but the input has batch size 2"):
+    with pytest.raises(ValueError, match="the cache holds batch size 3, but the input has batch size 2"):
         cache.check_batch(2)
 
 

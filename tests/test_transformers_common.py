@@ -370,6 +370,12 @@ class TestAdaptiveSpanCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.
     }
 
 
+class TestAdaptiveSpanOriginalCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
+    model_type = "txv_adaptive_span_original"
+    all_model_classes = (txv.AdaptiveSpanOriginalModel, txv.AdaptiveSpanOriginalForCausalLM)
+    has_attentions = False  # a query's weights cover its own window of previous positions: output_attentions refused
+
+
 _SPARSE_LEFT_PADDING = (
     "left padding is refused with a ValueError: the pattern counts positions from the first column, so a "
     "left-padded row would silently differ from the row alone (right padding is tested)"

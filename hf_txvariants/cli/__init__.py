@@ -1,4 +1,5 @@
-"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`, `txv refresh-code`.
+"""The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`, `txv refresh-code`,
+`txv upgrade-legacy`.
 
 Every expected failure (a bad argument, a missing, corrupt or unsafe file, an offline Hub, a bad number) ends with one
 line `txv: error: <what and where>` and exit status 2; `--debug` (anywhere on the line) shows the traceback instead."""
@@ -147,6 +148,12 @@ def _demo(args):
     run(args)
 
 
+def _upgrade_legacy(args):
+    from .upgrade_legacy import run
+
+    run(args)
+
+
 def _convert(args):
     from .convert import run
 
@@ -232,9 +239,17 @@ def build_parser():
     push.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
     push.set_defaults(func=_push)
 
+    from .upgrade_legacy import add_arguments as add_upgrade_arguments
+
+    upgrade = sub.add_parser("upgrade-legacy", help="rewrite a Transformer-XL folder saved by transformers 4.x "
+                                                    "without pickles (vocab.json, safetensors, remote code)")
+    add_upgrade_arguments(upgrade)
+    upgrade.set_defaults(func=_upgrade_legacy)
+
     from .convert import CONVERTERS
 
-    convert = sub.add_parser("convert", help="convert an original checkpoint (kimiyoung/transformer-xl), or "
+    convert = sub.add_parser("convert", help="convert an original checkpoint (kimiyoung/transformer-xl, "
+                                             "facebookresearch/adaptive-span), or "
                                              "evaluate a converted one; `txv convert NAME --help`", add_help=True)
     convert.add_argument("converter", choices=sorted(CONVERTERS), help="which converter")
     convert.add_argument("converter_args", nargs=argparse.REMAINDER, help="the converter's own flags")

@@ -13,6 +13,8 @@ CONVERTERS = {
     "kimiyoung-tf": "kimiyoung_tf",
     "kimiyoung-pytorch": "kimiyoung_pytorch",
     "evaluate": "evaluate",
+    "adaptive-span": "adaptive_span",
+    "evaluate-adaptive-span": "evaluate_adaptive_span",
 }
 
 
