@@ -33,7 +33,7 @@ from .txv_compat import accepts_cache_names, cache_field
 from .txv_attention import additive_mask
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin
-from .txv_inputs import check_token_ids
+from .txv_inputs import check_right_padding, check_token_ids
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_pretrained import TxvModelMixin
 from .txv_patterns import AttentionPattern, Local1D, Local2D, PatternSelfAttention, to_block_raster
@@ -219,8 +219,9 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
     ) -> BaseModelOutputWithPast:
         """input_ids: `[batch, <= 1 + positions]` in generation order, start token first (with `cache`,
         the positions after the cached ones). class_labels: `[batch]` (required when `num_classes > 0`).
-        attention_mask: `[batch, length]` or, with a cache, `[batch, past + length]`. `use_cache` returns the keys and
-        values of every layer in a `DynamicCache` (`cache`). encoder_hidden_states: the encoded
+        attention_mask: `[batch, length]` or, with a cache, `[batch, past + length]`; positions (and the local
+        pattern) count from the first column, so padding must end a row: left padding is refused. `use_cache` returns
+        the keys and values of every layer in a `DynamicCache` (`cache`). encoder_hidden_states: the encoded
         low-resolution image (`ImageTransformerForSuperResolution`), attended to by every layer, through the additive
         `encoder_attention_mask` `[1, 1, length, encoder positions]` when given."""
         config = self.config
@@ -245,6 +246,7 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
             # An all-ones mask masks nothing: skip it (when tracing, keep it: the check depends on the values).
             if torch.compiler.is_compiling() or not bool(attention_mask.all()):
                 key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
+                check_right_padding(key_padding_mask, "Image Transformer")
 
         def call_layer(_, layer, hidden_states):
             return layer(

@@ -18,7 +18,6 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.utils.import_utils import is_tracing
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import can_return_tuple
 
@@ -26,7 +25,7 @@ from .configuration_sparse_transformer import SparseTransformerConfig
 from .txv_compat import accepts_cache_names, cache_field
 from .txv_attention import all_tokens_real
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
-from .txv_inputs import embed_inputs
+from .txv_inputs import check_right_padding, embed_inputs
 from .txv_mha import cache_past_length
 from .txv_pretrained import TxvModelMixin
 from .txv_transformer_stack import run_layers
@@ -49,19 +48,6 @@ def layer_patterns(config: SparseTransformerConfig) -> list:
     if config.pattern_mode == "per_head":
         return [PerHead(tuple(factors))] * config.num_hidden_layers
     return [factors[i % len(factors)] for i in range(config.num_hidden_layers)]
-
-
-def check_right_padding(key_padding_mask: torch.Tensor) -> None:
-    """Refuses padding that is not at the end of its row (skipped while tracing: a check on tensor values)."""
-    if is_tracing(key_padding_mask):
-        return
-    if not torch.equal(key_padding_mask, key_padding_mask.cummin(dim=1).values):
-        raise ValueError(
-            "attention_mask: the Sparse Transformer counts positions (and its pattern) from the first column, so "
-            "padding must come at the end of a row; a left-padded row, or one continuing after padding (batched "
-            "generate of prompts of different lengths), would silently differ from the row alone. Pad on the right, "
-            "or generate rows of different lengths one at a time."
-        )
 
 
 class SparseTransformerMLP(nn.Module):
@@ -188,7 +174,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
                 )
             if not all_tokens_real(attention_mask):
                 key_padding_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
-                check_right_padding(key_padding_mask)
+                check_right_padding(key_padding_mask, "Sparse Transformer")
         positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
         hidden_states = self.dropout(inputs_embeds + self.position_embeddings(positions)[None])
         cache = cache if use_cache else None

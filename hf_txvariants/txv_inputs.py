@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from transformers.utils.import_utils import is_tracing
 
 
 def check_token_ids(token_ids: torch.Tensor, vocab_size: int, name: str = "input_ids", field: str = "vocab_size"):
@@ -26,6 +27,20 @@ def check_not_empty(shape, name: str = "input_ids"):
     """A batch of sequences needs at least one row and one position: `(2, 0)` input is refused, naming it."""
     if len(shape) >= 2 and (shape[0] == 0 or shape[1] == 0):
         raise ValueError(f"{name} is empty (shape {tuple(shape)}): every batch needs at least one row and one token")
+
+
+def check_right_padding(key_padding_mask: torch.Tensor, model_name: str) -> None:
+    """Refuses a `[batch, positions]` mask (True = real) with padding before a real token, for a model that counts
+    positions (and its attention pattern) from the first column (skipped while tracing: a check on tensor values)."""
+    if is_tracing(key_padding_mask):
+        return
+    if not torch.equal(key_padding_mask, key_padding_mask.cummin(dim=1).values):
+        raise ValueError(
+            f"attention_mask: the {model_name} counts positions (and its pattern) from the first column, so "
+            "padding must come at the end of a row; a left-padded row, or one continuing after padding (batched "
+            "generate of prompts of different lengths), would silently differ from the row alone. Pad on the right, "
+            "or generate rows of different lengths one at a time."
+        )
 
 
 def embed_inputs(

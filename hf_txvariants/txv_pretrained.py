@@ -64,19 +64,21 @@ def write_code_payload(config_class, model_class, folder: str | os.PathLike) -> 
     for source in (config_file, modeling_file):
         code_files.update(get_relative_import_files(source))
     for source in sorted(code_files):
-        _replace_file(folder / Path(source).name, Path(source).read_bytes())
+        atomic_write_bytes(folder / Path(source).name, Path(source).read_bytes())
     modeling_module = Path(modeling_file).stem
     auto_map = {"AutoConfig": f"{Path(config_file).stem}.{config_class.__name__}"}
     auto_map.update({auto: f"{modeling_module}.{name}" for auto, name in model_class.auto_classes.items()})
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = auto_map
-    _replace_file(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     return sorted(Path(source).name for source in code_files) + ["config.json"]
 
 
-def _replace_file(path: Path, content: bytes):
-    """Writes `content` to `path` through a temporary file in the same folder and an atomic rename."""
+def atomic_write_bytes(path: str | os.PathLike, content: bytes):
+    """Writes `content` to `path` through a temporary file in the same folder and an atomic rename (the one
+    atomic-file helper of the project, as `atomic_directory` is for folders)."""
+    path = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as file:
@@ -98,6 +100,80 @@ def init_standard_weights(module: nn.Module, std: float):
     elif isinstance(module, nn.LayerNorm):
         init.ones_(module.weight)
         init.zeros_(module.bias)
+
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file (name -> dtype, shape, data_offsets), checked against the file's size;
+    a ValueError says what is wrong (read here, as the format defines it: 8 bytes of little-endian header length,
+    then the header)."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{size} bytes, shorter than the 8-byte header length")
+        length = int.from_bytes(prefix, "little")
+        if length > size - 8:
+            raise ValueError(f"a header of {length} bytes in a file of {size}")
+        try:
+            header = json.loads(file.read(length))
+        except ValueError:
+            raise ValueError("the header is not JSON") from None
+    end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    if 8 + length + end > size:
+        raise ValueError(f"the tensors need {8 + length + end} bytes, the file has {size}")
+    return header
+
+
+def explain_loading_error(model_class, source, error: Exception) -> Exception | None:
+    """An error naming the file or the config field for what `from_pretrained` of a local folder reports in library
+    terms, or None: a safetensors file that is truncated or has an absurd header ("Error while deserializing header"),
+    and a config.json whose sizes are not the weights' (transformers: "You set `ignore_mismatched_sizes` to `False`
+    ... look at the above report")."""
+    folder = Path(source) if isinstance(source, (str, os.PathLike)) and Path(source).is_dir() else None
+    if folder is None:
+        return None
+    weight_files = sorted(folder.glob("*.safetensors"))
+    if type(error).__name__ == "SafetensorError":
+        for path in weight_files:
+            try:
+                safetensors_header(path)
+            except ValueError as reason:
+                return OSError(f"{path} cannot be read ({reason}; safetensors: {str(error).splitlines()[0]}): the "
+                               "weights file is truncated or damaged")
+        return None
+    if not (isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error)):
+        return None
+    import torch
+
+    config = model_class.config_class.from_pretrained(folder)
+    with torch.device("meta"):
+        expected = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}
+    stored = json.loads((folder / "config.json").read_text())
+    prefix = model_class.base_model_prefix + "."
+    mismatches = []
+    for path in weight_files:
+        for key, entry in safetensors_header(path).items():
+            model_key = next((k for k in (key, prefix + key, key.removeprefix(prefix)) if k in expected), None)
+            shape = tuple(entry["shape"]) if key != "__metadata__" else None
+            if model_key is not None and shape != expected[model_key]:
+                mismatches.append((path.name, key, shape, expected[model_key]))
+    if not mismatches:
+        return None
+
+    def fields_of(shape, wanted):  # the config's integer fields equal to a size that differs
+        sizes = {value for got, value in zip(shape, wanted) if got != value} or set(wanted)
+        return sorted(field for field, value in config.to_dict().items()
+                      if type(value) is int and value in sizes and not field.endswith("_id"))
+
+    # the first tensor whose size is a config field (others are derived: vocab_size minus a cutoff, ...)
+    name, key, shape, wanted = next((m for m in mismatches if fields_of(m[2], m[3])), mismatches[0])
+    fields = fields_of(shape, wanted)
+    said = [f"{field} = {getattr(config, field)}" + ("" if field in stored else " (not in config.json: the default)")
+            for field in fields]
+    return ValueError(
+        f"{folder / 'config.json'} does not match the weights in {name}: {key} is {list(shape)} there, "
+        f"{list(wanted)} from the config" + (f" ({', '.join(said)})" if said else "")
+        + f"; {len(mismatches)} tensor(s) differ. Fix config.json or use the config saved with these weights.")
 
 
 class TxvModelMixin:
@@ -132,13 +208,19 @@ class TxvModelMixin:
         if kwargs.get("weights_only") is False:
             raise ValueError("weights_only=False is refused: hf_txvariants never executes pickled code from a file")
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        try:
+            model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        except Exception as error:
+            explained = explain_loading_error(cls, source, error)
+            if explained is None:
+                raise
+            raise explained from None
         if strict_weights:
             is_head = lambda key: any(re.search(pattern, key) for pattern in cls.head_key_patterns)  # noqa: E731
             missing = sorted(k for k in info["missing_keys"] if not is_head(k))
             unexpected = sorted(k for k in info["unexpected_keys"] if not is_head(k))
             if missing or unexpected:
-                source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
                 raise ValueError(
                     f"The checkpoint {source} does not match {cls.__name__} built from its config: "
                     f"missing tensors {missing or 'none'}; unexpected tensors {unexpected or 'none'}. "

@@ -281,6 +281,12 @@ def biased_attention_with_bias_gradient(
     functions do."""
     batch, heads, query_length, head_dim = query.shape
     key_length = key.shape[2]
+    # an in-place product is not cast by autocast, and the operands may differ (under autocast the query is float32
+    # after adding the float32 u bias, the keys are the autocast dtype): all in the dtype autocast gives a baddbmm
+    compute_dtype = product_dtype(query, key)
+    query, key, value = query.to(compute_dtype), key.to(compute_dtype), value.to(compute_dtype)
+    if attention_mask.dtype != compute_dtype:  # float32's finfo.min would become -inf in float16: clamp first
+        attention_mask = attention_mask.clamp(min=torch.finfo(compute_dtype).min).to(compute_dtype)
     scores = attention_mask.expand(batch, heads, query_length, key_length)
     if not scores.is_contiguous():  # broadcast or strided: a copy (contiguous: the block's own sum, used in place)
         scores = scores.contiguous()
@@ -291,6 +297,18 @@ def biased_attention_with_bias_gradient(
     weights = nn.functional.softmax(scores.view(batch, heads, query_length, key_length), dim=-1, dtype=torch.float32)
     weights = nn.functional.dropout(weights.to(query.dtype), p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2), None
+
+
+def product_dtype(*operands: torch.Tensor) -> torch.dtype:
+    """The dtype of a matrix product of `operands` as the caller would get it from an out-of-place op: the autocast
+    dtype when autocast is on for their device (a float product is cast to it), else their promoted dtype."""
+    device_type = operands[0].device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    dtype = operands[0].dtype
+    for operand in operands[1:]:
+        dtype = torch.promote_types(dtype, operand.dtype)
+    return dtype
 
 
 def query_blocks(query_length: int, key_length: int, key_window: int | None, block_size: int) -> list[tuple]:

@@ -490,3 +490,46 @@ def test_the_run_has_at_least_100_bad_inputs():
     cases = (len(list(_config_cases())) + len(FORWARD_CASES) * len(TEXT_VARIANTS) + 2 * len(TEXT_VARIANTS)
              + 3 * 3 + 3 + 2 * len(MODEL_BREAKS) + len(TRAIN_CASES) + len(EVAL_CASES) + 5 + 2 + len(CONVERSION_CASES))
     assert cases >= 100, cases
+
+
+@pytest.mark.parametrize("model_type", ["txv_gtrxl", "transfo-xl"])
+def test_from_pretrained_names_a_damaged_weights_file_or_the_config_field(tmp_path, model_type):
+    """Issue 24: a truncated model.safetensors or one with an absurd header length (safetensors: "Error while
+    deserializing header"), and a config.json whose sizes are not the weights' (transformers: "You set
+    `ignore_mismatched_sizes` to `False` ... look at the above report"): one error naming the file and the field."""
+    import shutil
+
+    from tiny_configs import model_class, tiny_config
+    from transformers import AutoModelForCausalLM
+
+    good = tmp_path / "good"
+    model_class(model_type, "AutoModelForCausalLM")(tiny_config(model_type)).save_pretrained(good)
+
+    def damaged(name, change):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        change(folder)
+        return folder
+
+    def set_config(field, value):
+        def change(folder):
+            config = json.loads((folder / "config.json").read_text())
+            config.pop(field) if value is None else config.__setitem__(field, value)
+            (folder / "config.json").write_text(json.dumps(config))
+        return change
+
+    weights = "model.safetensors"
+    truncated = damaged("truncated", lambda f: (f / weights).write_bytes((f / weights).read_bytes()[:500]))
+    absurd = damaged("absurd", lambda f: (f / weights).write_bytes((10**15).to_bytes(8, "little")
+                                                                  + (f / weights).read_bytes()[8:]))
+    for folder in (truncated, absurd):
+        with pytest.raises(OSError, match=f"{folder / weights} cannot be read .*truncated or damaged"):
+            AutoModelForCausalLM.from_pretrained(folder)
+    vocab = damaged("vocab", set_config("vocab_size", 57))
+    # (Transformer-XL's adaptive softmax has no tensor of vocab_size rows: its last cluster's size is reported)
+    named = r" \(vocab_size = 57\)" if model_type == "txv_gtrxl" else r" is \[\d+\] there, \[\d+\] from the config"
+    with pytest.raises(ValueError, match=r"config.json does not match the weights in model.safetensors: .*" + named):
+        AutoModelForCausalLM.from_pretrained(vocab)
+    no_hidden = damaged("no-hidden", set_config("hidden_size", None))
+    with pytest.raises(ValueError, match=r"hidden_size = \d+ \(not in config.json: the default\)"):
+        AutoModelForCausalLM.from_pretrained(no_hidden)

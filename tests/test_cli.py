@@ -47,3 +47,36 @@ def test_convert_evaluate_names_a_bad_ids_file(tmp_path, capsys):
     assert main(["convert", "evaluate", "--model", str(saved), "--ids", str(ids), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "ids.txt" in err and "'three'" in err
+
+
+def test_the_launcher_table_is_the_full_cli():
+    """`txv --help` (answered by the launcher) lists exactly the commands the full command line has, with their help."""
+    from hf_txvariants_launcher import COMMANDS
+
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(action.choices) == list(COMMANDS)
+    helps = {choice.dest: choice.help for choice in action._choices_actions}
+    assert helps == {name: help_text for name, (help_text, _) in COMMANDS.items()}
+
+
+@pytest.mark.parametrize(("argv", "status"), [(["--help"], 0), (["--version"], 0), (["bogus"], 2), ([], 2)])
+def test_help_version_and_a_bad_command_import_neither_torch_nor_the_models(argv, status):
+    """What makes `txv --help` answer at once (timed in benchmarks/bench_cli_startup.py): nothing heavy is imported."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, hf_txvariants_launcher as launcher\n"
+             f"try:\n    launcher.main({argv!r})\nexcept SystemExit as exit:\n    status = exit.code\n"
+             "heavy = [m for m in ('torch', 'transformers', 'hf_txvariants') if m in sys.modules]\n"
+             "print('STATUS', status, 'HEAVY', heavy)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == f"STATUS {status} HEAVY []", result.stdout + result.stderr
+    if status == 2:  # one line naming the problem, as every txv error
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("txv: error: ")
+
+
+def test_a_command_runs_through_the_full_cli(capsys):
+    from hf_txvariants_launcher import main as launcher
+
+    assert launcher(["eval"]) == 2
+    assert capsys.readouterr().err.strip() == "txv: error: txv eval: the following arguments are required: --model"

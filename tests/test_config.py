@@ -42,8 +42,12 @@ def _tiny(config_class, **overrides):
 
 
 # ------------------------------------------------------------------------------------------ unchanged by the bases
+# variants added after the record was made (they never had configs written out before the bases)
+NEWER_VARIANTS = {"txv_adaptive_span_original"}
+
+
 def test_every_variant_has_a_recorded_config():
-    assert sorted(CONFIG_CLASSES) == sorted(RECORDED)
+    assert sorted(set(CONFIG_CLASSES) - NEWER_VARIANTS) == sorted(RECORDED)
 
 
 @pytest.mark.parametrize("model_type", sorted(RECORDED))
@@ -70,7 +74,7 @@ def test_every_name_accepted_before_is_still_accepted(model_type):
 def test_every_config_is_built_on_the_base():
     assert all(issubclass(c, TxvConfig) for c in CONFIG_CLASSES.values())
     transformer_like = [c for c in CONFIG_CLASSES.values() if issubclass(c, TxvTransformerConfig)]
-    assert len(transformer_like) == 9  # all but the ACT RNN (no attention) and the Reformer (transformers' names)
+    assert len(transformer_like) == 10  # all but the ACT RNN (no attention) and the Reformer (transformers' names)
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIG_CLASSES))

@@ -420,3 +420,24 @@ def test_opcode_scan_refuses_before_the_unpickler_runs(tmp_path):
             load_plain_pickle(path)
     path.write_bytes(pickle.dumps({"a": [1, 2.5, "x" * 300, b"y" * 70000, None, True]}, protocol=4))
     assert load_plain_pickle(path, encoding="utf-8") == {"a": [1, 2.5, "x" * 300, b"y" * 70000, None, True]}
+
+
+def test_tf_convert_with_the_index_file_as_vocab_is_one_line_naming_it(tmp_path, capsys):
+    """`--vocab model.ckpt-0.index` (a TensorFlow file, not a pickle) and a truncated cache.pkl: one `error:` line
+    naming the file (a `KeyError: 0` traceback before, issue 24); nothing is written."""
+    import make_vocab_fixtures as mvf
+
+    prefix, info, _ = _tf("wt103")
+    words = ["<eos>"] + [f"w{i}" for i in range(38)] + ["<unk>"]
+    writer = mvf.Py2Writer()
+    writer.obj(mvf.Instance("vocabulary", "Vocab", mvf.vocab(words, special=["<eos>"], lower_case=False)))
+    truncated = tmp_path / "cache.pkl"
+    truncated.write_bytes(writer.finish()[:-2])
+    for vocab, expected in [(f"{prefix}.index", "unknown pickle opcode"), (str(truncated), "ends before its STOP")]:
+        out = tmp_path / "out"
+        assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--vocab", vocab, "--output", str(out),
+                         "--no-progress"]) == 2
+        err = capsys.readouterr().err  # (the inferred config is printed first)
+        last = err.strip().splitlines()[-1]
+        assert "Traceback" not in err and last.startswith("error: ") and vocab in last and expected in last, err
+        assert not out.exists()

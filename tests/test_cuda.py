@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_mixed_precision import PRECISIONS, VARIANTS, build, check_mixed_precision_training, loss_and_gradients
+from test_mixed_precision import (
+    PRECISIONS,
+    VARIANTS,
+    attention_cases,
+    build,
+    check_mixed_precision_training,
+    loss_and_gradients,
+)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -18,16 +25,18 @@ SDPA_VARIANTS = [name for name in VARIANTS if VARIANTS[name][0] != "txv_reformer
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_trains_in_mixed_precision_on_cuda(variant, precision):
-    check_mixed_precision_training(variant, precision, "cuda")
+@pytest.mark.parametrize(("variant", "attn_implementation"), attention_cases(VARIANTS))
+def test_trains_in_mixed_precision_on_cuda(variant, attn_implementation, precision):
+    check_mixed_precision_training(variant, precision, "cuda", attn_implementation=attn_implementation)
 
 
 @pytest.mark.parametrize("precision", ["autocast-bf16", "autocast-fp16"])
-def test_transfo_xl_wt103_style_div_val_4_under_autocast(precision):
+@pytest.mark.parametrize(("variant", "attn_implementation"), attention_cases(["transfo-xl div_val 2"]))
+def test_transfo_xl_wt103_style_div_val_4_under_autocast(variant, attn_implementation, precision):
     """The paper's wt103 head (div_val 4, three tail clusters) crashed in the adaptive input under autocast."""
     check_mixed_precision_training(
-        "transfo-xl div_val 2", precision, "cuda", vocab_size=80, cutoffs=[10, 20, 40], div_val=4, d_embed=64
+        variant, precision, "cuda", attn_implementation=attn_implementation,
+        vocab_size=80, cutoffs=[10, 20, 40], div_val=4, d_embed=64,
     )
 
 

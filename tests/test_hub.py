@@ -194,9 +194,16 @@ def test_txv_push_offline_is_one_clear_line(tiny, tmp_path, capsys, monkeypatch)
     from hf_txvariants.cli import main
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    capsys.readouterr()  # (save_pretrained's progress bar)
     assert main(["push", "--model", str(tmp_path / "model"), "--repo-id", "me/m"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "txv: error: cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)"
+    # a missing folder is named first, offline or not (issue 24: only the offline setting was reported)
+    assert main(["push", "--model", str(tmp_path / "missing"), "--repo-id", "me/m"]) == 2
+    assert capsys.readouterr().err.strip() == f"txv: error: model folder not found: {tmp_path / 'missing'}"
 
 
 def test_transformers_push_to_hub_uploads_the_remote_code_too(tiny):

@@ -1,6 +1,10 @@
 """Every variant's causal LM trains under mixed precision: a forward + backward under `torch.autocast` (bfloat16,
 float16) and with the model cast to bfloat16 gives a finite loss and finite gradients, close to the float32 run of
 the same weights within a tolerance that fits the dtype. Issue 12, item 1 (the GPU side: tests/test_cuda.py).
+
+Each case runs on the attention implementation a user gets by default (`from_config` without `attn_implementation`:
+sdpa wherever the variant supports it) and on eager where that differs (issue 24: the suite ran eager only while the
+default path crashed under autocast); the test id names the implementation, and `build` checks it is the one used.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import tiny_configs
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -78,6 +83,12 @@ VARIANTS = {
              memory_flange=[1, 4], **NO_DROPOUT),
         48,
     ),
+    "act_rnn": (
+        "txv_act_rnn",
+        dict(vocab_size=23, embedding_size=6, hidden_size=8, rnn_type="tanh", max_ponder_steps=5,
+             halting_bias_init=-1.0, dropout=0.0),
+        12,
+    ),
     "reformer": (
         "txv_reformer",
         dict(vocab_size=31, hidden_size=16, num_attention_heads=2, attention_head_size=8, feed_forward_size=24,
@@ -103,11 +114,20 @@ GRADIENT_TOLERANCE = {torch.bfloat16: 0.05, torch.float16: 0.01}
 # rows below are the regression test (txv_lsh now scores in float32).
 
 
-def build(name: str, device: str = "cpu", attn_implementation: str = "eager", **overrides):
+def attention_cases(names) -> list:
+    """`(variant, attn_implementation)` parameters for the named variants: the default (None), then eager where the
+    default is not eager."""
+    return tiny_configs.attention_cases({name: VARIANTS[name][0] for name in names})
+
+
+def build(name: str, device: str = "cpu", attn_implementation: str | None = None, **overrides):
+    """The variant's causal LM in train mode; `attn_implementation` None is what a user gets by default."""
     model_type, kwargs, length = VARIANTS[name]
     config = AutoConfig.for_model(model_type, **{**kwargs, **overrides})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation).train().to(device)
+    expected = attn_implementation or tiny_configs.default_attention(model_type)
+    assert model.config._attn_implementation == expected, (model.config._attn_implementation, expected)
     ids = torch.randint(0, config.vocab_size, (2, length), generator=torch.Generator().manual_seed(1))
     return model, ids.to(device)
 
@@ -149,6 +169,38 @@ def check_mixed_precision_training(variant: str, precision: str, device: str, **
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_trains_in_mixed_precision_close_to_float32(variant, precision):
-    check_mixed_precision_training(variant, precision, "cpu")
+@pytest.mark.parametrize(("variant", "attn_implementation"), attention_cases(VARIANTS))
+def test_trains_in_mixed_precision_close_to_float32(variant, attn_implementation, precision):
+    check_mixed_precision_training(variant, precision, "cpu", attn_implementation=attn_implementation)
+
+
+def without_dropout_overrides(kwargs: dict) -> dict:
+    """The config kwargs less the dropout settings this file pins to 0 (the variant's defaults then apply)."""
+    return {key: value for key, value in kwargs.items() if "drop" not in key}
+
+
+def has_default_dropout(variant: str) -> bool:
+    model_type, kwargs, _ = VARIANTS[variant]
+    config = AutoConfig.for_model(model_type, **without_dropout_overrides(kwargs))
+    return any(value for key, value in config.to_dict().items() if "drop" in key and isinstance(value, float))
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("variant", [name for name in VARIANTS if has_default_dropout(name)])
+def test_trains_in_mixed_precision_with_the_default_dropout(variant, precision):
+    """What a user runs: the default attention and the variant's default dropout (the comparison with float32 above
+    needs dropout off, since the masks differ between runs): a finite loss and finite gradients for every parameter
+    that gets one in float32. Variants whose default dropout is 0 are covered above."""
+    model_type, kwargs, length = VARIANTS[variant]
+    config = AutoConfig.for_model(model_type, **without_dropout_overrides(kwargs))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).train()
+    assert model.config._attn_implementation == tiny_configs.default_attention(model_type)
+    ids = torch.randint(0, config.vocab_size, (2, length), generator=torch.Generator().manual_seed(1))
+    _, reference_gradients = loss_and_gradients(model, ids)
+    how, dtype = PRECISIONS[precision]
+    loss, gradients = run_in_precision(copy.deepcopy(model), ids, how, dtype)
+    assert torch.isfinite(loss), f"{variant} {precision}: loss {loss}"
+    assert set(gradients) == set(reference_gradients)
+    not_finite = [name for name, g in gradients.items() if not torch.isfinite(g).all()]
+    assert not not_finite, f"{variant} {precision}: non-finite gradients in {not_finite}"

@@ -165,7 +165,8 @@ def test_reset_row_behaves_like_a_fresh_row():
         kept = model(inputs_embeds=embeds[:, 6:], cache=untouched).last_hidden_state
         fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
     torch.testing.assert_close(after_reset[1], fresh[0], atol=ATOL, rtol=0)
-    torch.testing.assert_close(after_reset[[0, 2]], kept[[0, 2]], atol=0, rtol=0)
+    # the other rows keep their memory: the same maths, though not the same kernel call (the reset adds a key mask)
+    torch.testing.assert_close(after_reset[[0, 2]], kept[[0, 2]], atol=ATOL, rtol=0)
     assert not torch.allclose(kept[1], fresh[0], atol=1e-3)
 
 
@@ -274,14 +275,21 @@ def test_rl_example_gtrxl_remembers_the_cue_and_the_baseline_cannot():
     assert baseline["success"] <= 0.7, baseline
 
 
-def test_reset_rows_by_default_is_exactly_a_fresh_start():
+def test_reset_rows_by_default_is_a_fresh_start_up_to_float_rounding():
     """RL: `reset_rows(done)` with no other argument (the memory's own memory_init, "empty" for GTrXL) makes the
-    reset row bit-for-bit a fresh row, and so does an episode start."""
+    reset row a fresh row, and so does an episode start.
+
+    Not bit for bit: the reset row's masked memory keys contribute exact zeros to the softmax, but the reset row is
+    computed over 5 + 4 keys in a batch of 3 and the fresh row over 4 keys alone, so the kernels sum in another order
+    (which one depends on the CPU: 5.7e-6 apart on an AMD EPYC, 0 where the test was written). float32 rounding of a
+    few such sums is ~1e-6 of values of order 1, hence ATOL (1e-5, as for a batch against its rows); the row that is
+    not reset shows what a leak of the memory looks like (more than 1e-3 away)."""
     model = build(mem_len=5, gate_bias=0.0, initializer_range=0.5)
     assert model.config.memory_init == "empty"
     embeds = observations(3, 10)
     with torch.no_grad():
         memory = model(inputs_embeds=embeds[:, :6]).past_key_values
+        kept = model(inputs_embeds=embeds[:, 6:], cache=memory.clone()).last_hidden_state
         memory.reset_rows(torch.tensor([False, True, False]))
         after_reset = model(inputs_embeds=embeds[:, 6:], cache=memory).last_hidden_state
         fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
@@ -289,8 +297,9 @@ def test_reset_rows_by_default_is_exactly_a_fresh_start():
         starts[1, 0] = True
         memory = model(inputs_embeds=embeds[:, :6]).past_key_values
         episode_start = model(inputs_embeds=embeds[:, 6:], cache=memory, episode_starts=starts)
-    torch.testing.assert_close(after_reset[1], fresh[0], atol=0, rtol=0)
-    torch.testing.assert_close(episode_start.last_hidden_state[1], fresh[0], atol=0, rtol=0)
+    assert not torch.allclose(kept[1], fresh[0], atol=1e-3)
+    torch.testing.assert_close(after_reset[1], fresh[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(episode_start.last_hidden_state[1], fresh[0], atol=ATOL, rtol=0)
 
 
 def test_final_layer_norm_normalises_what_the_lm_head_reads():

@@ -281,3 +281,23 @@ def test_png_writer_lives_outside_the_model_file():
 
     assert not hasattr(modeling, "save_png")
     assert "zlib" not in Path(modeling.__file__).read_text()
+
+
+def test_left_padding_is_refused():
+    """Positions (and the local blocks) count from the first column: a left-padded row, or one continuing after
+    padding as in batched generation, would silently differ from the row alone, so it is refused; right padding keeps
+    each row's outputs."""
+    model = _model()
+    ids = images_to_input_ids(_images(2, 7), model.config)[:, :12]
+    left = torch.ones_like(ids)
+    left[1, :3] = 0
+    with pytest.raises(ValueError, match="padding must come at the end of a row"):
+        model(ids, attention_mask=left)
+    with pytest.raises(ValueError, match="padding must come at the end of a row"):
+        model.generate(ids, attention_mask=left, max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
+    right = torch.ones_like(ids)
+    right[1, -3:] = 0
+    with torch.no_grad():
+        padded = model(ids, attention_mask=right).logits
+        alone = model(ids[1:, :-3]).logits
+    torch.testing.assert_close(padded[1:, :-3], alone)

@@ -335,3 +335,37 @@ def test_resume_refuses_an_unsafe_or_torn_rng_state(tmp_path, capsys):
     err = _error_line(capsys, ["train", "--output-dir", str(run), "--resume", "latest"] + flags)
     assert "random_states_0.pkl" in err
     assert max(_losses(run)) == 3  # nothing more was trained
+
+
+def test_resume_names_a_refused_missing_or_torn_file_and_falls_back(tmp_path, capsys, caplog):
+    """Issue 24: a resume uses every file of its checkpoint or says which it could not use. A refused (a pickle
+    that would run code: nothing runs), missing or torn file of the newest checkpoint: the warning names the file and
+    the run resumes from the checkpoint before; asked for by name, that checkpoint is an error naming the file."""
+    import pickle
+    import shutil
+
+    original = tmp_path / "original"
+    flags = _run_with_checkpoints(original, steps=6, crash_after=5)  # checkpoints at steps 2 and 4
+    state = json.loads((original / "checkpoints" / "step-4" / "run_state.json").read_text())
+    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "memory_rank0.pt"} <= set(state["files"])
+    damages = {
+        "optimizer.bin": ("refused", lambda path: path.write_bytes(pickle.dumps({"state": _Boom()}))),
+        "scheduler.bin": ("missing", lambda path: path.unlink()),
+        "memory_rank0.pt": ("refused", lambda path: path.write_bytes(pickle.dumps([_Boom()]))),
+        "model.safetensors": ("torn", lambda path: path.write_bytes(path.read_bytes()[:100])),
+    }
+    for name, (how, damage) in damages.items():
+        run = tmp_path / f"{how}-{name}"
+        shutil.copytree(original, run)
+        damage(run / "checkpoints" / "step-4" / name)
+        reason = {"refused": "refused by the weights-only loader", "missing": "is missing", "torn": "cannot be read"}
+        err = _error_line(capsys, ["train", "--output-dir", str(run), "--resume",
+                                   str(run / "checkpoints" / "step-4")] + flags)
+        assert "cannot resume from" in err and "step-4" in err and name in err and reason[how] in err, err
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            assert main(["train", "--output-dir", str(run), "--resume", "latest"] + flags) == 0
+        skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+        assert len(skipped) == 1 and name in skipped[0] and "step-2 instead" in skipped[0], (name, skipped)
+        assert reason[how] in skipped[0]
+    assert list(_losses(run)) == list(range(1, 7))  # the last run trained steps 3-6 again, from step 2

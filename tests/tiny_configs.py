@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 import hf_txvariants as txv
 
 TINY_CONFIGS = {
@@ -60,3 +62,22 @@ def model_class(model_type: str, auto_name: str):
     _, pretrained_class = txv.VARIANTS[model_type]
     class_name = pretrained_class.auto_classes.get(auto_name)
     return getattr(sys.modules[pretrained_class.__module__], class_name) if class_name else None
+
+
+def default_attention(model_type: str) -> str:
+    """What `from_config` / `from_pretrained` / the class itself choose without `attn_implementation`: sdpa where the
+    variant supports it, else eager."""
+    _, pretrained_class = txv.VARIANTS[model_type]
+    return "sdpa" if pretrained_class._supports_sdpa else "eager"
+
+
+def attention_cases(model_types: dict) -> list:
+    """pytest parameters `(name, attn_implementation)` for `{name: model_type}`: None (the default a user gets, named
+    in the test id), then "eager" where the default is not eager. Tests run what users run, and eager as well."""
+    cases = []
+    for name, model_type in model_types.items():
+        default = default_attention(model_type)
+        cases.append(pytest.param(name, None, id=f"{name}-{default}(default)"))
+        if default != "eager":
+            cases.append(pytest.param(name, "eager", id=f"{name}-eager"))
+    return cases

@@ -255,15 +255,26 @@ class TxvModelTesterMixin:
         torch.testing.assert_close(first_tensor(second), full[:, self.seq_length :], atol=ATOL, rtol=0)
 
     # ------------------------------------------------------------------------------------------------ generation
-    def test_generate_smoke(self):
+    @pytest.mark.parametrize("attention", ["default", "eager"])
+    def test_generate_smoke(self, attention):
+        """Greedy, sampled and beam generation on the attention implementation a user gets (the default), and on
+        eager where the variant has another: eager then generates the default's greedy tokens."""
         if self.causal_lm_class is None:
             pytest.skip("no causal LM head")
+        if attention == "eager" and not self.supports_sdpa:
+            pytest.skip("eager is the only attention this variant's default runs: the default case covers it")
         config = self.make_config()
         model = self.build(self.causal_lm_class, config)
         prompt = self.make_inputs(config, batch_size=2, seq_length=4)["input_ids"]
         kwargs = dict(max_new_tokens=3, pad_token_id=0, eos_token_id=None)
+        if attention == "eager":
+            default_greedy = model.generate(prompt, do_sample=False, **kwargs)
+            model.set_attn_implementation("eager")
+            assert model.config._attn_implementation == "eager"
         greedy = model.generate(prompt, do_sample=False, **kwargs)
         assert greedy.shape == (2, 7) and torch.equal(greedy[:, :4], prompt)
+        if attention == "eager":
+            assert torch.equal(greedy, default_greedy)
         sampled = model.generate(prompt, do_sample=True, top_k=5, **kwargs)
         assert sampled.shape == (2, 7)
         beams = model.generate(prompt, num_beams=2, do_sample=False, **kwargs)

@@ -7,20 +7,12 @@ line `txv: error: <what and where>` and exit status 2; `--debug` (anywhere on th
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
 
 from .errors import UsageError, run_guarded
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hf-txvariants")
-    except PackageNotFoundError:  # a checkout that was not installed
-        return "unknown (not installed)"
 
 
 def _int_at_least(low: int, what: str):
@@ -113,10 +105,13 @@ def _push(args):
     from ..hub import push_to_hub
     from ..training import load_model
 
-    if constants.HF_HUB_OFFLINE:
-        raise UsageError("cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)")
+    # what is wrong on this machine first (a missing folder or card), then whether the Hub can be reached
+    if not Path(args.model).is_dir():
+        raise UsageError(f"model folder not found: {args.model}")
     if args.card is not None and not Path(args.card).is_file():
         raise UsageError(f"model card not found: {args.card}")
+    if constants.HF_HUB_OFFLINE:
+        raise UsageError("cannot push to the Hub: HF_HUB_OFFLINE is set (unset it to upload)")
     model = load_model(args.model)
     tokenizer = _load_tokenizer(args.model)
     metrics = {}
@@ -142,24 +137,6 @@ def _refresh_code(args):
     print(f"{args.folder}: model code refreshed ({', '.join(written)}); weights untouched")
 
 
-def _demo(args):
-    from .demo import run
-
-    run(args)
-
-
-def _upgrade_legacy(args):
-    from .upgrade_legacy import run
-
-    run(args)
-
-
-def _convert(args):
-    from .convert import run
-
-    return run(args.converter, args.converter_args)  # the converter printed its own `error:` line
-
-
 class TxvParser(argparse.ArgumentParser):
     """argparse with `transformers.HfArgumentParser`'s dataclass support (used for `txv train`), whose usage errors
     become one `txv: error:` line like every other error."""
@@ -177,12 +154,12 @@ def _hf_parser_class():
     return TxvDataclassParser
 
 
-def _add_train_parser(sub):
+def add_train_parser(sub, name: str, help_text: str):
     from ..training.loop import TrainArgs
     from ..training.models import text_variant_names
 
     train = sub.add_parser(
-        "train", help="train a causal LM with Accelerate (works under `accelerate launch`) or Trainer (--trainer)",
+        name, help=help_text,
         description="Train a causal language model of any text variant. Every flag is a field of "
                     "hf_txvariants.training.TrainArgs.", dataclass_types=[TrainArgs])
     train.add_argument("--trainer", action="store_true",
@@ -190,25 +167,12 @@ def _add_train_parser(sub):
                             "of the Accelerate loop")
     # the registered text variants are known only once the package is imported, after TrainArgs was defined
     train._option_string_actions["--variant"].help = f"model variant, one of: {', '.join(text_variant_names())}"
+    train.set_defaults(func=_train)
     return train
 
 
-def build_parser():
-    hf_parser = _hf_parser_class()
-    parser = TxvParser(prog="txv", description="hf-txvariants: train, evaluate, share, convert, demo. "
-                                               "Add --debug anywhere to see a traceback on error.")
-    parser.add_argument("--version", action="version", version=f"txv (hf-txvariants) {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=hf_parser)
-    from .demo import add_arguments
-
-    demo = sub.add_parser("demo", help="Transformer-XL vs a same-size baseline without memory, on CPU")
-    add_arguments(demo)
-    demo.set_defaults(func=_demo)
-
-    _add_train_parser(sub).set_defaults(func=_train)
-
-    ev = sub.add_parser("eval", help="bits per token / perplexity of a saved model on a text",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_eval_parser(sub, name: str, help_text: str):
+    ev = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ev.add_argument("--model", required=True, help="saved model folder or Hub repo id")
     ev.add_argument("--data", help="text file / folder / saved dataset (default: the embedded corpus)")
     ev.add_argument("--text-column", default="text", help="column of a saved `datasets` folder that holds the text")
@@ -220,14 +184,18 @@ def build_parser():
                     help="score with a sliding window of this length instead (no memory)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_eval)
+    return ev
 
-    refresh = sub.add_parser("refresh-code", help="replace the model code a saved model folder carries with this "
-                             "plugin's (weights untouched), e.g. a folder saved before transformers 5.24 support")
+
+def add_refresh_code_parser(sub, name: str, help_text: str):
+    refresh = sub.add_parser(name, help=help_text)
     refresh.add_argument("folder", help="the saved model folder (its config.json names the variant)")
     refresh.set_defaults(func=_refresh_code)
+    return refresh
 
-    push = sub.add_parser("push", help="upload a saved model with its code and model card to the Hub",
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+def add_push_parser(sub, name: str, help_text: str):
+    push = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     push.add_argument("--model", required=True, help="saved model folder (with its tokenizer)")
     push.add_argument("--repo-id", required=True, help="Hub repo, e.g. user/transfo-xl-char")
     push.add_argument("--dataset", help="dataset name for the model card's metadata")
@@ -238,22 +206,19 @@ def build_parser():
     push.add_argument("--commit-message", default="Upload hf-txvariants model", help="commit message")
     push.add_argument("--create-pr", action="store_true", help="open a pull request instead of committing")
     push.set_defaults(func=_push)
+    return push
 
-    from .upgrade_legacy import add_arguments as add_upgrade_arguments
 
-    upgrade = sub.add_parser("upgrade-legacy", help="rewrite a Transformer-XL folder saved by transformers 4.x "
-                                                    "without pickles (vocab.json, safetensors, remote code)")
-    add_upgrade_arguments(upgrade)
-    upgrade.set_defaults(func=_upgrade_legacy)
+def build_parser():
+    """Every subcommand of the table `hf_txvariants_launcher.COMMANDS`, with all its flags."""
+    from hf_txvariants_launcher import COMMANDS, DESCRIPTION, add_version_argument
 
-    from .convert import CONVERTERS
-
-    convert = sub.add_parser("convert", help="convert an original checkpoint (kimiyoung/transformer-xl, "
-                                             "facebookresearch/adaptive-span), or "
-                                             "evaluate a converted one; `txv convert NAME --help`", add_help=True)
-    convert.add_argument("converter", choices=sorted(CONVERTERS), help="which converter")
-    convert.add_argument("converter_args", nargs=argparse.REMAINDER, help="the converter's own flags")
-    convert.set_defaults(func=_convert)
+    parser = TxvParser(prog="txv", description=DESCRIPTION)
+    add_version_argument(parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_hf_parser_class())
+    for name, (help_text, where) in COMMANDS.items():
+        module_name, function_name = where.split(":")
+        getattr(importlib.import_module(module_name), function_name)(sub, name, help_text)
     return parser
 
 

@@ -6,6 +6,7 @@ from a checkout, `python -m conversion.<name>` runs the very same files."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 
 # txv convert NAME -> module of conversion/ (installed as hf_txvariants.converters)
@@ -21,3 +22,13 @@ CONVERTERS = {
 def run(name: str, argv: list[str]) -> int:
     module = importlib.import_module(f"hf_txvariants.converters.{CONVERTERS[name]}")
     return module.main(list(argv), prog=f"txv convert {name}")
+
+
+def add_parser(sub, name: str, help_text: str):
+    """`txv convert NAME ...` (see hf_txvariants_launcher.COMMANDS)."""
+    convert = sub.add_parser(name, help=help_text, add_help=True)
+    convert.add_argument("converter", choices=sorted(CONVERTERS), help="which converter")
+    convert.add_argument("converter_args", nargs=argparse.REMAINDER, help="the converter's own flags")
+    # the converter prints its own `error:` line
+    convert.set_defaults(func=lambda args: run(args.converter, args.converter_args))
+    return convert

@@ -17,6 +17,14 @@ from pathlib import Path
 import torch
 
 
+def add_parser(sub, name: str, help_text: str):
+    """`txv demo` (see hf_txvariants_launcher.COMMANDS)."""
+    demo = sub.add_parser(name, help=help_text)
+    add_arguments(demo)
+    demo.set_defaults(func=run)
+    return demo
+
+
 def add_arguments(parser):
     parser.add_argument("--data", help="your text: a file, a folder of text files or a saved `datasets` folder "
                         "(default: the embedded corpus, Python standard-library docstrings)")

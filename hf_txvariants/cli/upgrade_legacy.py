@@ -18,6 +18,14 @@ REWRITTEN = {"vocab.pkl", "vocab.bin", "vocab.txt", "vocab.json", "added_tokens.
 CHECK_TEXT = "The 2nd state-of-the-art model, 23,000 words long (1.80 m tall), wasn't \"unknown\" to zyxwv."
 
 
+def add_parser(sub, name: str, help_text: str):
+    """`txv upgrade-legacy` (see hf_txvariants_launcher.COMMANDS)."""
+    upgrade = sub.add_parser(name, help=help_text)
+    add_arguments(upgrade)
+    upgrade.set_defaults(func=run)
+    return upgrade
+
+
 def add_arguments(parser):
     parser.add_argument("folder", help="the legacy folder (config.json with model_type transfo-xl, vocab.pkl, weights)")
     where = parser.add_mutually_exclusive_group(required=True)

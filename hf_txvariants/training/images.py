@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 
 import torch
+
+from ..txv_pretrained import atomic_write_bytes
 
 
 def png_bytes(images: torch.Tensor, scale: int = 4) -> bytes:
@@ -32,16 +32,7 @@ def png_bytes(images: torch.Tensor, scale: int = 4) -> bytes:
 
 def save_png(images: torch.Tensor, path, scale: int = 4) -> None:
     """Writes `png_bytes(images, scale)` to `path` atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    data = png_bytes(images, scale)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(Path(path).resolve(), png_bytes(images, scale))
 
 
 def synthetic_shapes(count: int, size: int = 16, channels: int = 1, seed: int = 0) -> torch.Tensor:

@@ -212,6 +212,7 @@ def _load_checkpoint(accelerator, candidates: list[Path], args, config, memories
     before); a config or run mismatch, or a torn or unsafe RNG state, is an error."""
     import logging
 
+    from .checkpoint_files import check_checkpoint_files
     from .models import restore_memory
 
     rank = accelerator.process_index
@@ -220,10 +221,17 @@ def _load_checkpoint(accelerator, candidates: list[Path], args, config, memories
         _check_rng_state(checkpoint, rank)
         failure = None
         try:
+            # every file the checkpoint was saved with (older checkpoints: the files it holds) must be there and load:
+            # the line then names the file, and no file is skipped quietly
+            files = state.get("files") or sorted(p.name for p in checkpoint.iterdir() if p.is_file())
+            check_checkpoint_files(checkpoint, [f for f in files if f != "run_state.json"]
+                                   + [f"memory_rank{rank}.pt"])
             accelerator.load_state(str(checkpoint))
             memory_file = checkpoint / f"memory_rank{rank}.pt"
             for memory, saved in zip(memories, torch.load(memory_file, weights_only=True)):
                 restore_memory(memory, saved, str(memory_file))
+        except ModelError as error:  # a file named by check_checkpoint_files
+            failure = str(error)
         except Exception as error:  # a torn file raises whatever its reader raises (miniz, unpickling, EOF ...)
             failure = f"{type(error).__name__}: {_first_line(error)}"
         # every rank must resume from the same checkpoint
@@ -471,7 +479,9 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, args: TrainArgs, c
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder / "tokenizer")
         state = {"step": step, "world_size": accelerator.num_processes, "config": _config_fingerprint(config),
-                 "args": {k: v for k, v in dataclasses.asdict(args).items()}}
+                 "args": {k: v for k, v in dataclasses.asdict(args).items()},
+                 # what a resume must find (every rank's files are written: the wait above)
+                 "files": sorted(p.name for p in folder.iterdir() if p.is_file())}
         (folder / "run_state.json").write_text(json.dumps(state, indent=2, default=str) + "\n")
     accelerator.wait_for_everyone()
 

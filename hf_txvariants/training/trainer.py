@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from pathlib import Path
 
 import torch
 from torch.utils.data import Sampler
@@ -54,6 +55,35 @@ class MemoryTrainer(Trainer):
                 "MemoryTrainer carries memory on one process only (Trainer deals batches to processes round-robin, "
                 "which breaks the rows' order); use examples/train_lm.py (Accelerate) for multi-process training"
             )
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """Trainer's `train`; a resume first checks that every file the checkpoint's resume reads is there and loads
+        (Trainer would go on without a missing optimizer.pt, scheduler.pt or RNG state, saying nothing)."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)  # None: Trainer's own error follows
+        if isinstance(checkpoint, (str, os.PathLike)):
+            self.check_checkpoint(Path(checkpoint))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def check_checkpoint(self, checkpoint: Path) -> None:
+        """The files Trainer and this class read on resume: weights, optimizer, scheduler, trainer state, this
+        process's RNG state and (memory models) its training memory. training_args.bin is not among them: Trainer
+        never reads it back (the arguments are the ones this Trainer was given)."""
+        from .checkpoint_files import check_checkpoint_files
+
+        rank = self.args.process_index
+        required = [("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                     "pytorch_model.bin.index.json"), "optimizer.pt", "scheduler.pt", "trainer_state.json",
+                    "rng_state.pth" if self.args.world_size == 1 else f"rng_state_{rank}.pth"]
+        if uses_memory(self.model):
+            required.append(MEMORY_FILE.format(rank=rank))
+        try:
+            check_checkpoint_files(checkpoint, required)
+        except ModelError as error:
+            raise ModelError(f"cannot resume from {checkpoint}: {error}") from None
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -107,11 +137,8 @@ class MemoryTrainer(Trainer):
         if checkpoint is None or not uses_memory(self.model):
             return
         path = self._memory_file(checkpoint)
-        if not os.path.isfile(path):
-            logger.warning(f"{checkpoint} holds no training memory ({os.path.basename(path)}): resuming with an empty "
-                           "memory, so the next losses differ from an uninterrupted run")
-            self.train_memory = None
-            return
+        if not os.path.isfile(path):  # (`train` checked it first; a caller of this hook alone meets it here)
+            raise ModelError(f"cannot resume from {checkpoint}: it has no training memory {os.path.basename(path)}")
         try:
             (state,) = torch.load(path, weights_only=True)
         except Exception as error:  # torch raises several types for a torn or unsafe file
