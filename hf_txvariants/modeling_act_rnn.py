@@ -19,12 +19,11 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_act_rnn import ACTRNNConfig
-from .txv_compat import accepts_cache_names, cache_field
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin

@@ -29,13 +29,12 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ModelOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_adaptive_span_original import AdaptiveSpanOriginalConfig
 from .txv_adaptive_span import AdaptiveSpan, original_cache_length, original_trim_length, soft_span_mask
-from .txv_compat import accepts_cache_names, cache_field, model_output, output_cache
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field, model_output, output_cache
 from .txv_dropout import Dropout
 from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_head

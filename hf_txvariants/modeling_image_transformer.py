@@ -24,12 +24,11 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
-from .txv_compat import accepts_cache_names, cache_field
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_attention import additive_mask
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin

@@ -14,13 +14,12 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.cache_utils import DynamicCache
 from transformers.utils import can_return_tuple
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 
 from .configuration_r_transformer import RTransformerConfig
-from .txv_compat import accepts_cache_names, cache_field
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_inputs import embed_inputs
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin

@@ -17,12 +17,11 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import can_return_tuple
 
 from .configuration_sparse_transformer import SparseTransformerConfig
-from .txv_compat import accepts_cache_names, cache_field
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_attention import all_tokens_real
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import check_right_padding, embed_inputs

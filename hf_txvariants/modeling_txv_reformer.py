@@ -31,12 +31,11 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_txv_reformer import TxvReformerConfig
-from .txv_compat import accepts_cache_names, cache_field
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_cache import RowStateCache
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs

@@ -27,12 +27,11 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
-from .txv_compat import CACHE_NAME, accepts_cache_names, cache_field
+from .txv_compat import CACHE_NAME, GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
 from .txv_feedforward import PositionwiseFeedForward

@@ -16,6 +16,7 @@ import re
 import warnings
 
 import transformers
+from transformers.modeling_layers import GradientCheckpointingLayer as _TransformersCheckpointingLayer
 from transformers.utils import generic as _generic
 from transformers.utils import is_torchdynamo_compiling
 
@@ -101,6 +102,20 @@ def model_output(cls):
         cls.cache = property(lambda self: getattr(self, CACHE_NAME), doc="The cache (the release's field name).")
         return cls
     return dataclasses.dataclass(cls)
+
+
+class GradientCheckpointingLayer(_TransformersCheckpointingLayer):
+    """transformers' `GradientCheckpointingLayer`, which drops the cache a checkpointed layer is given (the backward
+    replay would write its keys/values a second time). Before 5.24 it looked for the cache only under the name
+    `past_key_values`; our layers take it as `cache`, so here it is dropped under that name on those releases too."""
+
+    def __call__(self, *args, **kwargs):
+        if (
+            CACHE_NAME != "cache" and self.gradient_checkpointing and self.training
+            and not self._can_checkpoint_with_cache and kwargs.get("cache") is not None
+        ):
+            kwargs["cache"] = None
+        return super().__call__(*args, **kwargs)
 
 
 def cache_field(cache) -> dict:

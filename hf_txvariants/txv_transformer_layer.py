@@ -6,8 +6,8 @@ attention share the layer."""
 from __future__ import annotations
 
 from torch import nn
-from transformers.modeling_layers import GradientCheckpointingLayer
 
+from .txv_compat import GradientCheckpointingLayer
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_mha import MultiHeadAttention
 

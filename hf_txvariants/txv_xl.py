@@ -28,13 +28,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import initialization as init
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import ModelOutput
 
 from .txv_adaptive_span import AdaptiveSpan
 from .txv_attention import causal_allowed
 from .txv_cache import MemoryCache, memory_for_input
-from .txv_compat import model_output
+from .txv_compat import GradientCheckpointingLayer, model_output
 from .txv_gates import GatingLayer, build_gate
 from .txv_inputs import segment_padding_mask
 from .txv_relative_attention import relative_position_embeddings

@@ -17,6 +17,7 @@ from hf_txvariants.modeling_shaw import (
     ShawForSequenceClassification,
     ShawModel,
 )
+from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_shaw_attention import RelationAwareSelfAttention, relative_distance_index
 
 TINY = dict(
@@ -191,7 +192,7 @@ def test_encoder_decoder_model():
         first = model(encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, :3])
         second = model(
             encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, 3:],
-            cache=first.past_key_values,
+            **cache_field(output_cache(first)),  # transformers' EncoderDecoderModel: the release's own name
         )
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, atol=1e-5, rtol=0)
     generated = model.generate(source, attention_mask=source_mask, max_new_tokens=4, do_sample=False)

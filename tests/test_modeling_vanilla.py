@@ -20,6 +20,7 @@ from hf_txvariants.modeling_vanilla import (
     VanillaForSequenceClassification,
     VanillaModel,
 )
+from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.training.callbacks import TrainingProgressCallback
 from hf_txvariants.training.sliding_window import sliding_window_log_probs
 
@@ -293,7 +294,7 @@ def test_encoder_decoder_model():
         first = model(encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, :4], use_cache=True)
         second = model(
             encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, 4:],
-            cache=first.past_key_values, use_cache=True,
+            **cache_field(output_cache(first)), use_cache=True,  # EncoderDecoderModel: the release's own name
         )
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, atol=1e-5, rtol=0)
     generated = model.generate(source, attention_mask=source_mask, max_new_tokens=4, do_sample=False)
