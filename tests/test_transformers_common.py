@@ -402,6 +402,12 @@ class TestSparseTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unit
     }
 
 
+_IMAGE_LEFT_PADDING = (
+    "left padding is refused with a ValueError: positions and the local blocks count from the first column, so a "
+    "left-padded row would silently differ from the row alone (test_modeling_image_transformer.py)"
+)
+
+
 class TestImageTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_image_transformer"
     all_model_classes = (txv.ImageTransformerModel, txv.ImageTransformerForCausalLM)
@@ -412,10 +418,8 @@ class TestImageTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unitt
             " begins an image (vocab_size 257), as transformers' ImageGPT head has vocab_size - 1 outputs; the scores"
             " of generate are checked at that width below, and logits_to_keep in test_heads.py"
         ),
-        "test_left_padding_compatibility": (
-            "left padding is refused with a ValueError: positions and the local blocks count from the first column, "
-            "so a left-padded row would silently differ from the row alone (test_modeling_image_transformer.py)"
-        ),
+        "test_left_padding_compatibility": _IMAGE_LEFT_PADDING,
+        "test_eager_matches_sdpa_inference_*pad_left*": _IMAGE_LEFT_PADDING,
     }
     # generate() continues an image: the prompt is its first pixels, so that the new ones fit in the image
     generation_seq_length = 8
