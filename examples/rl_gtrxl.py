@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from hf_txvariants import GTrXLConfig, GTrXLModel
+from hf_txvariants.rl import generalised_advantages
 
 
 class RememberCueEnv(gym.Env):
@@ -180,15 +181,12 @@ def play(agent, envs, observations, memory, starts, steps, greedy=False):
 
 
 def advantages_and_returns(trajectory, next_value, settings: Settings):
-    rewards, values, dones = trajectory["rewards"], trajectory["values"], trajectory["dones"].float()
-    advantages = torch.zeros_like(rewards)
-    running = torch.zeros(rewards.shape[0])
-    for t in reversed(range(rewards.shape[1])):
-        following = next_value if t == rewards.shape[1] - 1 else values[:, t + 1]
-        delta = rewards[:, t] + settings.gamma * following * (1 - dones[:, t]) - values[:, t]
-        running = delta + settings.gamma * settings.gae_lambda * (1 - dones[:, t]) * running
-        advantages[:, t] = running
-    return advantages, advantages + values
+    """GAE (`hf_txvariants.rl.generalised_advantages`) over the `[envs, steps]` trajectory."""
+    advantages, returns = generalised_advantages(
+        trajectory["rewards"].T, trajectory["values"].T, trajectory["dones"].float().T, next_value,
+        settings.gamma, settings.gae_lambda,
+    )
+    return advantages.T, returns.T
 
 
 def evaluate(agent, settings: Settings, seed: int) -> float:

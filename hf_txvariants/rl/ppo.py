@@ -1,0 +1,210 @@
+"""PPO for `MemoryPolicy` on a vectorised gymnasium environment, learning from stored segments.
+
+Each update acts `rollout_steps` steps in every env, one step at a time with the memory, and stores the memory's
+`snapshot` at the start of every `segment_length` steps. Learning re-runs each stored segment from its snapshot
+(truncated back-propagation through the segment, the stored-memory scheme of GTrXL's and POPGym's recurrent PPO),
+with clipped PPO, generalised advantage estimation and an entropy bonus. One loop serves every body (GTrXL, TrXL-I,
+GRU, MLP), so agents differ only in their network.
+
+The score is POPGym's MMER (maximum mean episodic reward): after every update, the mean return of the last
+`return_window` finished episodes; MMER is the largest of these over training (counted once the window is full).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from .policy import MemoryPolicy
+
+
+@dataclass
+class PPOSettings:
+    total_steps: int = 200_000  # environment steps, all envs together
+    rollout_steps: int = 128  # steps per env between updates
+    segment_length: int = 16  # steps per stored segment (truncated back-propagation length)
+    epochs: int = 4
+    minibatches: int = 4
+    learning_rate: float = 5e-4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip: float = 0.2
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    max_grad_norm: float = 0.5
+    return_window: int = 100
+
+    def check(self, num_envs: int):
+        for name in ("total_steps", "rollout_steps", "segment_length", "epochs", "minibatches", "return_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PPOSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if self.rollout_steps % self.segment_length:
+            raise ValueError(f"PPOSettings.rollout_steps ({self.rollout_steps}) must be a multiple of segment_length "
+                             f"({self.segment_length})")
+        segments = num_envs * self.rollout_steps // self.segment_length
+        if segments < self.minibatches:
+            raise ValueError(f"PPOSettings.minibatches ({self.minibatches}) exceeds the {segments} segments of one "
+                             "rollout")
+
+
+@dataclass
+class TrainingHistory:
+    """`steps[i]`: environment steps after update i; `mean_returns[i]`: mean return of the last `return_window`
+    finished episodes then (None until the window is full)."""
+
+    settings: dict
+    steps: list = field(default_factory=list)
+    mean_returns: list = field(default_factory=list)
+    episodes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mmer(self) -> float:
+        scored = [r for r in self.mean_returns if r is not None]
+        return max(scored) if scored else float("nan")
+
+    @property
+    def final_mean_return(self) -> float:
+        scored = [r for r in self.mean_returns if r is not None]
+        return scored[-1] if scored else float("nan")
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps[-1] / self.seconds if self.steps and self.seconds else float("nan")
+
+    def to_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "mmer": self.mmer,
+            "final_mean_return": self.final_mean_return,
+            "steps_per_second": self.steps_per_second,
+        }
+
+
+def _check_vector_env(envs):
+    import gymnasium as gym
+
+    if not isinstance(envs, gym.vector.VectorEnv):
+        raise ValueError(f"envs must be a gymnasium.vector.VectorEnv, got {type(envs).__name__}")
+    mode = envs.metadata.get("autoreset_mode")
+    if mode != gym.vector.AutoresetMode.SAME_STEP:
+        raise ValueError(
+            f"envs must reset an ended episode within the same step (autoreset_mode=AutoresetMode.SAME_STEP), got "
+            f"{mode}; build them with hf_txvariants.rl.make_vector_env or pass autoreset_mode to the vector env"
+        )
+
+
+def generalised_advantages(rewards, values, dones, next_value, gamma: float, gae_lambda: float):
+    """GAE over `[steps, envs]`: delta_t = r_t + gamma V_{t+1} (1 - done_t) - V_t, A_t = delta_t + gamma lambda
+    (1 - done_t) A_{t+1}. `dones[t]` ends the episode after step t (its next observation starts a new one)."""
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        following = next_value if t == rewards.shape[0] - 1 else values[t + 1]
+        alive = 1.0 - dones[t]
+        delta = rewards[t] + gamma * following * alive - values[t]
+        running = delta + gamma * gae_lambda * alive * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+def _to_segments(x: torch.Tensor, segment_length: int) -> torch.Tensor:
+    """`[steps, envs, ...]` -> `[segments * envs, segment_length, ...]`, segment-major (row s * envs + e)."""
+    steps, envs = x.shape[:2]
+    segments = steps // segment_length
+    x = x.reshape(segments, segment_length, envs, *x.shape[2:]).transpose(1, 2)
+    return x.reshape(segments * envs, segment_length, *x.shape[3:])
+
+
+def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, log=None) -> TrainingHistory:
+    """Trains `policy` on `envs` (a vector env with `AutoresetMode.SAME_STEP`, see `make_vector_env`) for
+    `settings.total_steps` environment steps. `log(history)` is called after every update when given."""
+    _check_vector_env(envs)
+    num_envs = envs.num_envs
+    settings.check(num_envs)
+    torch.manual_seed(seed)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=settings.learning_rate, eps=1e-5)
+    history = TrainingHistory(settings=asdict(settings))
+    observations, _ = envs.reset(seed=seed)
+    device = policy.policy_head.weight.device  # the rollout is kept where the policy is
+    state = policy.initial_state(num_envs)
+    starts = torch.ones(num_envs, dtype=torch.bool, device=device)
+    running_returns = np.zeros(num_envs)
+    finished: list[float] = []
+    steps_per_update = settings.rollout_steps * num_envs
+    started = time.perf_counter()
+    for _ in range(max(1, settings.total_steps // steps_per_update)):
+        policy.eval()
+        rollout = {k: [] for k in ("observations", "starts", "actions", "log_probs", "values", "rewards", "dones")}
+        snapshots = []
+        for t in range(settings.rollout_steps):
+            if t % settings.segment_length == 0:
+                snapshots.append(policy.snapshot(state))
+            step = policy.act(observations, state, starts)
+            next_observations, rewards, terminated, truncated, _ = envs.step(step.actions.cpu().numpy())
+            dones = np.logical_or(terminated, truncated)
+            running_returns += rewards
+            finished.extend(running_returns[dones].tolist())
+            history.episodes += int(dones.sum())
+            running_returns[dones] = 0.0
+            for key, value in (
+                ("observations", torch.as_tensor(np.asarray(observations), device=device)),
+                ("starts", starts),
+                ("actions", step.actions),
+                ("log_probs", step.log_probs),
+                ("values", step.values),
+                ("rewards", torch.as_tensor(rewards, dtype=torch.float32, device=device)),
+                ("dones", torch.as_tensor(dones, dtype=torch.float32, device=device)),
+            ):
+                rollout[key].append(value)
+            observations, state, starts = next_observations, step.state, torch.as_tensor(dones, device=device)
+        rollout = {k: torch.stack(v) for k, v in rollout.items()}  # [steps, envs, ...]
+        # the value of the next observation, from a copy of the state (acting goes on from the state itself)
+        peek_state = policy.restore(policy.snapshot(state))
+        next_value = policy.act(observations, peek_state, starts).values
+        advantages, returns = generalised_advantages(
+            rollout["rewards"], rollout["values"], rollout["dones"], next_value, settings.gamma, settings.gae_lambda
+        )
+        _update(policy, optimizer, settings, rollout, snapshots, advantages, returns)
+        history.steps.append((len(history.steps) + 1) * steps_per_update)
+        window = finished[-settings.return_window :]
+        history.mean_returns.append(float(np.mean(window)) if len(window) == settings.return_window else None)
+        finished = window  # only the window is ever read
+        history.seconds = time.perf_counter() - started
+        if log is not None:
+            log(history)
+    return history
+
+
+def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advantages, returns):
+    policy.train()
+    segment_length = settings.segment_length
+    segments = {k: _to_segments(v, segment_length) for k, v in rollout.items()}
+    segments["advantages"] = _to_segments(advantages, segment_length)
+    segments["returns"] = _to_segments(returns, segment_length)
+    stored = {k: torch.cat([s[k] for s in snapshots]) for k in snapshots[0]}  # segment-major, as `_to_segments`
+    count = segments["actions"].shape[0]
+    for _ in range(settings.epochs):
+        for rows in torch.randperm(count, device=segments["actions"].device).chunk(settings.minibatches):
+            state = policy.restore({k: v[rows] for k, v in stored.items()})
+            log_probs, entropy, values = policy.evaluate_actions(
+                segments["observations"][rows], state, segments["starts"][rows], segments["actions"][rows]
+            )
+            advantages = segments["advantages"][rows]
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            ratio = (log_probs - segments["log_probs"][rows]).exp()
+            clipped = ratio.clamp(1 - settings.clip, 1 + settings.clip)
+            policy_loss = -torch.min(ratio * advantages, clipped * advantages).mean()
+            value_loss = (values - segments["returns"][rows]).pow(2).mean()
+            loss = policy_loss + settings.value_coef * value_loss - settings.entropy_coef * entropy.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+            optimizer.step()
+
+
+__all__ = ["PPOSettings", "TrainingHistory", "generalised_advantages", "train_ppo"]
