@@ -58,6 +58,32 @@ class RowStateCache(Cache):
                     )
                 return
 
+    def _first_state(self) -> torch.Tensor | None:
+        """The first layer's `[batch, length, hidden]` state (None when empty): what `check_compatible` reads."""
+        raise NotImplementedError
+
+    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None):
+        """Raises a ValueError naming the mismatch when this cache cannot be used with the given input and model
+        (subclasses set `num_layers` and `model_type`, the type of the model that wrote the cache, None for any)."""
+        if model_type is not None and self.model_type is not None and self.model_type != model_type:
+            raise ValueError(
+                f"the cache holds the states of a {self.model_type!r} model, this model is {model_type!r}: "
+                "a cache is only valid for the model (and weights) that wrote it"
+            )
+        if self.num_layers != num_layers:
+            raise ValueError(f"the cache holds states for {self.num_layers} layers, the model has {num_layers}")
+        first = self._first_state()
+        if first is None:
+            return
+        if first.shape[0] != batch_size:
+            raise ValueError(
+                f"the cache holds states for batch size {first.shape[0]}, but the input has batch size {batch_size}"
+            )
+        if first.shape[-1] != hidden_size:
+            raise ValueError(
+                f"the cache holds states of hidden size {first.shape[-1]}, but config.hidden_size is {hidden_size}"
+            )
+
     def reorder_cache(self, beam_idx: torch.LongTensor):
         self._map_rows(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
@@ -338,26 +364,8 @@ class MemoryCache(RowStateCache):
     def layer_memory(self, layer_idx: int) -> torch.Tensor | None:
         return None if self.memories is None else self.memories[layer_idx]
 
-    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None):
-        """Raises a ValueError naming the mismatch when this memory cannot be used with the given input."""
-        if model_type is not None and self.model_type is not None and self.model_type != model_type:
-            raise ValueError(
-                f"the cache is the memory of a {self.model_type!r} model, this model is {model_type!r}: "
-                "a memory is only valid for the model (and weights) that wrote it"
-            )
-        if self.num_layers != num_layers:
-            raise ValueError(f"the cache holds memory for {self.num_layers} layers, the model has {num_layers}")
-        if self.memories is None:
-            return
-        mem_batch, _, mem_hidden = self.memories[0].shape
-        if mem_batch != batch_size:
-            raise ValueError(
-                f"the cache holds memory for batch size {mem_batch}, but the input has batch size {batch_size}"
-            )
-        if mem_hidden != hidden_size:
-            raise ValueError(
-                f"the cache holds memory of hidden size {mem_hidden}, but config.hidden_size is {hidden_size}"
-            )
+    def _first_state(self) -> torch.Tensor | None:
+        return None if self.memories is None else self.memories[0]
 
     def key_mask(self, input_mask: torch.Tensor | None, query_length: int) -> torch.Tensor | None:
         """`[batch, memory_length + query_length]` bool, True where a key may be attended to (real memory slots and

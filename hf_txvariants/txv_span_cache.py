@@ -89,19 +89,8 @@ class SpanCache(RowStateCache):
         """The number of positions each layer keeps (empty before the first block)."""
         return [] if self.states is None else [state.shape[1] for state in self.states]
 
-    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None):
-        """A ValueError naming the mismatch when this cache cannot be used with the given input and model."""
-        if model_type is not None and self.model_type is not None and self.model_type != model_type:
-            raise ValueError(f"cache holds the states of a {self.model_type!r} model, this model is {model_type!r}")
-        if self.num_layers != num_layers:
-            raise ValueError(f"cache holds states for {self.num_layers} layers, the model has {num_layers}")
-        if self.states is None:
-            return
-        if self.batch_size != batch_size:
-            raise ValueError(f"cache holds batch size {self.batch_size}, but the input has batch size {batch_size}")
-        if self.states[0].shape[2] != hidden_size:
-            raise ValueError(f"cache holds states of hidden size {self.states[0].shape[2]}, but config.hidden_size is "
-                             f"{hidden_size}")
+    def _first_state(self) -> torch.Tensor | None:
+        return None if self.states is None else self.states[0]
 
     def reset_rows(self, done: torch.Tensor):
         """Zeroes the states of the rows where `done` is True, in place: such a row is a fresh row again."""
