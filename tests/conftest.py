@@ -21,6 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n N`: the N workers share the cores, one torch thread each
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo_state():
