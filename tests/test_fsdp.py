@@ -26,6 +26,10 @@ from hf_txvariants.training.models import ModelError, init_memory, lm_forward
 
 from test_training import TINY_FLAGS, _env, _error_line, _free_port, _losses, _train_in_one_process
 
+# under `pytest -n 2 --dist loadgroup` every test here runs on one worker, one after the other: the two-process launches
+# never overlap (two launches at once put four training processes and their gloo groups on the 2 cores)
+pytestmark = pytest.mark.xdist_group("distributed")
+
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_YAML = ROOT / "examples" / "accelerate_configs" / "fsdp.yaml"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
