@@ -23,6 +23,7 @@ benchmarks/RESULTS.md (`--summarise RUNS_JSON` prints it again from a finished r
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -57,10 +58,10 @@ def run_one(task: str, agent: str, seed: int, total_steps: int) -> dict:
 
 
 def write_json_atomically(path: Path, payload: dict):
+    from hf_txvariants.txv_pretrained import atomic_write_bytes
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(payload, indent=1))
-    os.replace(partial, path)
+    atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
 
 
 def steps_to_reach(run: dict, level: float) -> int | None:
@@ -117,10 +118,12 @@ def plot_curves(runs: list[dict], tasks, agents, path: Path):
     axes[0][0].set_ylabel("mean return, last 100 episodes")
     axes[0][-1].legend(loc="lower right", fontsize=8)
     figure.tight_layout()
+    from hf_txvariants.txv_pretrained import atomic_write_bytes
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.stem + ".partial" + path.suffix)
-    figure.savefig(partial, dpi=110)
-    os.replace(partial, path)
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=110)
+    atomic_write_bytes(path, image.getvalue())
 
 
 def main(argv=None):

@@ -269,8 +269,7 @@ class MemoryPolicy(nn.Module):
     # ----------------------------------------------------------------------------------------------------------------
     # running
     def _tensor(self, value, dtype=None) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value, dtype=dtype,
-                               device=self.policy_head.weight.device)
+        return torch.as_tensor(value, dtype=dtype, device=self.policy_head.weight.device)
 
     def forward(self, observations, state, episode_starts) -> PolicyOutput:
         """observations `[envs, steps, *observation_shape]`, episode_starts `[envs, steps]` (True where an episode

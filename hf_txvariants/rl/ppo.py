@@ -152,7 +152,7 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
             history.episodes += int(dones.sum())
             running_returns[dones] = 0.0
             for key, value in (
-                ("observations", torch.as_tensor(np.asarray(observations), device=device)),
+                ("observations", torch.as_tensor(observations, device=device)),
                 ("starts", starts),
                 ("actions", step.actions),
                 ("log_probs", step.log_probs),
