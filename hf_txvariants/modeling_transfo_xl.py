@@ -44,7 +44,8 @@ class TransfoXLModelOutput(ModelOutput):
 class TransfoXLLMHeadModelOutput(ModelOutput):
     """`logits` are log-probabilities (the adaptive softmax is normalised); `losses` are the per-token negative
     log-likelihoods `[batch, length - 1]` in position order (0 where the label is -100; `[batch, length]` with
-    `shift_labels`); `loss` is their mean (plus `adapt_span_loss * span_penalty` with adaptive span)."""
+    `shift_labels`); `loss` is their mean (plus `adapt_span_loss * span_penalty` with adaptive span); `lm_loss` is
+    that mean alone (the next-token part), `span_penalty` the adaptive span's penalty (None without adaptive span)."""
 
     loss: torch.FloatTensor | None = None
     logits: torch.FloatTensor | None = None
@@ -52,6 +53,8 @@ class TransfoXLLMHeadModelOutput(ModelOutput):
     cache: MemoryCache | None = None
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
     attentions: tuple[torch.FloatTensor, ...] | None = None
+    lm_loss: torch.FloatTensor | None = None
+    span_penalty: torch.FloatTensor | None = None
 
     @property
     def prediction_scores(self) -> torch.FloatTensor | None:

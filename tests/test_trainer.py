@@ -97,15 +97,9 @@ def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
     assert recorder.calls[0][1] == 0
     assert second["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
 
-    # and the memory matters: evaluating without carrying it gives a different loss
-    trainer_no_memory = MemoryTrainer(model=model, args=_args(tmp_path / "b", per_device_eval_batch_size=2),
-                                      eval_dataset=eval_set)
-    model.config.mem_len = 0
-    try:
-        without = trainer_no_memory.evaluate()
-    finally:
-        model.config.mem_len = 16
-    assert without["eval_loss"] != pytest.approx(first["eval_loss"], abs=1e-4)
+    # (Whether the memory changes the loss is not asserted here: after 4 steps of training it moves the evaluation loss
+    # by about 1e-6, within rounding. A check that once stood here passed only because Trainer's num_items_in_batch
+    # also counts each row's never-predicted last label, which scaled the memoryless loss by 30/32.)
 
 
 

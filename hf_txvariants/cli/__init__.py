@@ -51,11 +51,13 @@ def _train(args):
         print(f"validation: {metrics['eval_bpc']:.4f} bits per token, perplexity {metrics['eval_perplexity']:.3f}"
               + (f"; model saved to {train_args.output_dir}/model" if train_args.save_model else ""))
         return
-    from ..training.loop import train
+    from ..training.loop import describe_training, train
 
     result = train(train_args)
     if result["eval"] and result["history"]:  # printed by the main process only
         final = result["eval"][-1]
+        if result["last_training"]:
+            print(f"last training step: {describe_training(result['last_training'])}")
         print(f"validation: {final['bpc']:.4f} bits per token, perplexity {final['perplexity']:.3f} "
               f"({final['tokens']} tokens)" + (f"; model saved to {result['model_dir']}" if args.save_model else ""))
 

@@ -15,4 +15,15 @@ class TrainingProgressCallback(TrainerCallback):
             model.set_training_progress(min(1.0, state.global_step / state.max_steps))
 
 
-__all__ = ["TrainingProgressCallback"]
+class SpanClampCallback(TrainerCallback):
+    """For transformers' Trainer: clamps the learned spans of an adaptive-span model into [0, attn_span] after every
+    optimiser step (`clamp_spans_`, the original's `clamp_param`), as `txv train` does. Other models are left alone."""
+
+    def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            from .models import after_optimizer_step
+
+            after_optimizer_step(model)
+
+
+__all__ = ["SpanClampCallback", "TrainingProgressCallback"]

@@ -24,8 +24,9 @@ import torch
 from . import distributed
 from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
 from .evaluation import evaluate_stream, summarize
-from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory, lm_forward, load_model, memory_state,
-                     unwrapped, uses_memory)
+from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory,
+                     load_model, memory_state, objective_forward, set_training_progress, unwrapped, uses_memory,
+                     after_optimizer_step)
 
 # Fields of the run that must not change on resume (the data order and memory layout depend on them).
 RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction")
@@ -128,6 +129,24 @@ class TrainArgs:
             raise DataError(f"--mixed-precision must be one of no, bf16, fp16, got {self.mixed_precision!r}")
         if self.resume is not None and not self.resume:
             raise DataError("--resume must be 'latest' or a checkpoint folder, got an empty string")
+
+
+def training_record(parts: dict[str, float]) -> dict[str, float]:
+    """The logged training losses: `loss` (the objective optimised), `lm_loss` (its next-token part) with `bpc` (bits
+    per token: per character with a character tokenizer) and `perplexity`, then each auxiliary term by name."""
+    lm_loss = parts["lm_loss"]
+    record = {"loss": parts["loss"], "lm_loss": lm_loss, "bpc": lm_loss / math.log(2),
+              "perplexity": math.exp(min(lm_loss, 50.0))}
+    record.update({name: value for name, value in parts.items() if name not in ("loss", "lm_loss")})
+    return record
+
+
+def describe_training(record: dict) -> str:
+    """One console line of a training record: the objective, its next-token part and the auxiliary terms by name."""
+    terms = "".join(f", {name} {record[name]:.4g}" for name in record
+                    if name not in ("step", "split", "loss", "lm_loss", "bpc", "perplexity", "lr", "grad_norm"))
+    return (f"objective {record['loss']:.4f} (lm_loss {record['lm_loss']:.4f}: {record['bpc']:.4f} bits per token, "
+            f"perplexity {record['perplexity']:.3f}{terms})")
 
 
 def _size_fields(args: TrainArgs) -> dict:
@@ -387,7 +406,7 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
                 f.write(json.dumps(record) + "\n")
         accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
-    def run_eval(step: int) -> dict:
+    def run_eval(step: int, train_record: dict | None = None) -> dict:
         model.eval()
         nll, count = evaluate_stream(model, valid_stream, args.eval_segments)
         totals = accelerator.reduce(torch.tensor([nll, float(count)], device=accelerator.device), reduction="sum")
@@ -397,6 +416,8 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
              "valid_perplexity": result["perplexity"]})
         if accelerator.is_main_process and step != args.max_steps:  # the final one is printed by the caller
             line = f"step {step}: validation {result['bpc']:.4f} bits per token, perplexity {result['perplexity']:.3f}"
+            if train_record is not None:
+                line += f"; training {describe_training(train_record)}"
             (progress.write if progress else print)(line)  # tqdm.write keeps the progress bar intact
         return result
 
@@ -406,39 +427,45 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
         progress = tqdm(total=args.max_steps, initial=start_step, desc=f"train {config.model_type}", dynamic_ncols=True)
     model.train()
     evals = []
+    record = None  # the last training record (None when a resumed run has no step left)
     for step in range(start_step + 1, args.max_steps + 1):
         inputs, targets = train_stream.segment(step - 1)
         inputs, targets = inputs.to(accelerator.device), targets.to(accelerator.device)
-        total = torch.zeros((), device=accelerator.device)
+        set_training_progress(model, (step - 1) / args.max_steps)  # a schedule of the objective (Al-Rfou's)
+        totals = {}  # the objective, its next-token part and each auxiliary term, averaged over the chunks
         for chunk in range(args.grad_accum):
             rows = slice(chunk * chunk_rows, (chunk + 1) * chunk_rows)
             sync = accelerator.no_sync(model) if chunk < args.grad_accum - 1 else contextlib.nullcontext()
             with sync, accelerator.autocast():
-                loss, memories[chunk] = lm_forward(model, inputs[rows], targets[rows], memories[chunk])
-                accelerator.backward(loss / args.grad_accum)
-            total += loss.detach() / args.grad_accum
+                losses, memories[chunk] = objective_forward(model, inputs[rows], targets[rows], memories[chunk])
+                accelerator.backward(losses.loss / args.grad_accum)
+            for name, value in losses.detached().items():
+                totals[name] = totals.get(name, 0.0) + value.float() / args.grad_accum
         grad_norm = None
         if args.clip_norm > 0:
             grad_norm = (sharded.clip_grad_norm_(args.clip_norm) if sharded
                          else accelerator.clip_grad_norm_(model.parameters(), args.clip_norm))
         optimizer.step()
+        after_optimizer_step(model)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        mean_loss = float(accelerator.reduce(total, reduction="mean"))
-        if not math.isfinite(mean_loss):
-            raise RuntimeError(f"the training loss is {mean_loss} at step {step}: lower --lr or check the data")
-        record = {"step": step, "split": "train", "loss": mean_loss, "bpc": mean_loss / math.log(2),
-                  "lr": scheduler.get_last_lr()[0]}
+        names = list(totals)  # the same on every rank: the same model and step
+        means = accelerator.reduce(torch.stack([totals[name] for name in names]), reduction="mean")
+        parts = {name: float(value) for name, value in zip(names, means)}
+        if not math.isfinite(parts["loss"]):
+            raise RuntimeError(f"the training loss is {parts['loss']} at step {step}: lower --lr or check the data")
+        record = {"step": step, "split": "train", **training_record(parts), "lr": scheduler.get_last_lr()[0]}
         if grad_norm is not None:
             record["grad_norm"] = float(grad_norm)
         log(record)
         if progress:
             progress.update(1)
-            progress.set_postfix(loss=f"{mean_loss:.3f}", bpc=f"{mean_loss / math.log(2):.3f}")
+            progress.set_postfix({name: f"{value:.3g}" for name, value in record.items()
+                                  if name not in ("step", "split", "lr", "grad_norm", "perplexity")})
         if on_step is not None:
             on_step(step)
         if args.eval_every and step % args.eval_every == 0 and step != args.max_steps:
-            evals.append(run_eval(step))
+            evals.append(run_eval(step, record))
         if args.save_every and step % args.save_every == 0 and step != args.max_steps:
             save_checkpoint(accelerator, output_dir, step, args, config, tokenizer, memories)
     if progress:
@@ -466,6 +493,7 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
         "model": accelerator.unwrap_model(model),
         "tokenizer": tokenizer,
         "uses_memory": uses_memory(model),
+        "last_training": record,
     }
 
 

@@ -3,6 +3,7 @@ uniform way the training code talks to it (with or without a Transformer-XL memo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -162,12 +163,16 @@ def unwrapped(model):
 
 
 def _memory_owner(model):
-    """The module with `init_memory` (the LM head model or its base model), or None for models without memory."""
+    """The module that makes the memory a training stream carries from one segment to the next, or None:
+    the XL family's `init_memory` (a `MemoryCache`, when `config.mem_len` > 0) or the original adaptive-span model's
+    `init_cache` (a `SpanCache`); the LM head model or its base model."""
     model = unwrapped(model)
-    if getattr(model.config, "mem_len", 0) <= 0:
-        return None
     for candidate in (model, getattr(model, "base_model", None)):
-        if candidate is not None and hasattr(candidate, "init_memory"):
+        if candidate is None:
+            continue
+        if hasattr(candidate, "init_memory") and getattr(model.config, "mem_len", 0) > 0:
+            return candidate
+        if hasattr(candidate, "init_cache"):
             return candidate
     return None
 
@@ -177,37 +182,139 @@ def uses_memory(model) -> bool:
 
 
 def init_memory(model, batch_size: int):
+    """The memory a stream of `batch_size` rows starts with (None for models without one)."""
     owner = _memory_owner(model)
-    return owner.init_memory(batch_size) if owner is not None else None
+    if owner is None:
+        return None
+    return owner.init_memory(batch_size) if hasattr(owner, "init_memory") else owner.init_cache(batch_size)
 
 
 def memory_state(memory):
-    """What a checkpoint keeps of a memory cache: (per-layer memories, key mask, tokens seen), or None when the
-    memory is absent or still empty. Plain tensors and ints, so that `torch.load(weights_only=True)` reads it."""
+    """What a checkpoint keeps of a memory cache, or None when the memory is absent or still empty; plain tensors,
+    ints and strings, so that `torch.load(weights_only=True)` reads it. A `MemoryCache`: (per-layer memories, key
+    mask, tokens seen). A `SpanCache`: {"span_states": per-layer states, "seen_tokens": tokens seen}."""
+    from ..txv_span_cache import SpanCache
+
+    if isinstance(memory, SpanCache):
+        if memory.states is None:
+            return None
+        return {"span_states": list(memory.states), "seen_tokens": memory.seen_tokens}
     if memory is None or memory.memories is None:
         return None
     return list(memory.memories), memory.memory_mask, memory.seen_tokens
 
 
+def memory_batch_size(state) -> int:
+    """The number of rows of a `memory_state`."""
+    states = state["span_states"] if isinstance(state, dict) else state[0]
+    return states[0].shape[0]
+
+
 def restore_memory(memory, state, source: str = "the checkpoint"):
     """Puts a `memory_state` back into `memory` (a fresh cache of the same model); checks the layout first."""
+    from ..txv_span_cache import SpanCache
+
     if memory is None or state is None:
         return
     try:
-        memories, mask, seen = state
-        memory.check_compatible(batch_size=memories[0].shape[0], hidden_size=memories[0].shape[-1],
-                                num_layers=len(memories))
-    except (TypeError, ValueError, IndexError, AttributeError) as error:
+        if isinstance(memory, SpanCache):
+            states, seen = state["span_states"], state["seen_tokens"]
+        else:
+            states, mask, seen = state
+        memory.check_compatible(batch_size=states[0].shape[0], hidden_size=states[0].shape[-1],
+                                num_layers=len(states))
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError) as error:
         raise ModelError(f"the memory saved in {source} does not fit this model: {error}") from None
-    memory._set(list(memories), mask)
+    if isinstance(memory, SpanCache):
+        memory.set_states(list(states))
+    else:
+        memory._set(list(states), mask)
     memory.seen_tokens = int(seen)
+
+
+# The auxiliary terms of the variants' training objectives, by the names their outputs give them: the span penalty
+# (adaptive span), the ponder cost (ACT: per position, its mean is the term) and Al-Rfou's intermediate-layer and
+# future-target losses. Each enters `outputs.loss` with its config weight (adapt_span_loss, act_loss_weight,
+# intermediate_loss_weight, future_target_loss_weight).
+AUXILIARY_TERMS = ("span_penalty", "ponder_cost", "intermediate_loss", "future_loss")
+
+
+@dataclass
+class TrainingLosses:
+    """One forward pass's training objective: `loss` is the model's own `outputs.loss` (what is optimised), `lm_loss`
+    its next-token part and `terms` the auxiliary terms present in this pass (unweighted, by name)."""
+
+    loss: torch.Tensor
+    lm_loss: torch.Tensor
+    terms: dict[str, torch.Tensor]
+
+    def detached(self) -> dict[str, torch.Tensor]:
+        """{"loss", "lm_loss", term names ...} -> detached scalars (for logging)."""
+        return {"loss": self.loss.detach(), "lm_loss": self.lm_loss.detach(),
+                **{name: value.detach() for name, value in self.terms.items()}}
+
+
+def training_losses(output) -> TrainingLosses:
+    """The objective of a causal-LM output computed with targets: `loss`, and the next-token part, which the outputs
+    give as `lm_loss`, or (variants without auxiliary terms) as the loss itself."""
+    from ..txv_act import mean_ponder_cost
+
+    if output.get("loss") is None:
+        raise ValueError("the model returned no loss: training needs the targets (shift_labels)")
+    lm_loss = output.get("lm_loss")
+    if lm_loss is None:
+        lm_loss = output.loss
+    terms = {}
+    for name in AUXILIARY_TERMS:
+        value = output.get(name)
+        if value is not None:
+            terms[name] = mean_ponder_cost(value) if name == "ponder_cost" else value
+    return TrainingLosses(output.loss, lm_loss, terms)
+
+
+def _check_targets(inputs: torch.Tensor, targets: torch.Tensor):
+    if targets.shape != inputs.shape:
+        raise ValueError(f"targets must have the shape of inputs {tuple(inputs.shape)}, got {tuple(targets.shape)}")
+
+
+def objective_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None):
+    """The model's training objective on `inputs` against `targets` (the inputs shifted by one across the segment
+    boundary, given as `shift_labels`: position t predicts targets[t], so every token of the stream is predicted
+    exactly once), as `outputs.loss` defines it: the next-token loss plus the variant's auxiliary terms. Returns
+    (`TrainingLosses`, the updated memory). The logits are left out where the head allows it (an adaptive softmax then
+    evaluates only the targets' clusters)."""
+    _check_targets(inputs, targets)
+    kwargs = {"cache": memory, "use_cache": True} if memory is not None else {"use_cache": False}
+    if "return_logits" in getattr(unwrapped(model), "head_options", ()):
+        kwargs["return_logits"] = False
+    output = model(input_ids=inputs, shift_labels=targets, **kwargs)
+    return training_losses(output), (output_cache(output) if memory is not None else None)
+
+
+def after_optimizer_step(model):
+    """What a variant's training does after each optimiser step: adaptive span clamps every learned span into
+    [0, attn_span] (`clamp_spans_`, the original's `clamp_param`); other models are left alone."""
+    model = unwrapped(model)
+    for candidate in (model, getattr(model, "base_model", None)):
+        if candidate is not None and hasattr(candidate, "clamp_spans_"):
+            candidate.clamp_spans_()
+            return
+
+
+def set_training_progress(model, progress: float):
+    """Tells a model whose objective follows a schedule (Al-Rfou's intermediate losses: `set_training_progress`) the
+    fraction of training done, as `TrainingProgressCallback` does for Trainer; other models are left alone."""
+    model = unwrapped(model)
+    if hasattr(model, "set_training_progress"):
+        model.set_training_progress(min(1.0, max(0.0, progress)))
 
 
 def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, reduction: str = "mean"):
     """Next-token loss of `inputs` against `targets` (the inputs shifted by one across the segment boundary, so
     every token of the stream is predicted exactly once), and the updated memory.
 
-    The loss is the plain next-token cross-entropy (no auxiliary terms), `reduction` "mean" or "sum" over the targets.
+    The loss is the plain next-token cross-entropy over every target (no auxiliary terms: what evaluation reports;
+    training optimises `objective_forward`), `reduction` "mean" or "sum" over the targets.
     With an adaptive softmax it is the model's own per-target loss, the targets given as `shift_labels` (position t
     predicts targets[t]): only each target's cluster is evaluated and no `[tokens, vocabulary]` log-probabilities
     are made. Otherwise it is computed here from the logits. (Not with `labels`: their HF convention shifts inside
@@ -215,8 +322,7 @@ def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, 
     kwargs = {"cache": memory, "use_cache": True} if memory is not None else {"use_cache": False}
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    if targets.shape != inputs.shape:
-        raise ValueError(f"targets must have the shape of inputs {tuple(inputs.shape)}, got {tuple(targets.shape)}")
+    _check_targets(inputs, targets)
     if getattr(unwrapped(model).config, "uses_adaptive_softmax", False):
         output = model(input_ids=inputs, shift_labels=targets, return_logits=False, **kwargs)
         # before auxiliary terms: the per-target losses (transfo-xl) or their mean `lm_loss` (GTrXL, adaptive span)

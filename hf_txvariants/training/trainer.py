@@ -18,7 +18,9 @@ from torch.utils.data import Sampler
 from transformers import Trainer
 
 from ..txv_compat import output_cache
-from .models import ModelError, init_memory, memory_state, restore_memory, uses_memory
+from .callbacks import SpanClampCallback, TrainingProgressCallback
+from .models import (ModelError, init_memory, memory_batch_size, memory_state, restore_memory, training_losses, unwrapped,
+                     uses_memory)
 
 logger = logging.getLogger(__name__)
 MEMORY_FILE = "txv_memory_rank{rank}.pt"
@@ -40,16 +42,31 @@ class OrderedSegmentSampler(Sampler):
 
 
 class MemoryTrainer(Trainer):
-    """A `Trainer` that carries a Transformer-XL-family memory across steps and resets it at evaluation.
+    """A `Trainer` that carries a memory across steps (the XL family's `MemoryCache`, the original adaptive-span
+    model's `SpanCache`) and resets it at evaluation, and optimises each variant's own objective.
 
-    Give it a dataset from `segment_dataset(tokens, per_device_batch_size, seg_len)` (one process). It adds
-    `<prefix>_bpc` (bits per token: per character for a character tokenizer) and `<prefix>_perplexity` to the
-    evaluation metrics."""
+    Give it a dataset from `segment_dataset(tokens, per_device_batch_size, seg_len)` (one process).
+    - The training loss is the model's `outputs.loss`: the next-token loss plus the variant's auxiliary terms (span
+      penalty, ponder cost, Al-Rfou's intermediate and future-target losses); Al-Rfou's schedule of intermediate
+      losses is driven by a `TrainingProgressCallback` and adaptive spans are clamped after each optimiser step by a
+      `SpanClampCallback`, each added when the model needs it. Each training log line adds
+      `lm_loss` (the next-token part) and every auxiliary term by name, averaged since the last log.
+    - Evaluation reports the next-token part as `<prefix>_loss`, with `<prefix>_bpc` (bits per token: per character
+      for a character tokenizer) and `<prefix>_perplexity`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.train_memory = None
         self.eval_memory = None
+        self._objective_sums: dict[str, float] = {}
+        self._objective_count = 0
+        model = unwrapped(self.model)
+        needs = {TrainingProgressCallback: hasattr(model, "set_training_progress"),
+                 SpanClampCallback: any(hasattr(m, "clamp_spans_") for m in (model, getattr(model, "base_model", None)))}
+        for callback_class, needed in needs.items():
+            present = any(isinstance(c, callback_class) for c in self.callback_handler.callbacks)
+            if needed and not present:
+                self.add_callback(callback_class())
         if self.args.world_size > 1 and uses_memory(self.model):
             raise ValueError(
                 "MemoryTrainer carries memory on one process only (Trainer deals batches to processes round-robin, "
@@ -99,20 +116,39 @@ class MemoryTrainer(Trainer):
         return memory
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if not uses_memory(model):
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         training = model.training
-        memory = self._memory_for(model, inputs["input_ids"].shape[0], training)
-        # only the loss is needed: without the logits an adaptive softmax evaluates only the targets' clusters
-        head_options = getattr(self.accelerator.unwrap_model(model), "head_options", ())
-        logits = {"return_logits": False} if not return_outputs and "return_logits" in head_options else {}
-        outputs = model(**inputs, cache=memory, use_cache=True, **logits)
-        if training:
-            self.train_memory = output_cache(outputs)
+        if uses_memory(model):
+            memory = self._memory_for(model, inputs["input_ids"].shape[0], training)
+            # only the loss is needed: without the logits an adaptive softmax evaluates only the targets' clusters
+            head_options = getattr(self.accelerator.unwrap_model(model), "head_options", ())
+            logits = {"return_logits": False} if not return_outputs and "return_logits" in head_options else {}
+            outputs = model(**inputs, cache=memory, use_cache=True, **logits)
+            if training:
+                self.train_memory = output_cache(outputs)
+            else:
+                self.eval_memory = output_cache(outputs)
+            loss = outputs.loss
         else:
-            self.eval_memory = output_cache(outputs)
-        loss = outputs.loss
+            # evaluation: the mean over the predicted targets (Trainer's num_items_in_batch also counts each row's
+            # last label, which the model never predicts)
+            loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch if training else None)
+        if outputs.get("loss") is not None:
+            parts = training_losses(outputs)
+            if training:
+                self._objective_count += 1
+                for name, value in parts.detached().items():
+                    if name != "loss":
+                        self._objective_sums[name] = self._objective_sums.get(name, 0.0) + float(value)
+            else:
+                loss = parts.lm_loss  # evaluation reports the next-token part
         return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        """A training log (it has `loss`, the objective) also gets `lm_loss` and the auxiliary terms since the last."""
+        if "loss" in logs and self._objective_count:
+            logs = {**logs, **{name: total / self._objective_count for name, total in self._objective_sums.items()}}
+            self._objective_sums, self._objective_count = {}, 0
+        super().log(logs, *args, **kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if not uses_memory(model):
@@ -145,7 +181,7 @@ class MemoryTrainer(Trainer):
             raise ModelError(f"cannot read the training memory {path}: {str(error).splitlines()[0]}") from None
         self.train_memory = None
         if state is not None:
-            self.train_memory = init_memory(self.model, state[0][0].shape[0])
+            self.train_memory = init_memory(self.model, memory_batch_size(state))
             restore_memory(self.train_memory, state, path)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
