@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md, checked statically (no import is run):
+"""The import rules of docs/ARCHITECTURE.md ("Import rules"), checked statically (no import is run):
 
 * the shared blocks `txv_*.py` never import a variant's file (configuration_* / modeling_*);
 * configuration_* / modeling_* / tokenization_* files (and the txv_* blocks: all of them ship in a Hub repo's remote-code payload)
