@@ -506,7 +506,8 @@ class MemoryPolicy(nn.Module):
         return sorted(p.name for p in save_directory.iterdir() if p.is_file())
 
     @classmethod
-    def from_pretrained(cls, name_or_path, device=None, revision: str | None = None, token: str | None = None):
+    def from_pretrained(cls, name_or_path, device=None, revision: str | None = None, token: str | None = None,
+                        cache_dir=None):
         """A policy from a folder `save_pretrained` wrote, or from a Hub repo id (downloading only config.json and
         model.safetensors). Weights are read with safetensors; nothing is unpickled."""
         from pathlib import Path
@@ -518,7 +519,7 @@ class MemoryPolicy(nn.Module):
             from huggingface_hub import snapshot_download
 
             folder = Path(snapshot_download(str(name_or_path), revision=revision, token=token,
-                                            allow_patterns=[CONFIG_NAME, WEIGHTS_NAME]))
+                                            cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME]))
         for name in (CONFIG_NAME, WEIGHTS_NAME):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder} has no {name}: not a folder MemoryPolicy.save_pretrained wrote")
