@@ -23,6 +23,7 @@ acting saw, step by step (`tests/test_rl_policy.py`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -359,9 +360,8 @@ class MemoryPolicy(nn.Module):
 
     # ----------------------------------------------------------------------------------------------------------------
     # the action distribution
-    def _categoricals(self, logits):
-        return [torch.distributions.Categorical(logits=part) for part in logits.split(self.category_sizes, dim=-1)]
-
+    # Categoricals are written out (log_softmax, multinomial, gather) rather than built as torch.distributions objects:
+    # the objects' construction and argument checks cost more than a small policy's whole step when acting.
     def _sample(self, parameters: torch.Tensor, greedy: bool) -> torch.Tensor:
         """Actions `[..., *action_shape]` in the action space's numbering."""
         if self.action_kind == "box":
@@ -370,20 +370,33 @@ class MemoryPolicy(nn.Module):
             else:
                 flat = parameters + self.log_std.exp() * torch.randn_like(parameters)
             return flat.reshape(*parameters.shape[:-1], *self.action_space.shape)
-        codes = torch.stack([c.logits.argmax(-1) if greedy else c.sample() for c in self._categoricals(parameters)], -1)
-        codes = codes + self.action_start
+        codes = []
+        for logits in parameters.split(self.category_sizes, dim=-1):
+            if greedy:
+                codes.append(logits.argmax(-1))
+            else:
+                probabilities = logits.softmax(-1).reshape(-1, logits.shape[-1])
+                codes.append(torch.multinomial(probabilities, 1).reshape(logits.shape[:-1]))
+        codes = torch.stack(codes, -1) + self.action_start
         return codes[..., 0] if self.action_kind == "discrete" else codes
 
-    def _log_probs_and_entropy(self, parameters: torch.Tensor, actions: torch.Tensor):
-        """Log-probabilities of `actions` `[..., *action_shape]` (the space's numbering) and the entropies, `[...]`."""
+    def _log_probs_and_entropy(self, parameters: torch.Tensor, actions: torch.Tensor, entropy: bool = True):
+        """Log-probabilities of `actions` `[..., *action_shape]` (the space's numbering) and the entropies, `[...]`
+        (None unless `entropy`)."""
         if self.action_kind == "box":
             flat = actions.reshape(*parameters.shape).to(parameters.dtype)
-            normal = torch.distributions.Normal(parameters, self.log_std.exp())
-            return normal.log_prob(flat).sum(-1), normal.entropy().sum(-1)
+            log_std = self.log_std.expand_as(parameters)
+            log_probs = -0.5 * ((flat - parameters) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+            entropies = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1) if entropy else None
+            return log_probs.sum(-1), entropies
         codes = actions.long().reshape(*parameters.shape[:-1], len(self.category_sizes)) - self.action_start
-        categoricals = self._categoricals(parameters)
-        log_probs = sum(c.log_prob(codes[..., i]) for i, c in enumerate(categoricals))
-        return log_probs, sum(c.entropy() for c in categoricals)
+        log_probs, entropies = 0, 0
+        for i, logits in enumerate(parameters.split(self.category_sizes, dim=-1)):
+            normalised = logits.log_softmax(-1)
+            log_probs = log_probs + normalised.gather(-1, codes[..., i : i + 1])[..., 0]
+            if entropy:
+                entropies = entropies - (normalised.exp() * normalised).sum(-1)
+        return log_probs, entropies if entropy else None
 
     def env_actions(self, actions: torch.Tensor) -> np.ndarray:
         """The actions to step the environment with: a numpy array, a Box's clipped to its bounds."""
@@ -417,7 +430,7 @@ class MemoryPolicy(nn.Module):
         out = self(observations[:, None], state, episode_starts[:, None])
         parameters = out.logits[:, 0]
         actions = self._sample(parameters, greedy)
-        log_probs, _ = self._log_probs_and_entropy(parameters, actions)
+        log_probs, _ = self._log_probs_and_entropy(parameters, actions, entropy=False)
         return PolicyStep(actions, log_probs, out.values[:, 0], out.state)
 
     def evaluate_actions(self, observations, state, episode_starts, actions):
