@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def build_policy_card(policy, repo_id: str, task: str | None = None, mean_return: float | None = None):
     """A `huggingface_hub.ModelCard`: reinforcement-learning metadata (library, tags, the task, `mean_reward` in the
-    model-index when measured, as RL cards on the Hub carry it) and a body saying what the policy is and how to run it."""
+    model-index when measured, as RL cards on the Hub carry it) and a body saying what the policy is and how to run
+    it."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     body = policy.body.to_config()

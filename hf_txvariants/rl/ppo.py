@@ -38,7 +38,7 @@ class PPOSettings:
     clip: float = 0.2
     value_coef: float = 0.5
     entropy_coef: float = 0.01
-    final_entropy_coef: float | None = None  # anneal linearly towards this (ppo_trxl's entropy schedule); None: constant
+    final_entropy_coef: float | None = None  # anneal linearly towards this (ppo_trxl's entropy schedule); None: same
     max_grad_norm: float = 0.5
     return_window: int = 100
 
@@ -169,7 +169,8 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
     started = time.perf_counter()
     updates = settings.updates(num_envs)
     for update in range(updates):
-        learning_rate, entropy_coef = settings.learning_rate_at(update, updates), settings.entropy_coef_at(update, updates)
+        learning_rate = settings.learning_rate_at(update, updates)
+        entropy_coef = settings.entropy_coef_at(update, updates)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
         policy.eval()
