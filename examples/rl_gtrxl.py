@@ -6,10 +6,11 @@ the cue showed: +1 if right, -1 if wrong. The decision comes more steps after th
 (`corridor_length >= segment_length`), so the agent can only succeed by reading the cue from its memory
 (`cache`) across segments. A memory-less agent is at chance (50 %).
 
-The agent acts one step at a time, carrying the GTrXL memory and marking episode starts (a per-row reset); every
-`segment_length` steps it learns with PPO on the segment it just collected, re-run from the memory that segment
-started with (the stored-memory scheme of the paper). The baseline is the very same network with `mem_len=0`:
-every step attends only to itself.
+The agent is a `hf_txvariants.rl.MemoryPolicy` with a GTrXL body, trained by `hf_txvariants.rl.train_ppo` (the
+project's one PPO): it acts one step at a time, carrying the GTrXL memory and marking episode starts (a per-row
+reset); every `segment_length` steps it learns with PPO on the segment it just collected, re-run from the memory that
+segment started with (the stored-memory scheme of the paper). The baseline is the very same network with
+`mem_len=0`: every step attends only to itself.
 
     python examples/rl_gtrxl.py                      # 5 seeds of GTrXL and of the baseline, a few minutes on CPU
     python examples/rl_gtrxl.py --seeds 0 --iterations 150 --variants gtrxl trxl_i baseline
@@ -25,10 +26,9 @@ from dataclasses import asdict, dataclass
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
 
-from hf_txvariants import GTrXLConfig, GTrXLModel
-from hf_txvariants.rl import generalised_advantages
+from hf_txvariants.rl import MemoryPolicy, PPOSettings, train_ppo
+from hf_txvariants.rl.evaluate import evaluate_policy
 
 
 class RememberCueEnv(gym.Env):
@@ -73,25 +73,6 @@ class RememberCueEnv(gym.Env):
 gym.register("RememberCue-v0", entry_point=RememberCueEnv)
 
 
-class ActorCritic(nn.Module):
-    """Observation encoder -> GTrXL (inputs_embeds) -> policy logits and value."""
-
-    def __init__(self, observation_size: int, num_actions: int, config: GTrXLConfig):
-        super().__init__()
-        self.encoder = nn.Linear(observation_size, config.hidden_size)
-        self.backbone = GTrXLModel(config)
-        self.policy = nn.Linear(config.hidden_size, num_actions)
-        self.value = nn.Linear(config.hidden_size, 1)
-
-    def forward(self, observations, memory, episode_starts):
-        """observations `[envs, steps, obs]`, episode_starts `[envs, steps]` -> logits, values, updated memory."""
-        out = self.backbone(
-            inputs_embeds=self.encoder(observations), cache=memory, episode_starts=episode_starts
-        )
-        hidden = out.last_hidden_state
-        return self.policy(hidden), self.value(hidden).squeeze(-1), out.cache
-
-
 @dataclass
 class Settings:
     corridor_length: int = 10
@@ -129,9 +110,9 @@ VARIANTS = {
 }
 
 
-def make_agent(variant: str, settings: Settings) -> ActorCritic:
+def make_agent(variant: str, settings: Settings) -> MemoryPolicy:
+    """A `MemoryPolicy` with the variant's GTrXL body (observations in as `inputs_embeds`, two actions)."""
     fields = dict(
-        vocab_size=1,  # observations come in as inputs_embeds
         hidden_size=settings.hidden_size,
         num_attention_heads=settings.num_heads,
         intermediate_size=2 * settings.hidden_size,
@@ -141,114 +122,53 @@ def make_agent(variant: str, settings: Settings) -> ActorCritic:
     )
     if VARIANTS[variant].get("adapt_span_enabled"):
         fields["attn_span"] = settings.mem_len + 1  # the largest span: every step the memory holds
-    config = GTrXLConfig(**{**fields, **VARIANTS[variant]})
-    return ActorCritic(3, 2, config)
+    env = RememberCueEnv(settings.corridor_length)
+    return MemoryPolicy.gtrxl(env.observation_space, env.action_space, **{**fields, **VARIANTS[variant]})
 
 
-def play(agent, envs, observations, memory, starts, steps, greedy=False):
-    """Acts `steps` steps in every env, one step at a time with the memory. Returns the trajectory, the state to
-    continue from and the successes of the episodes that ended."""
-    trajectory = {k: [] for k in ("observations", "starts", "actions", "log_probs", "values", "rewards", "dones")}
-    successes = []
-    for _ in range(steps):
-        obs = torch.as_tensor(np.stack(observations))
-        with torch.no_grad():
-            logits, values, memory = agent(obs[:, None], memory, starts[:, None])
-        distribution = torch.distributions.Categorical(logits=logits[:, 0])
-        actions = logits[:, 0].argmax(-1) if greedy else distribution.sample()
-        rewards, dones = [], []
-        for i, env in enumerate(envs):
-            observation, reward, terminated, truncated, info = env.step(int(actions[i]))
-            if terminated or truncated:
-                successes.append(float(info.get("success", False)))
-                observation, _ = env.reset()
-            observations[i] = observation
-            rewards.append(reward)
-            dones.append(terminated or truncated)
-        for key, value in (
-            ("observations", obs),
-            ("starts", starts),
-            ("actions", actions),
-            ("log_probs", distribution.log_prob(actions)),
-            ("values", values[:, 0]),
-            ("rewards", torch.tensor(rewards)),
-            ("dones", torch.tensor(dones)),
-        ):
-            trajectory[key].append(value)
-        starts = torch.tensor(dones)
-    trajectory = {k: torch.stack(v, dim=1) for k, v in trajectory.items()}  # [envs, steps, ...]
-    return trajectory, observations, memory, starts, successes
-
-
-def advantages_and_returns(trajectory, next_value, settings: Settings):
-    """GAE (`hf_txvariants.rl.generalised_advantages`) over the `[envs, steps]` trajectory."""
-    advantages, returns = generalised_advantages(
-        trajectory["rewards"].T, trajectory["values"].T, trajectory["dones"].float().T, next_value,
-        settings.gamma, settings.gae_lambda,
+def make_envs(settings: Settings):
+    """`num_envs` RememberCue envs that reset an ended episode within the step (what `train_ppo` expects)."""
+    return gym.vector.SyncVectorEnv(
+        [lambda: RememberCueEnv(settings.corridor_length) for _ in range(settings.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    return advantages.T, returns.T
 
 
-def evaluate(agent, settings: Settings, seed: int) -> float:
-    envs = [RememberCueEnv(settings.corridor_length) for _ in range(settings.num_envs)]
-    observations = [env.reset(seed=10_000 + seed * 1000 + i)[0] for i, env in enumerate(envs)]
-    memory = agent.backbone.init_memory(len(envs))
-    starts = torch.ones(len(envs), dtype=torch.bool)
-    successes = []
-    while len(successes) < settings.eval_episodes:
-        _, observations, memory, starts, done = play(
-            agent, envs, observations, memory, starts, settings.corridor_length + 1, greedy=True
-        )
-        successes += done
-    return float(np.mean(successes[: settings.eval_episodes]))
+def ppo_settings(settings: Settings) -> PPOSettings:
+    """One PPO update per segment: every env acts `segment_length` steps, then `epochs` full-batch steps on it."""
+    return PPOSettings(
+        total_steps=settings.iterations * settings.segment_length * settings.num_envs,
+        rollout_steps=settings.segment_length, segment_length=settings.segment_length, epochs=settings.epochs,
+        minibatches=1, learning_rate=settings.learning_rate, gamma=settings.gamma, gae_lambda=settings.gae_lambda,
+        clip=settings.clip, value_coef=settings.value_coef, entropy_coef=settings.entropy_coef,
+        max_grad_norm=settings.max_grad_norm, return_window=200,
+    )
+
+
+def evaluate(agent: MemoryPolicy, settings: Settings, seed: int) -> float:
+    """Greedy success rate over `eval_episodes` fresh episodes (the reward is +1 on success, -1 otherwise)."""
+    envs = make_envs(settings)
+    returns = evaluate_policy(agent, envs, settings.eval_episodes, deterministic=True, seed=10_000 + seed * 1000)
+    return float(np.mean(np.array(returns) > 0))
 
 
 def train(variant: str, seed: int, settings: Settings, log_every: int = 0) -> dict:
     torch.manual_seed(seed)
     agent = make_agent(variant, settings)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=settings.learning_rate)
-    envs = [RememberCueEnv(settings.corridor_length) for _ in range(settings.num_envs)]
-    observations = [env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)]
-    memory = agent.backbone.init_memory(len(envs))
-    starts = torch.ones(len(envs), dtype=torch.bool)
-    recent, started = [], time.time()
-    for iteration in range(settings.iterations):
-        segment_memory = memory.clone()  # what this segment starts from, for re-running it while learning
-        trajectory, observations, memory, starts, successes = play(
-            agent, envs, observations, memory, starts, settings.segment_length
-        )
-        recent = (recent + successes)[-200:]
-        with torch.no_grad():  # value of the next step, without advancing the memory
-            obs = torch.as_tensor(np.stack(observations))[:, None]
-            next_value = agent(obs, memory.clone(), starts[:, None])[1][:, 0]
-        advantages, returns = advantages_and_returns(trajectory, next_value, settings)
-        normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        for _ in range(settings.epochs):
-            logits, values, _ = agent(trajectory["observations"], segment_memory.clone(), trajectory["starts"])
-            distribution = torch.distributions.Categorical(logits=logits)
-            ratio = (distribution.log_prob(trajectory["actions"]) - trajectory["log_probs"]).exp()
-            clipped = ratio.clamp(1 - settings.clip, 1 + settings.clip)
-            policy_loss = -torch.min(ratio * normalised, clipped * normalised).mean()
-            value_loss = (values - returns).pow(2).mean()
-            loss = policy_loss + settings.value_coef * value_loss - settings.entropy_coef * distribution.entropy().mean()
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), settings.max_grad_norm)
-            optimizer.step()
-            agent.backbone.clamp_spans_()  # keeps learned spans in [0, attn_span] (no-op without adaptive span)
-        if log_every and (iteration + 1) % log_every == 0:
-            print(
-                f"  {variant} seed {seed} iteration {iteration + 1}: training success (last 200 episodes) "
-                f"{np.mean(recent):.2f}, {time.time() - started:.0f}s",
-                flush=True,
-            )
-    agent.eval()
+    started = time.time()
+
+    def log(history):
+        if log_every and len(history.steps) % log_every == 0 and history.mean_returns[-1] is not None:
+            print(f"  {variant} seed {seed} iteration {len(history.steps)}: training success (last 200 episodes) "
+                  f"{(history.mean_returns[-1] + 1) / 2:.2f}, {time.time() - started:.0f}s", flush=True)
+
+    history = train_ppo(agent, make_envs(settings), ppo_settings(settings), seed=seed * 1000, log=log)
     return {
         "variant": variant,
         "seed": seed,
         "success": evaluate(agent, settings, seed),
-        "training_success_last_200": float(np.mean(recent)) if recent else float("nan"),
-        "parameters": sum(p.numel() for p in agent.parameters()),
+        "training_success_last_200": (history.final_mean_return + 1) / 2,  # nan until 200 episodes ended
+        "parameters": agent.num_parameters,
         "seconds": round(time.time() - started, 1),
     }
 

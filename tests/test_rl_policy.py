@@ -125,10 +125,13 @@ def test_observation_encoder_codes_each_space():
 def test_unsupported_spaces_are_refused_by_name():
     with pytest.raises(ValueError, match="observation_space must be Discrete, MultiDiscrete or Box, got Dict"):
         build("gru", gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), gym.spaces.Discrete(2))
-    with pytest.raises(ValueError, match="action_space must be Discrete, got Box"):
-        build("gru", gym.spaces.Discrete(2), gym.spaces.Box(0, 1, shape=(1,)))
-    with pytest.raises(ValueError, match="config.mem_len >= 1"):
-        build("gtrxl", gym.spaces.Discrete(2), gym.spaces.Discrete(2), mem_len=0)
+    with pytest.raises(ValueError, match=r"action_space must be Discrete, MultiDiscrete \(one-dimensional nvec\) or Box "
+                                          r"\(floating point\), got Tuple"):
+        build("gru", gym.spaces.Discrete(2), gym.spaces.Tuple([gym.spaces.Discrete(2)]))
+    with pytest.raises(ValueError, match=r"got Box\(0, 3, \(1,\), int64\)"):
+        build("gru", gym.spaces.Discrete(2), gym.spaces.Box(0, 3, shape=(1,), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"got MultiDiscrete\(\[\[2 2\]\]\)"):
+        build("gru", gym.spaces.Discrete(2), gym.spaces.MultiDiscrete([[2, 2]]))
     policy = build("gru", gym.spaces.Discrete(2), gym.spaces.Discrete(2))
     with pytest.raises(ValueError, match=r"episode_starts has shape \(2, 3\), expected \[envs, steps\] = \(2, 4\)"):
         policy(torch.zeros(2, 4, dtype=torch.long), policy.initial_state(2), torch.zeros(2, 3, dtype=torch.bool))

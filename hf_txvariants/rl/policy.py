@@ -22,6 +22,8 @@ acting saw, step by step (`tests/test_rl_policy.py`).
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +97,18 @@ class MemoryBody(nn.Module):
     batch-first tensors of fixed shape."""
 
     hidden_size: int
+    kind: str  # the name `BODIES` knows it by (saved in the policy's config.json)
+
+    def to_config(self) -> dict:
+        """What `from_config` rebuilds the body from (JSON-ready)."""
+        return {"kind": self.kind, "hidden_size": self.hidden_size}
+
+    @classmethod
+    def from_config(cls, data: dict) -> MemoryBody:
+        return cls(data["hidden_size"])
+
+    def after_optimizer_step(self):
+        """Called by `train_ppo` after every optimiser step."""
 
     def initial_state(self, num_envs: int, device=None):
         raise NotImplementedError
@@ -109,18 +123,37 @@ class MemoryBody(nn.Module):
 class GTrXLBody(MemoryBody):
     """The GTrXL backbone (`GTrXLModel`) over encoded observations; the state is its `MemoryCache`."""
 
+    kind = "gtrxl"
+
     def __init__(self, config: GTrXLConfig):
         super().__init__()
-        if config.mem_len < 1:
-            raise ValueError(f"a GTrXL policy needs config.mem_len >= 1 (its memory), got {config.mem_len}; "
-                             "MemoryPolicy.mlp is the memoryless policy")
+        if config.mem_len < 0:
+            raise ValueError(f"config.mem_len must be >= 0, got {config.mem_len}")
         self.config = config
         self.hidden_size = config.hidden_size
         self.model = GTrXLModel(config)
 
-    def initial_state(self, num_envs: int, device=None) -> MemoryCache:
+    @property
+    def memoryless(self) -> bool:
+        """`mem_len=0`: every step attends only to itself (GTrXL's own network without a memory, a baseline of
+        exactly its parameters); the state is None."""
+        return self.config.mem_len == 0
+
+    def to_config(self) -> dict:
+        return {"kind": self.kind, "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, data: dict) -> GTrXLBody:
+        return cls(GTrXLConfig.from_dict(data["config"]))
+
+    def after_optimizer_step(self):
+        self.model.clamp_spans_()  # keeps learned adaptive spans in [0, attn_span]; a no-op without adaptive span
+
+    def initial_state(self, num_envs: int, device=None) -> MemoryCache | None:
         """`mem_len` slots per env, masked out (with `memory_init="zeros"`: zero vectors that are attended), so the
         memory has its full, fixed shape from the first step on."""
+        if self.memoryless:
+            return None
         config, parameter = self.config, next(self.parameters())
         device = device or parameter.device
         memory = torch.zeros(num_envs, config.num_hidden_layers, config.mem_len, config.hidden_size,
@@ -129,18 +162,26 @@ class GTrXLBody(MemoryBody):
         return self.restore({"memory": memory, "memory_mask": mask})
 
     def forward(self, inputs, state, episode_starts):
+        if self.memoryless:  # each step is its own sequence of one
+            envs, steps, hidden = inputs.shape
+            out = self.model(inputs_embeds=inputs.reshape(envs * steps, 1, hidden), use_cache=False)
+            return out.last_hidden_state.reshape(envs, steps, hidden), None
         out = self.model(inputs_embeds=inputs, cache=state, episode_starts=episode_starts, use_cache=True)
         return out.last_hidden_state, out.cache
 
-    def snapshot(self, state: MemoryCache) -> dict[str, torch.Tensor]:
+    def snapshot(self, state: MemoryCache | None) -> dict[str, torch.Tensor]:
         """Every layer's memory, `memory [envs, layers, mem_len, hidden]`, and `memory_mask [envs, mem_len]` (a copy:
         acting goes on updating the state itself)."""
-        if state.memories is None or state.memory_length != self.config.mem_len:
+        if self.memoryless:
+            return {}
+        if state is None or state.memories is None or state.memory_length != self.config.mem_len:
             raise ValueError(f"the GTrXL state must hold mem_len={self.config.mem_len} slots (start from "
                              f"`initial_state`), got {state.memory_length}")
         return {"memory": torch.stack(state.memories, dim=1).clone(), "memory_mask": state.memory_mask.clone()}
 
-    def restore(self, snapshot: dict[str, torch.Tensor]) -> MemoryCache:
+    def restore(self, snapshot: dict[str, torch.Tensor]) -> MemoryCache | None:
+        if self.memoryless:
+            return None
         config = self.config
         return MemoryCache(
             config.num_hidden_layers,
@@ -154,6 +195,8 @@ class GTrXLBody(MemoryBody):
 
 class GRUBody(MemoryBody):
     """One GRU cell stepped through time; a row's hidden state is zeroed where its episode starts."""
+
+    kind = "gru"
 
     def __init__(self, hidden_size: int):
         super().__init__()
@@ -180,6 +223,8 @@ class GRUBody(MemoryBody):
 class MLPBody(MemoryBody):
     """Two ReLU layers on each step alone: no memory (its state is None)."""
 
+    kind = "mlp"
+
     def __init__(self, hidden_size: int):
         super().__init__()
         self.hidden_size = hidden_size
@@ -200,43 +245,77 @@ class MLPBody(MemoryBody):
         return None
 
 
+BODIES = {"gtrxl": GTrXLBody, "gru": GRUBody, "mlp": MLPBody}
+POLICY_FORMAT = "hf_txvariants.rl.MemoryPolicy"
+CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+
+
 @dataclass
 class PolicyOutput:
-    logits: torch.Tensor  # [envs, steps, actions]
+    logits: torch.Tensor  # [envs, steps, parameters]: the action logits (a Box: the Gaussian's means)
     values: torch.Tensor  # [envs, steps]
     state: object
 
 
 @dataclass
 class PolicyStep:
-    actions: torch.Tensor  # [envs]
+    actions: torch.Tensor  # [envs, *action_shape], in the action space's numbering (a Box's: unclipped)
     log_probs: torch.Tensor  # [envs]
     values: torch.Tensor  # [envs]
     state: object
 
 
+def _action_parameters(action_space) -> tuple[str, int]:
+    """The action space's kind ("discrete", "multi_discrete", "box") and how many outputs the policy head needs."""
+    import gymnasium as gym
+
+    if isinstance(action_space, gym.spaces.Discrete):
+        return "discrete", int(action_space.n)
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
+        return "multi_discrete", int(action_space.nvec.sum())
+    if isinstance(action_space, gym.spaces.Box) and np.issubdtype(action_space.dtype, np.floating):
+        return "box", int(np.prod(action_space.shape))
+    raise ValueError(
+        f"action_space must be Discrete, MultiDiscrete (one-dimensional nvec) or Box (floating point), got "
+        f"{action_space}; wrap the environment (e.g. gymnasium.wrappers.FlattenObservation for the observations, an "
+        "ActionWrapper for the actions) to give it one of these"
+    )
+
+
 class MemoryPolicy(nn.Module):
-    """Observation encoder -> memory body -> action logits and value. Discrete action spaces."""
+    """Observation encoder -> memory body -> action distribution and value.
+
+    Action spaces (`act`, `evaluate_actions`):
+    - Discrete: a categorical over the logits;
+    - MultiDiscrete (one-dimensional): independent categoricals, log-probabilities and entropies summed;
+    - Box (floating point): a diagonal Gaussian, means from the head and a learned state-independent log-std
+      (`log_std`). Actions are the unclipped samples (their log-probabilities are those of the samples); only
+      `env_actions` clips them to the bounds, to step the environment (as CleanRL's continuous PPO)."""
 
     def __init__(self, observation_space, action_space, body: MemoryBody):
         super().__init__()
-        import gymnasium as gym
-
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ValueError(f"action_space must be Discrete, got {action_space}")
-        self.num_actions = int(action_space.n)
-        self.action_offset = int(action_space.start)
+        self.action_kind, num_parameters = _action_parameters(action_space)
+        self.observation_space, self.action_space = observation_space, action_space
         self.encoder = ObservationEncoder(observation_space, body.hidden_size)
         self.body = body
-        self.policy_head = nn.Linear(body.hidden_size, self.num_actions)
+        self.policy_head = nn.Linear(body.hidden_size, num_parameters)
         self.value_head = nn.Linear(body.hidden_size, 1)
+        if self.action_kind == "box":
+            self.log_std = nn.Parameter(torch.zeros(num_parameters))
+        if self.action_kind == "discrete":
+            self.category_sizes, start = [int(action_space.n)], [int(action_space.start)]
+        elif self.action_kind == "multi_discrete":
+            self.category_sizes, start = action_space.nvec.tolist(), action_space.start.tolist()
+        else:
+            self.category_sizes, start = [], []
+        self.register_buffer("action_start", torch.tensor(start, dtype=torch.long), persistent=False)
 
     # ----------------------------------------------------------------------------------------------------------------
     # construction
     @classmethod
     def gtrxl(cls, observation_space, action_space, config: GTrXLConfig | None = None, **config_fields):
         """A GTrXL policy; `config_fields` build the `GTrXLConfig` (vocab_size is 1: observations come in as
-        `inputs_embeds`). `gate_type="trxl_i"` gives TrXL-I."""
+        `inputs_embeds`). `gate_type="trxl_i"` gives TrXL-I; `mem_len=0` the same network without a memory."""
         if config is None:
             config = GTrXLConfig(**{"vocab_size": 1, **config_fields})
         elif config_fields:
@@ -255,10 +334,23 @@ class MemoryPolicy(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    @property
+    def device(self) -> torch.device:
+        return self.policy_head.weight.device
+
+    def check_spaces(self, observation_space, action_space):
+        """Refuses an environment whose spaces are not the ones this policy was built for, naming both."""
+        if observation_space != self.observation_space or action_space != self.action_space:
+            raise ValueError(
+                f"the policy was built for observation space {self.observation_space} and action space "
+                f"{self.action_space}, but the environment has observation space {observation_space} and action "
+                f"space {action_space}"
+            )
+
     # ----------------------------------------------------------------------------------------------------------------
     # the memory
     def initial_state(self, num_envs: int):
-        return self.body.initial_state(num_envs, device=self.policy_head.weight.device)
+        return self.body.initial_state(num_envs, device=self.device)
 
     def snapshot(self, state) -> dict[str, torch.Tensor]:
         return self.body.snapshot(state)
@@ -267,9 +359,56 @@ class MemoryPolicy(nn.Module):
         return self.body.restore(snapshot)
 
     # ----------------------------------------------------------------------------------------------------------------
+    # the action distribution
+    # Categoricals are written out (log_softmax, multinomial, gather) rather than built as torch.distributions objects:
+    # the objects' construction and argument checks cost more than a small policy's whole step when acting.
+    def _sample(self, parameters: torch.Tensor, greedy: bool) -> torch.Tensor:
+        """Actions `[..., *action_shape]` in the action space's numbering."""
+        if self.action_kind == "box":
+            if greedy:
+                flat = parameters
+            else:
+                flat = parameters + self.log_std.exp() * torch.randn_like(parameters)
+            return flat.reshape(*parameters.shape[:-1], *self.action_space.shape)
+        codes = []
+        for logits in parameters.split(self.category_sizes, dim=-1):
+            if greedy:
+                codes.append(logits.argmax(-1))
+            else:
+                probabilities = logits.softmax(-1).reshape(-1, logits.shape[-1])
+                codes.append(torch.multinomial(probabilities, 1).reshape(logits.shape[:-1]))
+        codes = torch.stack(codes, -1) + self.action_start
+        return codes[..., 0] if self.action_kind == "discrete" else codes
+
+    def _log_probs_and_entropy(self, parameters: torch.Tensor, actions: torch.Tensor, entropy: bool = True):
+        """Log-probabilities of `actions` `[..., *action_shape]` (the space's numbering) and the entropies, `[...]`
+        (None unless `entropy`)."""
+        if self.action_kind == "box":
+            flat = actions.reshape(*parameters.shape).to(parameters.dtype)
+            log_std = self.log_std.expand_as(parameters)
+            log_probs = -0.5 * ((flat - parameters) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+            entropies = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1) if entropy else None
+            return log_probs.sum(-1), entropies
+        codes = actions.long().reshape(*parameters.shape[:-1], len(self.category_sizes)) - self.action_start
+        log_probs, entropies = 0, 0
+        for i, logits in enumerate(parameters.split(self.category_sizes, dim=-1)):
+            normalised = logits.log_softmax(-1)
+            log_probs = log_probs + normalised.gather(-1, codes[..., i : i + 1])[..., 0]
+            if entropy:
+                entropies = entropies - (normalised.exp() * normalised).sum(-1)
+        return log_probs, entropies if entropy else None
+
+    def env_actions(self, actions: torch.Tensor) -> np.ndarray:
+        """The actions to step the environment with: a numpy array, a Box's clipped to its bounds."""
+        actions = actions.detach().cpu().numpy()
+        if self.action_kind == "box":
+            return np.clip(actions, self.action_space.low, self.action_space.high).astype(self.action_space.dtype)
+        return actions
+
+    # ----------------------------------------------------------------------------------------------------------------
     # running
     def _tensor(self, value, dtype=None) -> torch.Tensor:
-        return torch.as_tensor(value, dtype=dtype, device=self.policy_head.weight.device)
+        return torch.as_tensor(value, dtype=dtype, device=self.device)
 
     def forward(self, observations, state, episode_starts) -> PolicyOutput:
         """observations `[envs, steps, *observation_shape]`, episode_starts `[envs, steps]` (True where an episode
@@ -289,18 +428,142 @@ class MemoryPolicy(nn.Module):
         observations = self._tensor(observations)
         episode_starts = self._tensor(episode_starts, torch.bool)
         out = self(observations[:, None], state, episode_starts[:, None])
-        logits = out.logits[:, 0]
-        distribution = torch.distributions.Categorical(logits=logits)
-        actions = logits.argmax(-1) if greedy else distribution.sample()
-        return PolicyStep(actions + self.action_offset, distribution.log_prob(actions), out.values[:, 0], out.state)
+        parameters = out.logits[:, 0]
+        actions = self._sample(parameters, greedy)
+        log_probs, _ = self._log_probs_and_entropy(parameters, actions, entropy=False)
+        return PolicyStep(actions, log_probs, out.values[:, 0], out.state)
 
     def evaluate_actions(self, observations, state, episode_starts, actions):
-        """Log-probabilities of `actions` `[envs, steps]`, the entropies and the values over a stored segment that
-        starts from `state` (e.g. `restore` of the snapshot taken when acting reached it)."""
+        """Log-probabilities of `actions` `[envs, steps, *action_shape]`, the entropies and the values over a stored
+        segment that starts from `state` (e.g. `restore` of the snapshot taken when acting reached it)."""
         out = self(observations, state, episode_starts)
-        distribution = torch.distributions.Categorical(logits=out.logits)
-        actions = self._tensor(actions).long() - self.action_offset
-        return distribution.log_prob(actions), distribution.entropy(), out.values
+        log_probs, entropy = self._log_probs_and_entropy(out.logits, self._tensor(actions))
+        return log_probs, entropy, out.values
+
+    @torch.no_grad()
+    def predict(self, observation, state: dict | None = None, episode_start=None, deterministic: bool = False):
+        """One step, numpy in and numpy out, as SB3-contrib's `RecurrentPPO.predict`: returns `(actions, state)`.
+
+        observation: `[envs, *observation_shape]`, or one observation `observation_shape`. state: what the last call
+        returned (a dict of numpy arrays, the `snapshot` of the memory), or None to start fresh. episode_start
+        `[envs]`: True where an episode begins (default: all True when `state` is None, else all False). The actions
+        are ready for `env.step` (a Box's clipped to its bounds). The state passed in is never modified."""
+        observation = np.asarray(observation)
+        single = observation.shape == tuple(self.observation_space.shape)
+        if single:
+            observation = observation[None]
+        num_envs = observation.shape[0]
+        if state is None:
+            memory = self.initial_state(num_envs)
+        else:
+            if not isinstance(state, dict):
+                raise ValueError(f"state must be None or the dict that predict returned, got {type(state).__name__}")
+            for name, value in state.items():
+                if np.shape(value)[:1] != (num_envs,):
+                    raise ValueError(f"state[{name!r}] has shape {np.shape(value)}, expected {num_envs} envs first")
+            memory = self.restore({name: self._tensor(np.array(value)) for name, value in state.items()})
+        if episode_start is None:
+            episode_start = np.full(num_envs, state is None)
+        episode_start = np.asarray(episode_start, dtype=bool).reshape(-1)
+        if episode_start.shape != (num_envs,):
+            raise ValueError(f"episode_start has {episode_start.size} entries for {num_envs} observations")
+        step = self.act(observation, memory, episode_start, greedy=deterministic)
+        actions = self.env_actions(step.actions)
+        next_state = {name: value.cpu().numpy() for name, value in self.snapshot(step.state).items()}
+        return (actions[0] if single else actions), next_state
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # saving, loading, sharing
+    def to_config(self) -> dict:
+        """config.json: the body (its kind and config) and both spaces, all plain JSON."""
+        from .spaces import space_to_dict
+
+        return {
+            "format": POLICY_FORMAT,
+            "format_version": 1,
+            "body": self.body.to_config(),
+            "observation_space": space_to_dict(self.observation_space),
+            "action_space": space_to_dict(self.action_space),
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> MemoryPolicy:
+        from .spaces import space_from_dict
+
+        if not isinstance(config, dict) or config.get("format") != POLICY_FORMAT:
+            found = config.get("format") if isinstance(config, dict) else type(config).__name__
+            raise ValueError(f"not a saved MemoryPolicy config (format {found!r}, expected {POLICY_FORMAT!r})")
+        if config.get("format_version") != 1:
+            raise ValueError(f"saved MemoryPolicy format_version {config.get('format_version')!r} is not supported "
+                             "(this release reads version 1)")
+        body = config.get("body")
+        if not isinstance(body, dict) or body.get("kind") not in BODIES:
+            raise ValueError(f"the saved body must name one of {', '.join(BODIES)} as its 'kind', got {body!r}")
+        return cls(space_from_dict(config["observation_space"]), space_from_dict(config["action_space"]),
+                   BODIES[body["kind"]].from_config(body))
+
+    def save_pretrained(self, save_directory) -> list[str]:
+        """Writes `config.json` (`to_config`) and `model.safetensors` into `save_directory`, through a temporary
+        sibling folder renamed into place: a failure leaves no half-written folder. Returns the file names."""
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        from ..txv_pretrained import atomic_directory
+
+        save_directory = Path(save_directory)
+        with atomic_directory(save_directory) as staging:
+            (staging / CONFIG_NAME).write_text(json.dumps(self.to_config(), indent=2, sort_keys=True) + "\n")
+            weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.state_dict().items()}
+            save_file(weights, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
+        return sorted(p.name for p in save_directory.iterdir() if p.is_file())
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, device=None, revision: str | None = None, token: str | None = None,
+                        cache_dir=None):
+        """A policy from a folder `save_pretrained` wrote, or from a Hub repo id (downloading only config.json and
+        model.safetensors). Weights are read with safetensors; nothing is unpickled."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        folder = Path(name_or_path)
+        if not folder.is_dir():
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(str(name_or_path), revision=revision, token=token,
+                                            cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME]))
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"{folder} has no {name}: not a folder MemoryPolicy.save_pretrained wrote")
+        try:
+            config = json.loads((folder / CONFIG_NAME).read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{folder / CONFIG_NAME} is not valid JSON: {error}") from None
+        policy = cls.from_config(config)
+        policy.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
+        return policy.to(device) if device is not None else policy
+
+    def push_to_hub(self, repo_id: str, task: str | None = None, mean_return: float | None = None,
+                    private: bool = False, token: str | None = None, commit_message: str = "Upload MemoryPolicy",
+                    api=None, revision: str | None = None, create_pr: bool = False):
+        """Creates `repo_id` (if needed) and uploads config.json, model.safetensors and a model card (README.md, with
+        `task` and `mean_return` in its metadata when given) in one commit. Returns the commit info."""
+        import tempfile
+        from pathlib import Path
+
+        from huggingface_hub import HfApi
+
+        from .card import build_policy_card
+
+        api = api or HfApi(token=token)
+        with tempfile.TemporaryDirectory(prefix="txv-policy-push-") as tmp:
+            folder = Path(tmp) / "repo"
+            self.save_pretrained(folder)
+            build_policy_card(self, repo_id, task, mean_return).save(folder / "README.md")
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+                                     commit_message=commit_message, revision=revision, create_pr=create_pr)
 
 
 AGENTS = ("gtrxl", "trxl_i", "gru", "mlp")
@@ -336,6 +599,7 @@ def parameter_matched_hidden_size(build, target: int, low: int = 4, high: int = 
 
 __all__ = [
     "AGENTS",
+    "BODIES",
     "DEFAULT_GTRXL_FIELDS",
     "GRUBody",
     "GTrXLBody",

@@ -4,7 +4,9 @@ Each update acts `rollout_steps` steps in every env, one step at a time with the
 `snapshot` at the start of every `segment_length` steps. Learning re-runs each stored segment from its snapshot
 (truncated back-propagation through the segment, the stored-memory scheme of GTrXL's and POPGym's recurrent PPO),
 with clipped PPO, generalised advantage estimation and an entropy bonus. One loop serves every body (GTrXL, TrXL-I,
-GRU, MLP), so agents differ only in their network.
+GRU, MLP) and every action space of the policy (Discrete, MultiDiscrete, Box), so agents differ only in their network.
+The learning rate and the entropy coefficient anneal linearly when given final values (`final_learning_rate`,
+`final_entropy_coef`, as CleanRL's `anneal_lr` and ppo_trxl's entropy schedule).
 
 The score is POPGym's MMER (maximum mean episodic reward): after every update, the mean return of the last
 `return_window` finished episodes; MMER is the largest of these over training (counted once the window is full).
@@ -30,11 +32,13 @@ class PPOSettings:
     epochs: int = 4
     minibatches: int = 4
     learning_rate: float = 5e-4
+    final_learning_rate: float | None = None  # anneal linearly towards this (CleanRL's anneal_lr: 0.0); None: constant
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip: float = 0.2
     value_coef: float = 0.5
     entropy_coef: float = 0.01
+    final_entropy_coef: float | None = None  # anneal linearly towards this (ppo_trxl's entropy schedule); None: same
     max_grad_norm: float = 0.5
     return_window: int = 100
 
@@ -42,6 +46,10 @@ class PPOSettings:
         for name in ("total_steps", "rollout_steps", "segment_length", "epochs", "minibatches", "return_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PPOSettings.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("learning_rate", "final_learning_rate", "entropy_coef", "final_entropy_coef"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"PPOSettings.{name} must be >= 0, got {value}")
         if self.rollout_steps % self.segment_length:
             raise ValueError(f"PPOSettings.rollout_steps ({self.rollout_steps}) must be a multiple of segment_length "
                              f"({self.segment_length})")
@@ -49,6 +57,25 @@ class PPOSettings:
         if segments < self.minibatches:
             raise ValueError(f"PPOSettings.minibatches ({self.minibatches}) exceeds the {segments} segments of one "
                              "rollout")
+
+    def updates(self, num_envs: int) -> int:
+        return max(1, self.total_steps // (self.rollout_steps * num_envs))
+
+    def learning_rate_at(self, update: int, updates: int) -> float:
+        """The learning rate of update `update` (0-based) of `updates`: linear from `learning_rate` towards
+        `final_learning_rate`, reaching it after the last update (CleanRL: lr * (1 - update / updates) for 0.0)."""
+        return linear_schedule(self.learning_rate, self.final_learning_rate, update, updates)
+
+    def entropy_coef_at(self, update: int, updates: int) -> float:
+        """The entropy coefficient of update `update` of `updates`, annealed as the learning rate."""
+        return linear_schedule(self.entropy_coef, self.final_entropy_coef, update, updates)
+
+
+def linear_schedule(start: float, final: float | None, update: int, updates: int) -> float:
+    """`start + (final - start) * update / updates`; `start` throughout when `final` is None."""
+    if final is None:
+        return start
+    return start + (final - start) * update / updates
 
 
 @dataclass
@@ -59,6 +86,8 @@ class TrainingHistory:
     settings: dict
     steps: list = field(default_factory=list)
     mean_returns: list = field(default_factory=list)
+    learning_rates: list = field(default_factory=list)  # what update i used
+    entropy_coefs: list = field(default_factory=list)
     episodes: int = 0
     seconds: float = 0.0
 
@@ -124,20 +153,26 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
     """Trains `policy` on `envs` (a vector env with `AutoresetMode.SAME_STEP`, see `make_vector_env`) for
     `settings.total_steps` environment steps. `log(history)` is called after every update when given."""
     _check_vector_env(envs)
+    policy.check_spaces(envs.single_observation_space, envs.single_action_space)
     num_envs = envs.num_envs
     settings.check(num_envs)
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=settings.learning_rate, eps=1e-5)
     history = TrainingHistory(settings=asdict(settings))
     observations, _ = envs.reset(seed=seed)
-    device = policy.policy_head.weight.device  # the rollout is kept where the policy is
+    device = policy.device  # the rollout is kept where the policy is
     state = policy.initial_state(num_envs)
     starts = torch.ones(num_envs, dtype=torch.bool, device=device)
     running_returns = np.zeros(num_envs)
     finished: list[float] = []
     steps_per_update = settings.rollout_steps * num_envs
     started = time.perf_counter()
-    for _ in range(max(1, settings.total_steps // steps_per_update)):
+    updates = settings.updates(num_envs)
+    for update in range(updates):
+        learning_rate = settings.learning_rate_at(update, updates)
+        entropy_coef = settings.entropy_coef_at(update, updates)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
         policy.eval()
         rollout = {k: [] for k in ("observations", "starts", "actions", "log_probs", "values", "rewards", "dones")}
         snapshots = []
@@ -145,7 +180,7 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
             if t % settings.segment_length == 0:
                 snapshots.append(policy.snapshot(state))
             step = policy.act(observations, state, starts)
-            next_observations, rewards, terminated, truncated, _ = envs.step(step.actions.cpu().numpy())
+            next_observations, rewards, terminated, truncated, _ = envs.step(policy.env_actions(step.actions))
             dones = np.logical_or(terminated, truncated)
             running_returns += rewards
             finished.extend(running_returns[dones].tolist())
@@ -169,7 +204,9 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
         advantages, returns = generalised_advantages(
             rollout["rewards"], rollout["values"], rollout["dones"], next_value, settings.gamma, settings.gae_lambda
         )
-        _update(policy, optimizer, settings, rollout, snapshots, advantages, returns)
+        _update(policy, optimizer, settings, rollout, snapshots, advantages, returns, entropy_coef)
+        history.learning_rates.append(learning_rate)
+        history.entropy_coefs.append(entropy_coef)
         history.steps.append((len(history.steps) + 1) * steps_per_update)
         window = finished[-settings.return_window :]
         history.mean_returns.append(float(np.mean(window)) if len(window) == settings.return_window else None)
@@ -180,7 +217,7 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
     return history
 
 
-def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advantages, returns):
+def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advantages, returns, entropy_coef: float):
     policy.train()
     segment_length = settings.segment_length
     segments = {k: _to_segments(v, segment_length) for k, v in rollout.items()}
@@ -200,11 +237,12 @@ def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advant
             clipped = ratio.clamp(1 - settings.clip, 1 + settings.clip)
             policy_loss = -torch.min(ratio * advantages, clipped * advantages).mean()
             value_loss = (values - segments["returns"][rows]).pow(2).mean()
-            loss = policy_loss + settings.value_coef * value_loss - settings.entropy_coef * entropy.mean()
+            loss = policy_loss + settings.value_coef * value_loss - entropy_coef * entropy.mean()
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
             optimizer.step()
+            policy.body.after_optimizer_step()
 
 
-__all__ = ["PPOSettings", "TrainingHistory", "generalised_advantages", "train_ppo"]
+__all__ = ["PPOSettings", "TrainingHistory", "generalised_advantages", "linear_schedule", "train_ppo"]
