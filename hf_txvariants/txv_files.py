@@ -8,7 +8,7 @@ the error that names what a failed write (a full disk) left untouched, and the l
   `target` is written on the same host. Two processes writing the same `target` at once: the second is refused.
 - `replace_directory(staging, target)`: the swap itself, for a folder that several processes fill (checkpoints).
 - `explained_write_errors(target)`: turns what a failed write raises (OSError, safetensors' and torch's writer
-  errors) into one OSError naming `target` and the cause ("No space left on device").
+  errors) into one `WriteFailedError` (an OSError) naming `target` and the cause ("No space left on device").
 - `folder_lock(lock_path, holder)`: an OS lock (`fcntl.flock`) held for a block; a second holder is refused with a
   `FolderInUseError` naming the first (pid, host, start time); a lock left by a killed process is taken over.
 
@@ -40,6 +40,18 @@ WRITE_FAILURES = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO, 
 
 class FolderInUseError(OSError):
     """Another running process holds the lock of the folder (the message names it)."""
+
+
+class WriteFailedError(OSError):
+    """A write into `filename` failed (`errno`, `strerror`: the cause, e.g. ENOSPC) and left it as it was; the message
+    is one line naming both."""
+
+    def __init__(self, code: int, target: str | os.PathLike):
+        super().__init__(code, os.strerror(code), str(target))
+        self.message = f"could not write {target} (left as it was): {os.strerror(code)}"
+
+    def __str__(self):
+        return self.message
 
 
 def _host() -> str:
@@ -83,9 +95,9 @@ def _fsync_folder(folder: Path):
         os.close(handle)
 
 
-def write_failure(error: BaseException, target: str | os.PathLike) -> OSError | None:
-    """The OSError that says `target` could not be written and why, for an error raised while writing into it (or
-    None when `error` is not a failed write (`WRITE_FAILURES`, safetensors' or torch's writer): a missing input keeps
+def write_failure(error: BaseException, target: str | os.PathLike) -> WriteFailedError | None:
+    """The WriteFailedError that says `target` could not be written and why, for an error raised while writing into
+    it (or None when `error` is not a failed write (`WRITE_FAILURES`, safetensors' or torch's writer): a missing input keeps
     its message, a bug its traceback)."""
     if isinstance(error, FolderInUseError):
         return None
@@ -101,10 +113,7 @@ def write_failure(error: BaseException, target: str | os.PathLike) -> OSError | 
             code = _probable_cause(Path(target))
         else:
             return None
-    cause = os.strerror(code)
-    failure = OSError(f"could not write {target} (left as it was): {cause}")
-    failure.errno, failure.strerror, failure.filename = code, cause, str(target)
-    return failure
+    return WriteFailedError(code, target)
 
 
 def _probable_cause(target: Path) -> int:
