@@ -174,9 +174,9 @@ def test_train_on_a_full_disk_keeps_the_last_checkpoint_and_model(tmp_path, caps
     # the disk fills while the second checkpoint (step 4) is written
     run = _limited_train("save_checkpoint", 2, flags + ["--max-steps", "4"])
     assert run.returncode == 2, run.stderr[-3000:]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2"]  # no torn step-4, no partial
     last = run.stderr.strip().splitlines()[-1]
     assert last == f"txv: error: could not write {out / 'checkpoints' / 'step-4'} (left as it was): File too large"
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2"]  # no torn step-4, no partial
     assert complete_checkpoints(out) == [out / "checkpoints" / "step-2"] and not (out / "model").exists()
     assert not (out / ".txv.lock").exists()
 
