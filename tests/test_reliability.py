@@ -300,3 +300,18 @@ def test_train_lock_names_json_holder_fields(tmp_path):
 
 def test_every_variant_is_covered():
     assert set(TINY_CONFIGS) == set(txv.VARIANTS)
+
+
+def test_trainer_path_holds_the_same_lock_and_saves_the_model_folder_whole(tmp_path, capsys):
+    """`txv train --trainer` is refused into a folder another run holds, and writes model/ as one folder."""
+    from hf_txvariants.txv_files import folder_lock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    command = ["train", "--trainer", "--output-dir", str(out), "--max-steps", "2"] + TINY_FLAGS
+    with folder_lock(out / ".txv.lock", "txv train"):
+        assert main(command) == 2
+    assert f"{out} is in use by process {os.getpid()} on host" in error_line(capsys)
+    assert main(command) == 0
+    assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= {p.name for p in (out / "model").iterdir()}
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
