@@ -97,8 +97,8 @@ def _fsync_folder(folder: Path):
 
 def write_failure(error: BaseException, target: str | os.PathLike) -> WriteFailedError | None:
     """The WriteFailedError that says `target` could not be written and why, for an error raised while writing into
-    it (or None when `error` is not a failed write (`WRITE_FAILURES`, safetensors' or torch's writer): a missing input keeps
-    its message, a bug its traceback)."""
+    it, or None when `error` is not a failed write (`WRITE_FAILURES`, safetensors' or torch's writer): a missing
+    input keeps its message, a bug its traceback."""
     if isinstance(error, FolderInUseError):
         return None
     code = getattr(error, "errno", None) if isinstance(error, OSError) else None

@@ -68,7 +68,8 @@ def small_disk(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs to fill needs root (CAP_SYS_ADMIN); the file-size-limit tests cover the rest")
+        pytest.skip("mounting a small tmpfs to fill needs root (CAP_SYS_ADMIN); the file-size-limit tests cover "
+                    "the rest")
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
                              text=True)
     if mounted.returncode != 0:
