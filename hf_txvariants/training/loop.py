@@ -496,8 +496,9 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
 def save_checkpoint(accelerator, output_dir: Path, step: int, args: TrainArgs, config, tokenizer, memories):
     """`accelerator.save_state` (model, optimizer, scheduler, RNG of every process) plus each rank's memory, the
     step, the config and the tokenizer, written to checkpoints/step-N. Every rank writes into
-    checkpoints/.step-N.partial, which becomes step-N only when complete: a full disk or a killed run never leaves a torn step-N (the previous
-    checkpoints stay, and the failure is an OSError naming the checkpoint and the cause)."""
+    checkpoints/.step-N.partial, which becomes step-N only when complete: a full disk or a killed run never leaves
+    a torn step-N (the previous checkpoints stay, and the failure is an OSError naming the checkpoint and the
+    cause)."""
     folder = output_dir / "checkpoints" / f"step-{step}"
     staging = folder.with_name(f".{folder.name}{PARTIAL_SUFFIX}")
     if accelerator.is_main_process:
