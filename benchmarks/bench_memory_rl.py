@@ -58,7 +58,7 @@ def run_one(task: str, agent: str, seed: int, total_steps: int) -> dict:
 
 
 def write_json_atomically(path: Path, payload: dict):
-    from hf_txvariants.txv_pretrained import atomic_write_bytes
+    from hf_txvariants.txv_files import atomic_write_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, json.dumps(payload, indent=1).encode())
@@ -118,7 +118,7 @@ def plot_curves(runs: list[dict], tasks, agents, path: Path):
     axes[0][0].set_ylabel("mean return, last 100 episodes")
     axes[0][-1].legend(loc="lower right", fontsize=8)
     figure.tight_layout()
-    from hf_txvariants.txv_pretrained import atomic_write_bytes
+    from hf_txvariants.txv_files import atomic_write_bytes
 
     path.parent.mkdir(parents=True, exist_ok=True)
     image = io.BytesIO()

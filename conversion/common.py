@@ -140,7 +140,7 @@ def summary(cfg, extra=None, file=None):
 def atomic_output_dir(output, overwrite=False):
     """Yield a temporary directory next to ``output``; it replaces ``output`` (as a whole) only if the block
     succeeds. The project's one atomic-folder helper (`atomic_directory`) does the work."""
-    from hf_txvariants.txv_pretrained import atomic_directory
+    from hf_txvariants.txv_files import atomic_directory
 
     output = os.path.abspath(output)
     if os.path.exists(output) and not overwrite:

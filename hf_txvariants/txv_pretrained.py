@@ -7,44 +7,13 @@ import inspect
 import json
 import os
 import re
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 from torch import nn
 from transformers import initialization as init
 from transformers.dynamic_module_utils import get_relative_import_files
 
-WEIGHT_FILE_PATTERN = re.compile(r"^(model.*\.safetensors|pytorch_model.*\.bin)(\.index\.json)?$")
-
-
-@contextmanager
-def atomic_directory(target: str | os.PathLike, keep_existing: bool = True):
-    """Yields a temporary folder next to `target` that replaces `target` only if the block succeeds (the one
-    atomic-folder helper of the project: model saving and the converters use it).
-
-    With `keep_existing`, files already in `target` that the block did not write are kept (e.g. a tokenizer saved
-    before the model), except stale weight files; without it `target` is replaced as a whole. On failure the
-    temporary folder is removed and `target` is left as it was."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    try:
-        yield staging
-        if target.is_dir():
-            for old in target.iterdir() if keep_existing else ():
-                if not (staging / old.name).exists() and not WEIGHT_FILE_PATTERN.match(old.name):
-                    (shutil.copytree if old.is_dir() else shutil.copy2)(old, staging / old.name)
-            backup = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, backup)
-            os.replace(staging, target)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+from .txv_files import atomic_directory, atomic_write_bytes
 
 
 def write_remote_code(model, folder: str | os.PathLike):
@@ -73,20 +42,6 @@ def write_code_payload(config_class, model_class, folder: str | os.PathLike) -> 
     config["auto_map"] = auto_map
     atomic_write_bytes(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     return sorted(Path(source).name for source in code_files) + ["config.json"]
-
-
-def atomic_write_bytes(path: str | os.PathLike, content: bytes):
-    """Writes `content` to `path` through a temporary file in the same folder and an atomic rename (the one
-    atomic-file helper of the project, as `atomic_directory` is for folders)."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(content)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def init_standard_weights(module: nn.Module, std: float):

@@ -41,7 +41,7 @@ def upgrade_legacy(folder, output=None, overwrite=False) -> dict:
 
     import hf_txvariants  # noqa: F401 - registers the Auto classes
     from hf_txvariants import TransfoXLTokenizer
-    from hf_txvariants.txv_pretrained import atomic_directory
+    from hf_txvariants.txv_files import atomic_directory
     from transformers import AutoModelForCausalLM
 
     source = Path(folder)

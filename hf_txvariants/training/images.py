@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..txv_pretrained import atomic_write_bytes
+from ..txv_files import atomic_write_bytes
 
 
 def png_bytes(images: torch.Tensor, scale: int = 4) -> bytes:

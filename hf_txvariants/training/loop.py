@@ -21,12 +21,16 @@ from typing import Literal
 
 import torch
 
+from ..txv_files import atomic_directory, atomic_write_bytes, explained_write_errors, folder_lock, replace_directory
 from . import distributed
 from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
 from .evaluation import evaluate_stream, summarize
 from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory,
                      load_model, memory_state, objective_forward, set_training_progress, unwrapped, uses_memory,
                      after_optimizer_step)
+
+RUN_LOCK_NAME = ".txv.lock"  # in --output-dir, held by the main process for the whole run
+PARTIAL_SUFFIX = ".partial"  # checkpoints/.step-N.partial: a checkpoint being written (ignored by a resume)
 
 # Fields of the run that must not change on resume (the data order and memory layout depend on them).
 RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction")
@@ -285,7 +289,24 @@ def _check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
 
 def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
     """Trains, evaluates and saves; returns {"history": [...], "eval": [...], "model_dir": ..., "config": ...}.
-    `on_step(step)`, if given, is called after each optimizer step (tests use it to interrupt a run)."""
+    `on_step(step)`, if given, is called after each optimizer step (tests use it to interrupt a run).
+    The main process holds --output-dir's lock for the whole run (`hold_output_dir`)."""
+    with contextlib.ExitStack() as held:
+        return _train(args, accelerator, on_step, held)
+
+
+def hold_output_dir(output_dir: Path, held: contextlib.ExitStack):
+    """Takes the lock of `output_dir` for the run (a second run into it is refused with a line naming the first; a
+    lock left by a killed run is taken over, and stderr says so), then removes the partial checkpoints a killed run
+    left there."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    held.enter_context(folder_lock(output_dir / RUN_LOCK_NAME, "txv train", on_stale=distributed.announce))
+    for partial in sorted((output_dir / "checkpoints").glob(f".step-*{PARTIAL_SUFFIX}")):
+        shutil.rmtree(partial, ignore_errors=True)
+        distributed.announce(f"removed the partial checkpoint {partial} (its run stopped while writing it)")
+
+
+def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
     from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
@@ -314,6 +335,8 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
             )
         if device_choice.note and accelerator.is_main_process:
             distributed.announce(device_choice.note)
+    if accelerator.is_main_process:  # one lock per run: the other ranks of the same run write into it too
+        hold_output_dir(output_dir, held)
     world, rank = accelerator.num_processes, accelerator.process_index
     local_rows = args.batch_size // world if args.batch_size % world == 0 else None
     if local_rows is None or local_rows % args.grad_accum:
@@ -476,13 +499,14 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
     model_dir = output_dir / "model"
     if args.save_model:
         state_dict = sharded.full_state_dict() if sharded else accelerator.get_state_dict(model)
-        if accelerator.is_main_process:
-            (sharded or accelerator.unwrap_model(model)).save_pretrained(model_dir, state_dict=state_dict)
-            tokenizer.save_pretrained(model_dir)
-            (model_dir / "eval_results.json").write_text(json.dumps(
-                {"valid_bpc": evals[-1]["bpc"], "valid_perplexity": evals[-1]["perplexity"],
-                 "valid_tokens": evals[-1]["tokens"], "train_steps": args.max_steps, "seg_len": args.seg_len,
-                 "batch_size": args.batch_size}, indent=2) + "\n")
+        if accelerator.is_main_process:  # the whole folder or nothing: a full disk leaves the previous model/
+            with atomic_directory(model_dir, keep_existing=False) as staging:
+                (sharded or accelerator.unwrap_model(model)).save_pretrained(staging, state_dict=state_dict)
+                tokenizer.save_pretrained(staging)
+                (staging / "eval_results.json").write_text(json.dumps(
+                    {"valid_bpc": evals[-1]["bpc"], "valid_perplexity": evals[-1]["perplexity"],
+                     "valid_tokens": evals[-1]["tokens"], "train_steps": args.max_steps, "seg_len": args.seg_len,
+                     "batch_size": args.batch_size}, indent=2) + "\n")
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return {
@@ -499,18 +523,33 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, args: TrainArgs, config, tokenizer, memories):
     """`accelerator.save_state` (model, optimizer, scheduler, RNG of every process) plus each rank's memory, the
-    step, the config and the tokenizer, written to checkpoints/step-N."""
+    step, the config and the tokenizer, written to checkpoints/step-N. Every rank writes into
+    checkpoints/.step-N.partial, which becomes step-N only when complete: a full disk or a killed run never leaves
+    a torn step-N (the previous checkpoints stay, and the failure is an OSError naming the checkpoint and the
+    cause)."""
     folder = output_dir / "checkpoints" / f"step-{step}"
-    accelerator.save_state(str(folder))
-    torch.save([memory_state(m) for m in memories], folder / f"memory_rank{accelerator.process_index}.pt")
-    accelerator.wait_for_everyone()
+    staging = folder.with_name(f".{folder.name}{PARTIAL_SUFFIX}")
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(folder / "tokenizer")
-        state = {"step": step, "world_size": accelerator.num_processes, "config": _config_fingerprint(config),
-                 "args": {k: v for k, v in dataclasses.asdict(args).items()},
-                 # what a resume must find (every rank's files are written: the wait above)
-                 "files": sorted(p.name for p in folder.iterdir() if p.is_file())}
-        (folder / "run_state.json").write_text(json.dumps(state, indent=2, default=str) + "\n")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    with explained_write_errors(folder):
+        try:
+            accelerator.save_state(str(staging))
+            torch.save([memory_state(m) for m in memories], staging / f"memory_rank{accelerator.process_index}.pt")
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                tokenizer.save_pretrained(staging / "tokenizer")
+                state = {"step": step, "world_size": accelerator.num_processes, "config": _config_fingerprint(config),
+                         "args": {k: v for k, v in dataclasses.asdict(args).items()},
+                         # what a resume must find (every rank's files are written: the wait above)
+                         "files": sorted(p.name for p in staging.iterdir() if p.is_file())}
+                atomic_write_bytes(staging / "run_state.json", (json.dumps(state, indent=2, default=str) + "\n").encode())
+                replace_directory(staging, folder)
+        except BaseException:
+            if accelerator.is_main_process:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
     accelerator.wait_for_everyone()
 
 

@@ -8,6 +8,7 @@ state), so `train(resume_from_checkpoint=...)` continues with the same losses as
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -203,8 +204,10 @@ def train_with_trainer(args) -> dict:
     of the Accelerate loop; the model and tokenizer are saved to OUTPUT_DIR/model. Returns the final metrics."""
     from transformers import AutoTokenizer, TrainingArguments
 
+    from ..txv_files import atomic_directory
     from .data import build_char_tokenizer, encode, load_text, segment_dataset, split_text
     from .distributed import fsdp_requested
+    from .loop import hold_output_dir
     from .models import build_config, build_model, check_text_variant, load_model
 
     if args.resume:
@@ -244,9 +247,12 @@ def train_with_trainer(args) -> dict:
         disable_tqdm=not args.progress, dataloader_pin_memory=torch.cuda.is_available(),
     )
     trainer = MemoryTrainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=valid_set)
-    trainer.train()
-    metrics = trainer.evaluate()
-    if args.save_model:
-        trainer.save_model(f"{args.output_dir}/model")
-        tokenizer.save_pretrained(f"{args.output_dir}/model")
+    with contextlib.ExitStack() as held:  # one run per output folder, as in the Accelerate loop
+        hold_output_dir(Path(args.output_dir), held)
+        trainer.train()
+        metrics = trainer.evaluate()
+        if args.save_model:  # the whole folder or nothing: a full disk leaves the previous model/
+            with atomic_directory(Path(args.output_dir) / "model", keep_existing=False) as staging:
+                trainer.save_model(str(staging))
+                tokenizer.save_pretrained(staging)
     return metrics
