@@ -195,6 +195,7 @@ def test_pytorch_convert_matches_original(name, tmp_path):
     assert _run_model(str(out), ref) < TOL
 
 
+@pytest.mark.exact
 def test_pytorch_legacy_fp16_file():
     d = os.path.join(FIX, "pt_wt103")
     new = load_torch_file(os.path.join(d, "model.pt"))
@@ -383,6 +384,7 @@ def test_safe_pickle_refuses_huge_allocations(tmp_path):
         load_plain_pickle(path)
 
 
+@pytest.mark.exact
 def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
     good = tmp_path / "good.pt"
     torch.save({"w": torch.arange(4.0)}, good)

@@ -174,6 +174,7 @@ def test_refresh_code_refuses_what_is_not_a_plugin_model(tmp_path):
         refresh_code(tmp_path)
 
 
+@pytest.mark.exact
 def test_a_folder_with_outdated_code_loads_the_plugin_code_when_installed(tmp_path):
     """A folder whose remote-code files predate the plugin's support of this release (here: files that fail to
     import) loads with the plugin's code when `trust_remote_code` is not asked for, and gives the same outputs."""
