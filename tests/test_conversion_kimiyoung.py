@@ -207,6 +207,7 @@ def test_pytorch_legacy_fp16_file():
     sd_old, _ = kpt.convert_state(old, cfg, False)
     for k in sd_new:
         assert sd_old[k].dtype == torch.float32
+        # exact: the same fp16 values, widened to float32
         torch.testing.assert_close(sd_old[k], sd_new[k].half().float(), atol=0, rtol=0)
     # cluster rows reversed: the original reads tail cluster i from head column -i
     raw = old["_modules"]["crit"]["_parameters"]["cluster_bias"].float()

@@ -369,6 +369,7 @@ def test_labels_keep_the_logits_unless_the_caller_opts_out():
         with_labels = model(ids, labels=ids)
         plain = model(ids)
         without_logits = model(ids, labels=ids, return_logits=False)
+    # exact: the labels add a loss; the log-probabilities and the loss come from the same operations either way
     torch.testing.assert_close(with_labels.logits, plain.logits, atol=0, rtol=0)
     assert without_logits.logits is None
     torch.testing.assert_close(without_logits.loss, with_labels.loss, atol=0, rtol=0)
@@ -388,6 +389,7 @@ def test_resize_token_embeddings_keeps_the_shared_rows():
     with torch.no_grad():
         after = model(ids, output_hidden_states=True)
         new_tokens = model(torch.tensor([[41, 44, 3]]), labels=torch.tensor([[41, 44, 3]]))
+    # exact: ids < 40 read only the kept rows, and the body runs the same operations on them
     torch.testing.assert_close(after.hidden_states[-1], before.hidden_states[-1], atol=0, rtol=0)
     assert after.logits.shape[-1] == 45 and torch.isfinite(new_tokens.loss)
     model.resize_token_embeddings(30)

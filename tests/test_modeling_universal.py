@@ -125,6 +125,7 @@ def test_act_positions_halt_per_position_and_halted_states_are_copied():
     states = output.hidden_states  # state before step 1, after step 1, ...
     for step in range(1, len(states) - 1):
         halted = n_updates <= step  # halted at or before this step: frozen from then on
+        # exact: a halted position's state is copied forward, not recomputed
         torch.testing.assert_close(states[step + 1][halted], states[step][halted], atol=0, rtol=0)
         running = n_updates > step + 1
         if running.any():

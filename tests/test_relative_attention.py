@@ -41,6 +41,7 @@ def test_relative_shift_puts_distance_m_plus_i_minus_j_at_key_j(with_distance_mi
     for i in range(query):
         for j in range(memory + i + 1):
             distance = memory + i - j
+            # exact: the shift only moves elements
             torch.testing.assert_close(shifted[..., i, j], scores[..., i, key - 1 - distance], atol=0, rtol=0)
 
 

@@ -187,4 +187,5 @@ def test_a_folder_with_outdated_code_loads_the_plugin_code_when_installed(tmp_pa
     assert type(loaded) is txv.GTrXLForCausalLM
     ids = torch.tensor([[3, 4, 5, 6]])
     with torch.no_grad():
+        # exact: the same weights through the same code (the plugin's), the same operations
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
