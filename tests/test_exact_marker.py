@@ -123,3 +123,9 @@ def test_every_exemption_is_still_needed(key):
 
 def test_the_marker_is_registered(pytestconfig):
     assert any(line.startswith("exact:") for line in pytestconfig.getini("markers"))
+
+
+def test_ci_reruns_the_exact_tests_under_other_cpu_kernels():
+    ci = (TESTS.parent / ".ci" / "run").read_text()
+    assert "-m exact" in ci
+    assert "\nexact_as_on avx2 AVX2 AVX2\n" in ci and "\nexact_as_on default SSE41 SSE4_2\n" in ci
