@@ -195,6 +195,7 @@ def test_pytorch_convert_matches_original(name, tmp_path):
     assert _run_model(str(out), ref) < TOL
 
 
+@pytest.mark.exact
 def test_pytorch_legacy_fp16_file():
     d = os.path.join(FIX, "pt_wt103")
     new = load_torch_file(os.path.join(d, "model.pt"))
@@ -206,6 +207,7 @@ def test_pytorch_legacy_fp16_file():
     sd_old, _ = kpt.convert_state(old, cfg, False)
     for k in sd_new:
         assert sd_old[k].dtype == torch.float32
+        # exact: the same fp16 values, widened to float32
         torch.testing.assert_close(sd_old[k], sd_new[k].half().float(), atol=0, rtol=0)
     # cluster rows reversed: the original reads tail cluster i from head column -i
     raw = old["_modules"]["crit"]["_parameters"]["cluster_bias"].float()
@@ -383,6 +385,7 @@ def test_safe_pickle_refuses_huge_allocations(tmp_path):
         load_plain_pickle(path)
 
 
+@pytest.mark.exact
 def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
     good = tmp_path / "good.pt"
     torch.save({"w": torch.arange(4.0)}, good)

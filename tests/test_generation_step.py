@@ -59,6 +59,7 @@ def _ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(1, SIZE["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("name", sorted(WINDOWED))
 def test_generate_past_mem_len_equals_recomputing_from_scratch(name):
     """Greedy `generate()` (one token per step against the trimmed memory, everything cached) gives the tokens of
@@ -106,6 +107,7 @@ def test_cached_steps_equal_steps_that_recompute_from_the_memory(name):
     torch.testing.assert_close(logits[False], logits[True], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("name", sorted(WINDOWED))
 def test_left_padded_batch_past_mem_len_generates_like_each_row_alone(name):
     model = _model(name)

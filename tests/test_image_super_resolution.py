@@ -137,6 +137,7 @@ def test_loss_is_bits_per_dimension_and_trains():
     assert all(p.grad is not None for n, p in model.named_parameters() if n.startswith("encoder.")), "encoder trains"
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
 def test_cached_upscaling_equals_recomputing(attention_type):
     model = _sharp(_model(attention_type=attention_type, query_shape=[2, 4], memory_flange=[1, 4]))

@@ -32,6 +32,7 @@ def test_vectorised_equals_naive_loop(rnn_type, window):
     torch.testing.assert_close(module(x), naive_local_rnn(module, x), atol=1e-6, rtol=0)
 
 
+@pytest.mark.exact
 def test_windows_are_left_zero_padded():
     x = torch.arange(1.0, 6.0)[None, :, None]  # [1, 5, 1]: tokens 1..5
     windows = local_windows(x, 3)[0, :, :, 0]

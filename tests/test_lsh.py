@@ -70,6 +70,7 @@ def test_lsh_attention_matches_naive_loops(num_hashes, num_buckets):
             torch.testing.assert_close(result[b, h].double(), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.exact
 def test_hash_matches_random_rotation_formula():
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(1, 2, 10, 6, generator=generator)
@@ -83,6 +84,7 @@ def test_hash_matches_random_rotation_formula():
     assert torch.equal(torch.randn((2, 6, 2, 4)), rotations)
 
 
+@pytest.mark.exact
 def test_angular_hashing_properties():
     x = torch.randn(1, 1, 32, 8)
     buckets = hash_vectors(torch.cat([x, 3 * x, -x], 2), 1, 16, seed=0)[0, 0, 0]
@@ -99,6 +101,7 @@ def test_self_attention_only_when_nothing_else():
     torch.testing.assert_close(out[0, 0, 1], v[0, 0, 0])
 
 
+@pytest.mark.exact
 def test_padding_bucket_and_hash_seed():
     x = torch.randn(1, 1, 6, 4)
     valid = torch.tensor([[True, True, True, True, False, False]])
@@ -130,6 +133,7 @@ def _padded(x, padded_length):
     return torch.nn.functional.pad(x, (0, 0, 0, padded_length - x.shape[2]))
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("num_hashes, num_buckets, before, after", [(1, 4, 1, 0), (2, 4, 1, 0), (4, [2, 4], 1, 1), (2, 8, 2, 0)])
 @pytest.mark.parametrize("length", [3, 9, 12, 17])
 def test_lsh_step_equals_full_attention_at_the_last_position(num_hashes, num_buckets, before, after, length):

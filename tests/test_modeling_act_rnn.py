@@ -150,6 +150,7 @@ def test_left_padding_keeps_the_state_and_costs_nothing():
     assert together.ponder_cost[0, :2].eq(0).all()
 
 
+@pytest.mark.exact
 def test_generate_with_the_state_equals_without_and_left_padding_equals_rows_alone():
     model = build(seed=2, halting_bias_init=0.0)
     kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -163,6 +164,7 @@ def test_generate_with_the_state_equals_without_and_left_padding_equals_rows_alo
     assert torch.equal(beams, model.generate(prompt, attention_mask=mask, num_beams=2, use_cache=False, **kwargs))
 
 
+@pytest.mark.exact
 def test_generate_from_inputs_embeds_equals_generate_from_input_ids():
     model = build(seed=2, halting_bias_init=0.0)
     prompt = torch.tensor([[5, 6, 7, 8], [3, 9, 10, 11]])

@@ -217,6 +217,7 @@ def test_memory_less_model_sees_only_the_current_step():
     torch.testing.assert_close(whole[:, 3:4], single, atol=ATOL, rtol=0)
 
 
+@pytest.mark.exact
 def test_causal_lm_generate_keeps_its_memory():
     torch.manual_seed(0)
     model = GTrXLForCausalLM(GTrXLConfig(**TINY)).eval()

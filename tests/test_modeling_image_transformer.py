@@ -58,6 +58,7 @@ def _model(**overrides):
     return ImageTransformerForCausalLM(ImageTransformerConfig(**{**TINY, **overrides})).eval()
 
 
+@pytest.mark.exact
 def test_images_round_trip_and_block_raster_order():
     config = ImageTransformerConfig(**TINY)
     images = _images(2)
@@ -118,6 +119,7 @@ def test_loss_is_bits_per_dimension():
     assert abs(output.loss.item() - 8.0) < 0.5  # untrained: about log2(256) bits
 
 
+@pytest.mark.exact
 def test_class_conditioning_and_generation(tmp_path):
     model = _model(num_classes=3)
     ids = images_to_input_ids(_images(1, 4), model.config)
@@ -209,6 +211,7 @@ def _sharp(model):
     return model
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -243,6 +246,7 @@ def test_generate_returns_attentions_and_hidden_states_at_every_step():
     assert all(step is not None and step[0] is not None for step in out.hidden_states)
 
 
+@pytest.mark.exact
 def test_assisted_decoding_gives_the_greedy_tokens():
     model = _sharp(_model(attention_type="local_1d"))
     assistant = _model(attention_type="local_1d", num_hidden_layers=1)

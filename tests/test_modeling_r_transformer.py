@@ -108,6 +108,7 @@ def test_causal_and_position_free():
     assert not any("position" in name for name, _ in model.named_parameters())
 
 
+@pytest.mark.exact
 def test_left_padding_equals_row_alone():
     model = build()
     x = ids(1, 6)
@@ -137,6 +138,7 @@ def test_cache_incremental_equals_full():
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_generate_with_cache_equals_without(num_beams):
     model = build()
@@ -159,6 +161,7 @@ def test_generate_returns_every_step_attentions_and_hidden_states():
         assert len(hidden_states) == 3 and all(h.shape == (2, query_length, 16) for h in hidden_states)
 
 
+@pytest.mark.exact
 def test_generate_from_inputs_embeds_equals_input_ids():
     model = build()
     prompt = ids(2, 5)

@@ -118,6 +118,7 @@ def test_attention_with_cache_queries_are_the_last_positions():
     torch.testing.assert_close(ours, naive, atol=1e-5, rtol=0)
 
 
+@pytest.mark.exact
 def test_relative_distance_index():
     index = relative_distance_index(2, 5, 2, "cpu")  # queries at positions 3, 4
     expected = torch.tensor([[-2, -2, -1, 0, 1], [-2, -2, -2, -1, 0]]) + 2
@@ -144,6 +145,7 @@ def test_cache_incremental_equals_full():
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.exact
 def test_translation_invariant_and_padding_invariant():
     """Only distances matter: a left-padded row gives the same outputs as alone, and generate agrees."""
     model = build()

@@ -228,6 +228,7 @@ def _generation_model(**overrides):
     return TransfoXLLMHeadModel(config).eval()
 
 
+@pytest.mark.exact
 def test_generate_feeds_one_token_per_step_and_keeps_memory_bounded():
     model = _generation_model()
     seen = []
@@ -250,6 +251,7 @@ def test_generate_feeds_one_token_per_step_and_keeps_memory_bounded():
     assert torch.equal(output[0, 5:], torch.stack(tokens, 1)[0])
 
 
+@pytest.mark.exact
 def test_left_padded_batch_generates_like_each_row_alone():
     model = _generation_model(same_length=False)
     rows = [torch.randint(1, 40, (1, n)) for n in (5, 3, 1)]
@@ -346,6 +348,7 @@ def test_failed_save_leaves_no_folder(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.exact
 def test_generate_without_memory_recomputes_the_whole_context():
     """mem_len=0: nothing carries the context, so every step must see the whole sequence (not one token)."""
     model = _generation_model(mem_len=0, same_length=False)
@@ -358,6 +361,7 @@ def test_generate_without_memory_recomputes_the_whole_context():
     assert torch.equal(output, expected)
 
 
+@pytest.mark.exact
 def test_labels_keep_the_logits_unless_the_caller_opts_out():
     model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY)).eval()
     ids = torch.randint(0, 40, (2, 6))
@@ -365,11 +369,13 @@ def test_labels_keep_the_logits_unless_the_caller_opts_out():
         with_labels = model(ids, labels=ids)
         plain = model(ids)
         without_logits = model(ids, labels=ids, return_logits=False)
+    # exact: the labels add a loss; the log-probabilities and the loss come from the same operations either way
     torch.testing.assert_close(with_labels.logits, plain.logits, atol=0, rtol=0)
     assert without_logits.logits is None
     torch.testing.assert_close(without_logits.loss, with_labels.loss, atol=0, rtol=0)
 
 
+@pytest.mark.exact
 def test_resize_token_embeddings_keeps_the_shared_rows():
     torch.manual_seed(0)
     config = TransfoXLConfig(**{**TINY, "cutoffs": [], "div_val": 1, "d_embed": 12})
@@ -383,6 +389,7 @@ def test_resize_token_embeddings_keeps_the_shared_rows():
     with torch.no_grad():
         after = model(ids, output_hidden_states=True)
         new_tokens = model(torch.tensor([[41, 44, 3]]), labels=torch.tensor([[41, 44, 3]]))
+    # exact: ids < 40 read only the kept rows, and the body runs the same operations on them
     torch.testing.assert_close(after.hidden_states[-1], before.hidden_states[-1], atol=0, rtol=0)
     assert after.logits.shape[-1] == 45 and torch.isfinite(new_tokens.loss)
     model.resize_token_embeddings(30)

@@ -147,6 +147,7 @@ def _trained_like(model):
     return model
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("attn_layers", [["local", "lsh"], ["local", "local"], ["lsh"]])
 def test_cached_generation_equals_recomputing_the_sequence(attn_layers):
     """Greedy tokens and every step's logits with the cache equal those of recomputing the whole sequence, past
@@ -162,6 +163,7 @@ def test_cached_generation_equals_recomputing_the_sequence(attn_layers):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"step {step}")
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("attn_layers", [["local", "lsh", "local", "lsh"], ["lsh", "lsh", "local"]])
 def test_cached_generation_is_exact_past_one_lsh_chunk_with_several_lsh_layers(attn_layers):
     """Past one LSH chunk, an LSH layer's outputs at earlier positions change when a token is added (the sort is
@@ -195,6 +197,7 @@ def test_cached_step_equals_full_forward_with_padding_and_hidden_states():
     torch.testing.assert_close(step.logits[:, -1], full.logits[:, -1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.exact
 def test_cache_reorders_rows_for_beam_search():
     model = _trained_like(_model(attn_layers=["local", "lsh"])).eval()
     ids = torch.randint(0, 31, (2, 3), generator=torch.Generator().manual_seed(3))

@@ -114,6 +114,7 @@ def test_ponder_cost_in_the_loss_is_the_mean_over_real_positions():
     torch.testing.assert_close(output.loss, expected)
 
 
+@pytest.mark.exact
 def test_act_positions_halt_per_position_and_halted_states_are_copied():
     model = build(seed=3, halting_bias_init=0.0, initializer_range=0.5)
     ids = torch.randint(1, 37, (4, 8), generator=torch.Generator().manual_seed(1))
@@ -124,6 +125,7 @@ def test_act_positions_halt_per_position_and_halted_states_are_copied():
     states = output.hidden_states  # state before step 1, after step 1, ...
     for step in range(1, len(states) - 1):
         halted = n_updates <= step  # halted at or before this step: frozen from then on
+        # exact: a halted position's state is copied forward, not recomputed
         torch.testing.assert_close(states[step + 1][halted], states[step][halted], atol=0, rtol=0)
         running = n_updates > step + 1
         if running.any():
@@ -168,6 +170,7 @@ def test_act_uses_naive_halting_on_the_real_model():
     torch.testing.assert_close(out.last_hidden_state, inner.final_layer_norm(output), atol=ATOL, rtol=0)
 
 
+@pytest.mark.exact
 def test_left_padded_generation_equals_rows_alone():
     model = build()
     rows = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]])]
@@ -256,6 +259,7 @@ def test_bad_input_names_the_tensor():
         model(torch.tensor([[1, 2]]), encoder_hidden_states=torch.zeros(1, 2, 16))
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("use_act", [True, False])
 def test_step_cache_incremental_equals_full_pass(use_act):
     """Chunks with the UniversalStepCache give the logits and steps of one pass; in this example later chunks run
@@ -279,6 +283,7 @@ def test_step_cache_incremental_equals_full_pass(use_act):
         assert full.n_updates.unique().numel() > 1
 
 
+@pytest.mark.exact
 def test_generate_with_cache_equals_without():
     model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
     prompt = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
@@ -410,6 +415,7 @@ class TestUniversalTransformerPaperLayer(TestUniversalTransformerACT):
         super().test_remote_code_loads_without_plugin(tmp_path)
 
 
+@pytest.mark.exact
 def test_separable_conv_generation_recomputes_the_sequence_and_keeps_left_padding_exact():
     model = build(transition="separable_conv", layer_norm_position="post")
     rows = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]])]
@@ -454,6 +460,7 @@ def test_generate_uses_the_step_cache_by_default():
     assert out.past_key_values.past_length == 6  # the prompt and every token fed back (not the last one)
 
 
+@pytest.mark.exact
 def test_generate_from_inputs_embeds_equals_generate_from_input_ids():
     model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
     prompt = torch.tensor([[5, 6, 7, 8], [3, 9, 10, 11]])
@@ -518,6 +525,7 @@ def test_crop_removes_the_last_positions_exactly():
     torch.testing.assert_close(torch.cat([first.logits, last], dim=1), full, atol=ATOL, rtol=0)
 
 
+@pytest.mark.exact
 def test_assisted_decoding_gives_the_greedy_tokens():
     model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
     assistant = build(seed=1, halting_bias_init=0.0, initializer_range=0.5)  # proposes other tokens: crops happen

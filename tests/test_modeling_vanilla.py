@@ -142,6 +142,7 @@ def test_cache_incremental_equals_full():
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.exact
 def test_left_padding_equals_row_alone():
     """Positions are counted over real tokens, so a left-padded row gives what it gives alone (also in generate)."""
     model = build()

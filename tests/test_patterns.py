@@ -77,6 +77,7 @@ PATTERNS = {
 }
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_pattern_matches_paper_definition(name):
     """Each pattern, and each factor of both conventions on its own (not only their union), equals its set."""
@@ -85,6 +86,7 @@ def test_pattern_matches_paper_definition(name):
     assert torch.equal(mask, expected)
 
 
+@pytest.mark.exact
 def test_conventions_differ_only_in_the_factors():
     assert torch.equal(dense_allowed(Strided(6, paper=True), L, L), dense_allowed(Strided(6), L, L))
     assert torch.equal(dense_allowed(Fixed(6, 2, paper=True), L, L), dense_allowed(Fixed(6, 2), L, L))
@@ -94,6 +96,7 @@ def test_conventions_differ_only_in_the_factors():
     assert not dense_allowed(paper_a2, L, L)[0, :4].any()  # before the first summary position: no key at all
 
 
+@pytest.mark.exact
 def test_local2d_matches_paper_definition():
     height, width, (bh, bw), (fh, fw) = 8, 12, (2, 4), (2, 4)
     pattern = Local2D(width, (bh, bw), (fh, fw))
@@ -117,6 +120,7 @@ def test_local2d_matches_paper_definition():
     assert torch.equal(from_block_raster(to_block_raster(raster, height, width, (bh, bw)), height, width, (bh, bw)), raster)
 
 
+@pytest.mark.exact
 def test_factors_and_per_head():
     assert Strided(4).factors() == [StridedLocal(4), StridedColumn(4)]
     assert Fixed(4, 1).factors() == [FixedBlock(4), FixedSummary(4, 1)]
@@ -218,6 +222,7 @@ def test_tiles_without_gathers(name, monkeypatch):
         assert entries <= 2 * length * (keys_per_query + 1), (name, entries, keys_per_query)
 
 
+@pytest.mark.exact
 def test_tile_shapes_follow_the_paper():
     """Strided rows: contiguous blocks of l (each with the previous one); columns: the transposed [L/l, l] grid;
     fixed: blocks of l, then the summary columns (c per block) shared by every query."""
@@ -281,6 +286,7 @@ def test_flex_refuses_cpu_training():
         pattern_attention(_Module(), q, k, v, Causal(), "sparse")
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("name", ["strided", "fixed", "fixed_a2_reference", "fixed_a2_paper", "per_head_fixed"])
 def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
     """On CPU a union of tilings takes one softmax over fused-kernel calls (combined by their log-sum-exp), never

@@ -22,6 +22,7 @@ def test_every_variant_has_lora_targets():
         assert peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING[model_type] == modules
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("model_type", sorted(txv.VARIANTS))
 def test_lora_wraps_variant_and_trains_only_adapters(model_type):
     config = tiny_config(model_type)

@@ -28,6 +28,7 @@ TINY_XL = dict(
 LAYER_STACK_FILES = {"txv_relative_attention.py", "txv_adaptive_softmax.py", "txv_attention.py", "txv_positions.py"}
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("with_distance_minus_one", [True, False])
 def test_relative_shift_puts_distance_m_plus_i_minus_j_at_key_j(with_distance_minus_one):
     """shifted[i, j] = scores[i, m] with m the row of distance M + i - j (rows: K - 1, ..., 0[, -1]), for every
@@ -40,6 +41,7 @@ def test_relative_shift_puts_distance_m_plus_i_minus_j_at_key_j(with_distance_mi
     for i in range(query):
         for j in range(memory + i + 1):
             distance = memory + i - j
+            # exact: the shift only moves elements
             torch.testing.assert_close(shifted[..., i, j], scores[..., i, key - 1 - distance], atol=0, rtol=0)
 
 

@@ -62,6 +62,7 @@ def test_ordered_sampler_keeps_whole_batches():
     assert list(sampler) == list(range(8)) and len(sampler) == 8
 
 
+@pytest.mark.exact
 def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
     tokenizer = build_char_tokenizer(TEXT)
     tokens = encode(tokenizer, TEXT)

@@ -54,6 +54,7 @@ def _losses(folder) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in read_metrics(folder) if m["split"] == "train"}
 
 
+@pytest.mark.exact
 def test_segment_streams_are_contiguous_and_split_by_rank():
     tokens = torch.arange(1000)
     whole = segment_stream(tokens, 4, 10)

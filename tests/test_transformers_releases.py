@@ -174,6 +174,7 @@ def test_refresh_code_refuses_what_is_not_a_plugin_model(tmp_path):
         refresh_code(tmp_path)
 
 
+@pytest.mark.exact
 def test_a_folder_with_outdated_code_loads_the_plugin_code_when_installed(tmp_path):
     """A folder whose remote-code files predate the plugin's support of this release (here: files that fail to
     import) loads with the plugin's code when `trust_remote_code` is not asked for, and gives the same outputs."""
@@ -186,4 +187,5 @@ def test_a_folder_with_outdated_code_loads_the_plugin_code_when_installed(tmp_pa
     assert type(loaded) is txv.GTrXLForCausalLM
     ids = torch.tensor([[3, 4, 5, 6]])
     with torch.no_grad():
+        # exact: the same weights through the same code (the plugin's), the same operations
         torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)

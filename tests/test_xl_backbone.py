@@ -208,6 +208,7 @@ def _causal_lms():
     }
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
 def test_generate_continues_from_past_key_values(name):
     """As transformers' test_generate_continue_from_past_key_values: the memory returned by generate() continues
@@ -272,6 +273,7 @@ def test_every_label_ignored_gives_zero_loss(name):
 
 
 # ------------------------------------------------------------------------------------------ left padding, zeros
+@pytest.mark.exact
 @pytest.mark.parametrize("config_class, model_class, base", [
     (TransfoXLConfig, TransfoXLLMHeadModel, {**TRANSFO_XL, "same_length": True}),
     (TransfoXLConfig, TransfoXLLMHeadModel, TRANSFO_XL),
@@ -373,6 +375,7 @@ def test_evaluation_reuses_the_memory_keys_and_values_exactly(name, segment, mon
             assert key.shape == value.shape == (2, heads, memory.shape[1], head_dim)
 
 
+@pytest.mark.exact
 def test_memory_keys_and_values_follow_beam_reordering():
     torch.manual_seed(0)
     model = KEY_VALUE_MODELS["transfo-xl"]().eval()

@@ -127,6 +127,7 @@ class TxvModelTesterMixin:
             assert not bad, f"{model_class.__name__}: not initialised by _init_weights: {bad}"
 
     # ------------------------------------------------------------------------------------------------ forward
+    @pytest.mark.exact
     def test_determinism(self):
         config = self.make_config()
         inputs = self.make_inputs(config)
@@ -147,6 +148,7 @@ class TxvModelTesterMixin:
                 single = {k: v[row : row + 1] for k, v in inputs.items()}
                 torch.testing.assert_close(first_tensor(self.run(model, **single))[0], batched[row], atol=ATOL, rtol=0)
 
+    @pytest.mark.exact
     def test_tuple_equals_dict(self):
         config = self.make_config()
         inputs = self.make_inputs(config)
@@ -255,6 +257,7 @@ class TxvModelTesterMixin:
         torch.testing.assert_close(first_tensor(second), full[:, self.seq_length :], atol=ATOL, rtol=0)
 
     # ------------------------------------------------------------------------------------------------ generation
+    @pytest.mark.exact
     @pytest.mark.parametrize("attention", ["default", "eager"])
     def test_generate_smoke(self, attention):
         """Greedy, sampled and beam generation on the attention implementation a user gets (the default), and on
