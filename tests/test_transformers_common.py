@@ -311,8 +311,8 @@ class TestTransfoXLCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.Tes
         **TxvCommonTestCase.by_design_skips,
         "test_attention_outputs": _XL_MEMORY_KEYS,
         "test_model_get_set_embeddings": _ADAPTIVE_INPUT,
-        "test_resize_tokens_embeddings": _ADAPTIVE_INPUT + " (resizing refuses cutoffs with a ValueError saying why; "
-        "without cutoffs it is tested in test_modeling_transfo_xl.py)",
+        "test_resize_tokens_embeddings": _ADAPTIVE_INPUT + " (resizing refuses cutoffs with a ValueError saying why, "
+        "model_cards/transfo-xl.md, Limits; without cutoffs it is tested in test_modeling_transfo_xl.py)",
         "test_load_with_mismatched_shapes": _ADAPTIVE_INPUT + " (the test sets vocab_size=10 under cutoffs [10, 20])",
         "test_training_gradient_checkpointing": _ADAPTIVE_SOFTMAX_ZERO_LABELS,
         "test_training_gradient_checkpointing_use_reentrant_false": _ADAPTIVE_SOFTMAX_ZERO_LABELS,
@@ -458,7 +458,8 @@ class TestTxvReformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.T
         **TxvCommonTestCase.by_design_skips,
         "test_retain_grad_hidden_states_attentions": (
             "the attentions returned are a dense [query, key] map rebuilt from the chunked, bucket-sorted LSH and "
-            "local attention (as transformers' Reformer returns them): a copy the output does not flow through"
+            "local attention (as transformers' Reformer returns them): a copy the output does not flow through, so "
+            "its .grad stays None (hidden states do get gradients); model_cards/txv_reformer.md, Limits"
         ),
         "test_left_padding_compatibility": (
             "positions count from the first column (axial position embeddings, as in transformers' Reformer): "
