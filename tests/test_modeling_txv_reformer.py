@@ -229,6 +229,21 @@ def test_attentions_are_returned():
         assert float((weights.sum(-1) - 1).abs().max()) < 5e-3
 
 
+
+def test_hidden_states_carry_gradients_and_returned_attentions_do_not():
+    """The model card's limit (and the by-design skip of transformers' test_retain_grad_hidden_states_attentions): the
+    attentions returned are a rebuilt copy that the output does not flow through; the hidden states are real nodes."""
+    model = _model(reversible=True).train()
+    ids = torch.randint(0, 31, (2, 8), generator=torch.Generator().manual_seed(3))
+    out = model(ids, output_attentions=True, output_hidden_states=True)
+    hidden, attentions = out.hidden_states[0], out.attentions[0]
+    hidden.retain_grad()
+    if attentions.requires_grad:
+        attentions.retain_grad()
+    out.logits.flatten()[0].backward()
+    assert hidden.grad is not None and hidden.grad.abs().sum() > 0
+    assert attentions.grad is None
+
 def test_generate_returns_attentions_and_hidden_states_at_every_step():
     model = _model().eval()
     ids = torch.tensor([[1, 2, 3]])
