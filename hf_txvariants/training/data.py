@@ -76,21 +76,16 @@ class TextSource:
                 raise DataError(f"cannot read {path}: {error.strerror or error}") from None
 
     def _row_pieces(self):
-        """Each row is one line: one trailing newline is dropped and the rows are joined with newlines (so the
-        Hub's wikitext, a row per line of the original files ending in its newline, gives the original lines)."""
+        """Each row is one line: its own trailing newline (if any) is dropped and every line ends with a newline (so
+        the Hub's wikitext, a row per line of the original files, gives the original files' lines)."""
         rows = self.dataset.select_columns([self.column])
-        first = True
         for batch in rows.iter(batch_size=10_000):
             lines = batch[self.column]
             for line in lines:
                 if not isinstance(line, str):
                     raise DataError(f"{self.description}: column {self.column!r} holds {type(line).__name__} "
                                     f"values, not text")
-            piece = "\n".join(line[:-1] if line.endswith("\n") else line for line in lines)
-            if not first:
-                piece = "\n" + piece
-            first = False
-            yield piece
+            yield "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
     def fingerprint(self) -> str:
         import hashlib

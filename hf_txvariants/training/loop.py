@@ -366,7 +366,9 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
     tokenizer_source = checkpoint / "tokenizer" if checkpoint else args.model
     plan = plan_corpus(args, tokenizer_source)  # every rank: bad data fails everywhere before anyone waits
     with accelerator.main_process_first():
-        corpus = plan.prepare(log=distributed.announce if accelerator.is_main_process else _silent)
+        main = accelerator.is_main_process
+        corpus = plan.prepare(warn=distributed.announce if main else _silent,
+                              inform=distributed.announce if main and args.progress else None)
     tokenizer = corpus.tokenizer
     train_stream = segment_stream(corpus.train_ids, args.batch_size, args.seg_len, rank, world, name="the training text")
     valid_stream = segment_stream(corpus.valid_ids, args.eval_batch_size, args.seg_len, rank, world,

@@ -105,6 +105,16 @@ class CorpusPart:
             yield "\n"
 
 
+def _silent(message: str):
+    pass
+
+
+@dataclass
+class _Log:
+    warn: object
+    inform: object
+
+
 @dataclass
 class PreparedCorpus:
     tokenizer: object
@@ -123,8 +133,10 @@ class CorpusPlan:
     vocab_min_freq: int = 0
     vocab_max_size: int | None = None
 
-    def prepare(self, log=print) -> PreparedCorpus:
-        """The tokenizer (built from the training text, or from the cache) and the token ids of both parts."""
+    def prepare(self, warn=print, inform=None) -> PreparedCorpus:
+        """The tokenizer (built from the training text, or from the cache) and the token ids of both parts. `warn`
+        gets each rebuild of a stale cache with its reason, `inform` (if given) what was built and how long it took."""
+        log = _Log(warn, inform or _silent)
         from .corpus_tokenizers import CorpusEncoder
 
         tokenizer = self.tokenizer if self.tokenizer is not None else self._built_tokenizer(log)
@@ -153,14 +165,14 @@ class CorpusPlan:
             except Exception as error:  # a damaged folder: rebuilt
                 reason = f"it does not load ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
         if reason != "missing":
-            log(f"rebuilding the {self.tokenizer_spec} vocabulary cached in {folder}: {reason}")
+            log.warn(f"rebuilding the {self.tokenizer_spec} vocabulary cached in {folder}: {reason}")
         began = time.perf_counter()
         if self.tokenizer_spec == "word":
             tokenizer = build_word_tokenizer(self.train.blocks(), self.vocab_min_freq, self.vocab_max_size)
         else:
             tokenizer = build_char_tokenizer(self.train.blocks())
         _save_folder_atomically(tokenizer, folder, stamp)
-        log(f"built a {self.tokenizer_spec} vocabulary of {len(tokenizer):,} tokens from {self.train.source.description} "
+        log.inform(f"built a {self.tokenizer_spec} vocabulary of {len(tokenizer):,} tokens from {self.train.source.description} "
             f"in {time.perf_counter() - began:.1f}s (cached in {folder})")
         return tokenizer
 
@@ -179,11 +191,11 @@ class CorpusPlan:
                 return ids, ids_file
             reason = problem
         if reason != "missing":
-            log(f"rebuilding the token cache {ids_file}: {reason}")
+            log.warn(f"rebuilding the token cache {ids_file}: {reason}")
         began = time.perf_counter()
         count = write_token_ids(ids_file, header, part.blocks(encoder.line_ends), encoder,
                                 {**stamp, "source": part.source.description})
-        log(f"tokenised {part.source.description} ({part.role}): {count:,} tokens in "
+        log.inform(f"tokenised {part.source.description} ({part.role}): {count:,} tokens in "
             f"{time.perf_counter() - began:.1f}s (cached in {ids_file})")
         ids, problem = _map_ids(ids_file, json.loads(header.read_text()))
         if problem is not None:

@@ -204,7 +204,7 @@ def train_with_trainer(args) -> dict:
     from transformers import TrainingArguments
 
     from .data import segment_dataset
-    from .distributed import fsdp_requested
+    from .distributed import announce, fsdp_requested
     from .models import build_config, build_model, check_model_source, check_text_variant, load_model
     from .token_cache import plan_corpus
 
@@ -218,7 +218,8 @@ def train_with_trainer(args) -> dict:
         check_model_source(args.model)
     else:
         check_text_variant(args.variant)
-    corpus = plan_corpus(args, args.model).prepare()  # the same token cache as the Accelerate loop
+    # the same token cache as the Accelerate loop
+    corpus = plan_corpus(args, args.model).prepare(warn=announce, inform=announce if args.progress else None)
     tokenizer = corpus.tokenizer
     if args.model:
         model = load_model(args.model)
