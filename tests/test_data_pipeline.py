@@ -84,7 +84,8 @@ def _write_corpus(path: Path, lines: int, seed: int) -> Path:
             out.append(rng.choice(["", " ", "\t"]))
             continue
         line = " ".join(rng.choices(words, weights, k=rng.randint(1, 25)))
-        out.append(rng.choice(["", " ", "  "]) + line.replace(" ", rng.choice([" ", "  ", "\t"]), 1) + rng.choice(["", " "]))
+        line = line.replace(" ", rng.choice([" ", "  ", "\t"]), 1)
+        out.append(rng.choice(["", " ", "  "]) + line + rng.choice(["", " "]))
     path.write_text("\n".join(out) + "\n", encoding="utf-8")
     return path
 
@@ -147,6 +148,16 @@ def test_word_tokenizer_saves_as_transfo_xl_and_reloads_with_the_same_ids(tmp_pa
     assert reloaded(line)["input_ids"] == [tokenizer.sym2idx.get(w, tokenizer.sym2idx["<unk>"]) for w in line.split()]
     assert reloaded.decode(reloaded(line)["input_ids"]) == "the <unk> sat on the mat"
     assert CorpusEncoder(reloaded).fingerprint == CorpusEncoder(tokenizer).fingerprint  # a resumed run hits the cache
+
+
+def test_a_word_outside_a_vocabulary_without_unk_is_named(tmp_path):
+    from hf_txvariants.tokenization_transfo_xl import TransfoXLTokenizer
+
+    (tmp_path / "vocab.json").write_text(json.dumps({"<eos>": 0, "the": 1, "cat": 2}))
+    tokenizer = TransfoXLTokenizer(vocab_json_file=str(tmp_path / "vocab.json"), additional_special_tokens=[])
+    assert CorpusEncoder(tokenizer).encode("the cat\nthe\n").tolist() == [1, 2, 0, 1, 0]
+    with pytest.raises(DataError, match="the word 'dog' is not in the tokenizer's vocabulary, which has no <unk>"):
+        CorpusEncoder(tokenizer).encode("the dog\n")
 
 
 def _tiny_bpe_folder(folder: Path, text: str) -> Path:

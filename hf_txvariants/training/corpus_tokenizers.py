@@ -46,8 +46,9 @@ def build_byte_tokenizer():
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>", split_special_tokens=True,
-                                   padding_side="left", clean_up_tokenization_spaces=False)
+    # split_special_tokens: a literal "<eos>" in the text stays bytes, so the ids are always the text's bytes
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>",
+                                   split_special_tokens=True, padding_side="left", clean_up_tokenization_spaces=False)
     assert fast.convert_tokens_to_ids(["<eos>", "<pad>"]) == [256, 257], "special ids follow the 256 bytes"
     return fast
 
@@ -178,7 +179,8 @@ class CorpusEncoder:
 
 
 def _is_word_level_transfo_xl(tokenizer) -> bool:
-    return hasattr(tokenizer, "idx2sym") and hasattr(tokenizer, "sym2idx") and getattr(tokenizer, "delimiter", None) != ""
+    word_table = hasattr(tokenizer, "idx2sym") and hasattr(tokenizer, "sym2idx")
+    return word_table and getattr(tokenizer, "delimiter", None) != ""
 
 
 def _pieces(block: str, size: int) -> list[str]:

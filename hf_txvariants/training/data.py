@@ -28,8 +28,11 @@ class DataError(ValueError):
 # text
 def default_corpus() -> str:
     """The embedded demo corpus: docstrings of the Python standard library (see corpus/make_default_corpus.py)."""
-    data = resources.files("hf_txvariants.training").joinpath("corpus/default_corpus.txt.gz").read_bytes()
-    return gzip.decompress(data).decode("utf-8")
+    return gzip.decompress(_embedded_corpus_file()).decode("utf-8")
+
+
+def _embedded_corpus_file() -> bytes:
+    return resources.files("hf_txvariants.training").joinpath("corpus/default_corpus.txt.gz").read_bytes()
 
 
 # Text is read in pieces and handed on in blocks of about this many characters, each ending at a line end where
@@ -92,7 +95,7 @@ class TextSource:
 
         digest = hashlib.sha256()
         if self.embedded:
-            digest.update(resources.files("hf_txvariants.training").joinpath("corpus/default_corpus.txt.gz").read_bytes())
+            digest.update(_embedded_corpus_file())
         elif self.files is not None:
             for path in self.files:
                 size = path.stat().st_size
@@ -175,7 +178,10 @@ def open_text_source(source: str | Path | None = None, text_column: str = "text"
             return TextSource(str(path), {"files": [str(f) for f in files]}, files=files)
         if len(formats) > 1:
             raise DataError(f"{path} mixes data formats ({sorted(str(f) for f in formats)}): give one kind of file")
-        loader_args = ((formats.pop(),), {"data_files": [str(f) for f in files]}) if not path.is_dir() else ((str(path), data_config), {})
+        if path.is_dir():  # datasets finds the splits from the file names (train.parquet, validation-*.json ...)
+            loader_args = ((str(path), data_config), {})
+        else:
+            loader_args = ((formats.pop(),), {"data_files": [str(f) for f in files]})
     elif Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name:
         raise DataError(f"data file not found: {path}")
     else:  # a Hub dataset name

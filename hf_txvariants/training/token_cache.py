@@ -163,7 +163,7 @@ class CorpusPlan:
             try:
                 return _load_tokenizer(folder)
             except Exception as error:  # a damaged folder: rebuilt
-                reason = f"it does not load ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+                reason = f"it does not load ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
         if reason != "missing":
             log.warn(f"rebuilding the {self.tokenizer_spec} vocabulary cached in {folder}: {reason}")
         began = time.perf_counter()
@@ -172,8 +172,8 @@ class CorpusPlan:
         else:
             tokenizer = build_char_tokenizer(self.train.blocks())
         _save_folder_atomically(tokenizer, folder, stamp)
-        log.inform(f"built a {self.tokenizer_spec} vocabulary of {len(tokenizer):,} tokens from {self.train.source.description} "
-            f"in {time.perf_counter() - began:.1f}s (cached in {folder})")
+        log.inform(f"built a {self.tokenizer_spec} vocabulary of {len(tokenizer):,} tokens from "
+                   f"{self.train.source.description} in {time.perf_counter() - began:.1f}s (cached in {folder})")
         return tokenizer
 
     # ------------------------------------------------------------------------------------------------- ids
