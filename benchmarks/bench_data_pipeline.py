@@ -9,8 +9,11 @@ A corpus of `--words` words is generated first (`generate_corpus`, seeded): word
 1. `build`: `plan_corpus(...).prepare()` with an empty cache: the word vocabulary is counted, the training text (the
    first 95% of the characters) and the held-out 5% are tokenised and written to the cache;
 2. `reload`: the same call again, which maps the cached ids (and loads the cached vocabulary).
+3. `original` (the peer): the original Transformer-XL pipeline on the same file and split, in plain Python as
+   kimiyoung/transformer-xl's `Vocab` does it: `count_file` line by line, `build_vocab`, `encode_file` (a LongTensor
+   per line, then `torch.cat`), the whole corpus in memory, every run.
 Each reports its wall time and the peak resident memory of its process (`ru_maxrss`, imports included), next to the
-corpus size; the goal at 103M words is a peak RSS <= 3 GB (int32 ids: 0.4 GB).
+corpus size; the goal at 103M words is a peak RSS <= 3 GB (int32 ids: 0.4 GB). `--no-peer` skips the original.
 """
 
 from __future__ import annotations
@@ -38,6 +41,35 @@ seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "train_tokens": len(corpus.train_ids), "valid_tokens": len(corpus.valid_ids),
                   "vocab": len(corpus.tokenizer), "dtype": str(corpus.train_ids.dtype)}))
+"""
+
+
+ORIGINAL = r"""
+import json, resource, sys, time
+from collections import Counter, OrderedDict
+import torch
+corpus_file = sys.argv[1]
+start = time.perf_counter()
+text = open(corpus_file, encoding="utf-8").read()  # the same split as plan_corpus: the last 5% of the characters
+cut = int(len(text) * 0.95)
+train, valid = text[:cut], text[cut:]
+del text
+counter = Counter()
+for line in train.splitlines():
+    counter.update(line.strip().split())
+idx2sym, sym2idx = [], OrderedDict()
+for sym in ["<eos>", "<unk>"] + [s for s, c in counter.most_common()]:
+    if sym not in sym2idx:
+        sym2idx[sym] = len(idx2sym)
+        idx2sym.append(sym)
+def encode(part):
+    return torch.cat([torch.LongTensor([sym2idx.get(s, 1) for s in line.strip().split() + ["<eos>"]])
+                      for line in part.splitlines()])
+train_ids, valid_ids = encode(train), encode(valid)
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "train_tokens": len(train_ids), "valid_tokens": len(valid_ids), "vocab": len(idx2sym),
+                  "dtype": str(train_ids.dtype)}))
 """
 
 
@@ -81,11 +113,11 @@ def generate_corpus(path: Path, words: int, vocab: int, seed: int = 0, chunk: in
     return {"words": words, "bytes": path.stat().st_size}
 
 
-def run_worker(corpus_file: Path, cache: Path) -> dict:
+def run_worker(corpus_file: Path, cache: Path, code: str = WORKER) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true")
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    result = subprocess.run([sys.executable, "-c", WORKER, str(corpus_file), str(cache)], env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-c", code, str(corpus_file), str(cache)], env=env, capture_output=True,
                             text=True, check=False)
     if result.returncode:
         raise SystemExit(result.stderr[-3000:])
@@ -98,6 +130,7 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=1_000_000, help="synthetic vocabulary the words are drawn from")
     parser.add_argument("--folder", help="where the corpus and the cache go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the corpus and the cache")
+    parser.add_argument("--no-peer", action="store_true", help="skip the original pipeline")
     args = parser.parse_args(argv)
     folder = Path(args.folder or tempfile.mkdtemp(prefix="txv-bench-data-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -119,7 +152,14 @@ def main(argv=None):
           f"{tokens / build['seconds'] / 1e6:.2f}M tokens/s, peak RSS {build['peak_rss_mib']:.0f} MiB; "
           f"{tokens:,} tokens ({build['dtype']}), vocabulary {build['vocab']:,}")
     print(f"reload from the cache: {reload['seconds']:.2f}s, peak RSS {reload['peak_rss_mib']:.0f} MiB")
-    print(json.dumps({"corpus": info, "build": build, "reload": reload}))
+    results = {"corpus": info, "build": build, "reload": reload}
+    if not args.no_peer:
+        original = results["original"] = run_worker(corpus_file, cache, ORIGINAL)
+        same = (original["train_tokens"], original["valid_tokens"]) == (build["train_tokens"], build["valid_tokens"])
+        print(f"original pipeline (plain Python, every run): {original['seconds']:.1f}s, peak RSS "
+              f"{original['peak_rss_mib']:.0f} MiB; {original['train_tokens'] + original['valid_tokens']:,} tokens "
+              f"({'the same counts' if same else 'OTHER COUNTS'}), vocabulary {original['vocab']:,}")
+    print(json.dumps(results))
     if not args.keep and not args.folder:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -220,6 +220,18 @@ def test_byte_level_training_and_a_tokenizer_larger_than_the_model(tmp_path):
 
 # --------------------------------------------------------------------------------------------------------------------
 # the cache
+@pytest.mark.parametrize("tokenizer", [None, "word"])
+def test_a_resumed_run_maps_the_ids_of_its_first_start(tmp_path, tokenizer):
+    import dataclasses
+
+    args = _args(tmp_path, tokenizer=tokenizer, max_chars=20_000, save_model=False, **TINY)
+    train(args)
+    cache = tmp_path / "cache"
+    before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    train(dataclasses.replace(args, max_steps=3, resume="latest"))  # the checkpoint's tokenizer, the same ids
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
+
+
 def test_cache_is_reused_and_rebuilt_for_other_data_another_tokenizer_or_a_torn_file(tmp_path):
     data = _write_corpus(tmp_path / "train.txt", 300, seed=2)
     args = _args(tmp_path, data=str(data), tokenizer="word")

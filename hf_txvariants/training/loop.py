@@ -364,7 +364,8 @@ def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
     # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer), tokenised once into
     # the token cache: rank 0 first, then the other ranks map the same files
     tokenizer_source = checkpoint / "tokenizer" if checkpoint else args.model
-    plan = plan_corpus(args, tokenizer_source)  # every rank: bad data fails everywhere before anyone waits
+    # every rank: bad data fails everywhere before anyone waits
+    plan = plan_corpus(args, tokenizer_source, resumed=checkpoint is not None)
     with accelerator.main_process_first():
         main = accelerator.is_main_process
         corpus = plan.prepare(warn=distributed.announce if main else _silent,

@@ -285,11 +285,12 @@ def _save_folder_atomically(tokenizer, folder: Path, stamp: dict):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-def plan_corpus(args, tokenizer_source=None) -> CorpusPlan:
+def plan_corpus(args, tokenizer_source=None, resumed: bool = False) -> CorpusPlan:
     """What `prepare` will read and build for a `TrainArgs`: the training and validation text (opened and checked
-    now: a missing split, column or file is a `DataError`) and the tokenizer: `tokenizer_source` (a resumed
-    checkpoint's or --model's) unless --tokenizer names one; `char`, `byte`, `word` are built, anything else is
-    loaded with `AutoTokenizer`."""
+    now: a missing split, column or file is a `DataError`) and the tokenizer: `tokenizer_source` (--model's) unless
+    --tokenizer names one; `char`, `byte`, `word` are built, anything else is loaded with `AutoTokenizer`.
+    `resumed`: `tokenizer_source` is a resumed checkpoint's tokenizer, used whatever --tokenizer says; the cache
+    entries are those of the run's own --tokenizer / --model, so a resumed run maps the ids its first start made."""
     train_source = open_text_source(args.data, args.text_column, args.data_config, args.train_split, "--train-split")
     holdout = None
     if args.valid_data is not None:
@@ -306,15 +307,23 @@ def plan_corpus(args, tokenizer_source=None) -> CorpusPlan:
 
     spec = args.tokenizer
     tokenizer = None
-    if spec is None:
-        spec = "char" if tokenizer_source is None else str(tokenizer_source)
+    if resumed:
+        tokenizer = load_tokenizer(tokenizer_source)
+        spec = spec or (_tokenizer_name(args.model) if args.model else "char")
+    elif spec is None:
+        spec = "char" if tokenizer_source is None else _tokenizer_name(tokenizer_source)
         if tokenizer_source is not None:
             tokenizer = load_tokenizer(tokenizer_source)
     elif spec not in BUILT_TOKENIZERS:
         tokenizer = load_tokenizer(spec, flag="--tokenizer")
-        spec = str(Path(spec).resolve()) if Path(spec).exists() else spec
+        spec = _tokenizer_name(spec)
     cache_dir = Path(args.token_cache) if args.token_cache else default_cache_dir()
     return CorpusPlan(train, valid, spec, tokenizer, cache_dir, args.vocab_min_freq, args.vocab_max_size)
+
+
+def _tokenizer_name(source) -> str:
+    """A tokenizer folder by its absolute path, a Hub name as given."""
+    return str(Path(source).resolve()) if Path(source).exists() else str(source)
 
 
 def load_tokenizer(source, flag: str | None = None):
