@@ -142,6 +142,9 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
         unk_idx: the id unknown words get (default: that of `<unk>`, else `<UNK>`).
         language: the Moses language.
         aggressive_dash_splits, split_numbers: the Moses settings (4.x: both on; recorded by `save_pretrained`).
+        whitespace_split: tokenize as the original Transformer-XL `Vocab` does (the line split at whitespace, no Moses,
+            no number splitting; decoding joins the words with spaces): the tokenizer of a vocabulary built by
+            `txv train --tokenizer word`. Default False (4.x's Moses pipeline).
     """
 
     vocab_files_names = VOCAB_FILES_NAMES
@@ -169,6 +172,7 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
         unk_idx=None,
         aggressive_dash_splits=True,
         split_numbers=True,
+        whitespace_split=False,
         **kwargs,
     ):
         moses = _moses()
@@ -179,6 +183,7 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
         self.min_freq, self.max_size = min_freq, max_size
         self.language = language
         self.aggressive_dash_splits, self.split_numbers = bool(aggressive_dash_splits), bool(split_numbers)
+        self.whitespace_split = bool(whitespace_split)
         self.moses_punct_normalizer = moses.MosesPunctNormalizer(language)
         self.moses_tokenizer = moses.MosesTokenizer(language)
         self.moses_detokenizer = moses.MosesDetokenizer(language)
@@ -213,6 +218,7 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
             unk_idx=unk_idx,
             aggressive_dash_splits=self.aggressive_dash_splits,
             split_numbers=self.split_numbers,
+            whitespace_split=self.whitespace_split,
             **kwargs,
         )
         self.never_split = list(never_split) if never_split is not None else list(self.all_special_tokens)
@@ -290,12 +296,19 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
         line = line.strip()
         if self.lower_case:
             line = line.lower()
-        symbols = list(line) if self.delimiter == "" else self.moses_pipeline(line)
+        if self.delimiter == "":
+            symbols = list(line)
+        elif self.whitespace_split:
+            symbols = line.split()
+        else:
+            symbols = self.moses_pipeline(line)
         if add_double_eos:  # lm1b
             return ["<S>", *symbols, "<S>"]
         return [*symbols, "<eos>"] if add_eos else symbols
 
     def convert_tokens_to_string(self, tokens):
+        if self.whitespace_split:
+            return " ".join(tokens).strip()
         text = self.moses_detokenizer.detokenize(tokens)
         return (detokenize_numbers(text) if self.split_numbers else text).strip()
 

@@ -215,22 +215,29 @@ def atomic_directory(target: str | os.PathLike, keep_existing: bool = True):
             raise
 
 
-def atomic_write_bytes(path: str | os.PathLike, content: bytes):
-    """Writes `content` to `path` through a temporary file in the same folder and an atomic rename (the one
-    atomic-file helper of the project, as `atomic_directory` is for folders); a failed write is an OSError naming
-    `path` and the cause, and `path` is left as it was."""
+def atomic_write(path: str | os.PathLike, write):
+    """Calls `write(file)` on a temporary file in the folder of `path` (binary, flushed to the disk), then renames it
+    over `path` atomically (the one atomic-file helper of the project, as `atomic_directory` is for folders; `write`
+    may stream, e.g. a token cache far larger than memory). A failed write is an OSError naming `path` and the cause,
+    and `path` is left as it was."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with explained_write_errors(path):
         handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(handle, "wb") as file:
-                file.write(content)
+                write(file)
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, content: bytes):
+    """`atomic_write` of `content`."""
+    atomic_write(path, lambda file: file.write(content))
 
 
 def _read_holder(handle: int) -> dict:

@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -316,3 +317,37 @@ def test_trainer_path_holds_the_same_lock_and_saves_the_model_folder_whole(tmp_p
     assert main(command) == 0
     assert {"model.safetensors", "config.json", "tokenizer_config.json"} <= {p.name for p in (out / "model").iterdir()}
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+
+
+# ------------------------------------------------------------------------------------------------ the token cache
+def test_the_token_cache_on_a_full_disk_keeps_the_previous_cache(tmp_path):
+    """The data changes, so the word-level cache is rebuilt, and the disk fills: first while the new vocabulary is
+    written, then (more room) while the new ids are written. Each time an OSError names the file and the cause and no
+    partial file is left in the cache folder; the first time the cache is exactly as before (the old data still
+    maps from it); once there is room the rebuild succeeds."""
+    from hf_txvariants.training import TrainArgs
+    from hf_txvariants.training.token_cache import plan_corpus
+
+    data, cache = tmp_path / "train.txt", tmp_path / "cache"
+    old_text = "".join(f"w{i % 97} w{i % 13} w{i % 7}\n" for i in range(4000))
+    data.write_text(old_text)
+    args = TrainArgs(output_dir=str(tmp_path / "run"), token_cache=str(cache), data=str(data), tokenizer="word")
+    first_ids = np.array(plan_corpus(args).prepare().train_ids)
+    cache_before = snapshot(cache)
+
+    data.write_text("".join(f"w{i % 89} w{i % 11}\n" for i in range(40000)))  # other data: rebuilt, larger
+    with file_size_limit(2_000), pytest.raises(OSError) as failure:
+        plan_corpus(args).prepare()
+    message = str(failure.value)
+    assert message.startswith(f"could not write {cache}") and message.endswith("File too large"), message
+    assert snapshot(cache) == cache_before and not list(cache.glob(".*"))  # nothing torn, nothing partial
+    data.write_text(old_text)
+    assert np.array_equal(np.array(plan_corpus(args).prepare().train_ids), first_ids)  # a hit, as before
+
+    data.write_text("".join(f"w{i % 89} w{i % 11}\n" for i in range(40000)))
+    with file_size_limit(100_000), pytest.raises(OSError) as failure:  # the vocabulary fits, the ids do not
+        plan_corpus(args).prepare()
+    message = str(failure.value)
+    assert ".ids (left as it was): File too large" in message and str(cache) in message, message
+    assert not list(cache.glob(".*"))
+    assert len(plan_corpus(args).prepare().train_ids) > len(first_ids)  # rebuilt once there is room

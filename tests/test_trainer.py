@@ -79,7 +79,7 @@ def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
     assert len({c[2] for c in train_calls}) == 1  # one cache object, updated in place and carried
     # batches continue the same two rows, in order: row r's segment i + 1 starts where its segment i ended
     rows = [torch.tensor(c[3]) for c in train_calls]
-    stream_rows = torch.stack([torch.tensor(train_set[i]["input_ids"][0]) for i in range(8)]).view(4, 2)
+    stream_rows = torch.tensor([int(train_set[i]["input_ids"][0]) for i in range(8)]).view(4, 2)
     assert all(torch.equal(r, s) for r, s in zip(rows, stream_rows))
     memory_after_training = trainer.train_memory
     assert memory_after_training.memory_length == 16

@@ -93,7 +93,7 @@ def test_embedded_corpus_and_text_sources(tmp_path):
     import datasets
 
     datasets.Dataset.from_dict({"text": ["one line", "another"]}).save_to_disk(str(tmp_path / "ds"))
-    assert load_text(tmp_path / "ds") == "one line\nanother"
+    assert load_text(tmp_path / "ds") == "one line\nanother\n"  # each row a line
 
 
 def test_gradient_accumulation_matches_the_whole_batch(tmp_path):

@@ -7,8 +7,10 @@ step i + 1 is the context that really precedes the next segment, on one process 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -26,46 +28,233 @@ class DataError(ValueError):
 # text
 def default_corpus() -> str:
     """The embedded demo corpus: docstrings of the Python standard library (see corpus/make_default_corpus.py)."""
-    data = resources.files("hf_txvariants.training").joinpath("corpus/default_corpus.txt.gz").read_bytes()
-    return gzip.decompress(data).decode("utf-8")
+    return gzip.decompress(_embedded_corpus_file()).decode("utf-8")
 
 
-def load_text(source: str | Path | None = None, text_column: str = "text") -> str:
-    """The text of `source`: None (the embedded corpus), a text file, a folder of text files, or a folder saved
-    with `datasets.Dataset.save_to_disk` (its `text_column` is joined with newlines). Files are read with `datasets`."""
-    if source is None:
-        return default_corpus()
-    path = Path(source)
-    if not path.exists():
-        raise DataError(f"data file not found: {path}")
-    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
-        import datasets
+def _embedded_corpus_file() -> bytes:
+    return resources.files("hf_txvariants.training").joinpath("corpus/default_corpus.txt.gz").read_bytes()
 
-        dataset = datasets.load_from_disk(str(path))
-        if isinstance(dataset, datasets.DatasetDict):
-            if "train" not in dataset:
-                raise DataError(f"dataset folder {path} has splits {list(dataset)}, expected a 'train' split")
-            dataset = dataset["train"]
-        if text_column not in dataset.column_names:
-            raise DataError(f"dataset at {path} has no column {text_column!r} (columns: {dataset.column_names})")
-        return "\n".join(dataset[text_column])
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    files = [f for f in files if not f.name.startswith(".")]
-    if not files:
-        raise DataError(f"no text files found in {path}")
-    import datasets
+
+# Text is read in pieces and handed on in blocks of about this many characters, each ending at a line end where
+# possible: the corpus is never one Python string (see token_cache.py).
+BLOCK_CHARS = 1 << 22
+FILE_READ_CHARS = 1 << 20
+DATASET_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
+
+
+@dataclass
+class TextSource:
+    """Text that is read in bounded memory: `pieces()` yields it in order, in pieces of at most a few MB.
+
+    `description` names it in messages, `identity` names it for the token cache (what it is: paths, dataset name,
+    config, split, column) and `fingerprint()` says what it holds now (file sizes and content hashes of their first
+    and last MB; a dataset's own fingerprint), so that a cache made from other data is recognised."""
+
+    description: str
+    identity: dict
+    files: list | None = None  # text files, joined with newlines
+    dataset: object | None = None  # a `datasets.Dataset`: the rows of `column` are the lines of the text
+    column: str = "text"
+    embedded: bool = False
+
+    def pieces(self):
+        if self.embedded:
+            yield default_corpus()
+        elif self.files is not None:
+            yield from self._file_pieces()
+        else:
+            yield from self._row_pieces()
+
+    def _file_pieces(self):
+        for index, path in enumerate(self.files):
+            if index:
+                yield "\n"
+            try:
+                with open(path, encoding="utf-8") as f:  # universal newlines, as the original readers
+                    while piece := f.read(FILE_READ_CHARS):
+                        yield piece
+            except UnicodeDecodeError as error:
+                raise DataError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start} of a block)") from None
+            except OSError as error:
+                raise DataError(f"cannot read {path}: {error.strerror or error}") from None
+
+    def _row_pieces(self):
+        """Each row is one line: its own trailing newline (if any) is dropped and every line ends with a newline (so
+        the Hub's wikitext, a row per line of the original files, gives the original files' lines)."""
+        rows = self.dataset.select_columns([self.column])
+        for batch in rows.iter(batch_size=10_000):
+            lines = batch[self.column]
+            for line in lines:
+                if not isinstance(line, str):
+                    raise DataError(f"{self.description}: column {self.column!r} holds {type(line).__name__} "
+                                    f"values, not text")
+            yield "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+    def fingerprint(self) -> str:
+        import hashlib
+
+        digest = hashlib.sha256()
+        if self.embedded:
+            digest.update(_embedded_corpus_file())
+        elif self.files is not None:
+            for path in self.files:
+                size = path.stat().st_size
+                digest.update(f"{path}:{size}:".encode())
+                with open(path, "rb") as f:
+                    digest.update(f.read(1 << 20))
+                    if size > 2 << 20:
+                        f.seek(size - (1 << 20))
+                        digest.update(f.read())
+        else:
+            digest.update(f"{self.dataset._fingerprint}:{self.column}".encode())
+        return digest.hexdigest()
+
+
+def _quiet_datasets():
+    """datasets' progress bars off while it loads (restored after)."""
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    quiet = are_progress_bars_disabled()
-    disable_progress_bars()
-    try:
-        dataset = datasets.load_dataset("text", data_files=[str(f) for f in files], split="train", sample_by="document")
-    except Exception as error:  # datasets raises many types for unreadable files
-        raise DataError(f"could not read text from {path}: {str(error).splitlines()[0]}") from None
-    finally:
-        if not quiet:
-            enable_progress_bars()
-    return "\n".join(dataset["text"])
+    @contextlib.contextmanager
+    def quiet():
+        was_quiet = are_progress_bars_disabled()
+        disable_progress_bars()
+        try:
+            yield
+        finally:
+            if not was_quiet:
+                enable_progress_bars()
+
+    return quiet()
+
+
+def _pick_split(dataset, name: str, split: str | None, split_flag: str):
+    """The split `split` (None: "train") of a DatasetDict, or a Dataset that has no splits (only `split` None)."""
+    import datasets
+
+    if isinstance(dataset, datasets.DatasetDict):
+        wanted = split or "train"
+        if wanted not in dataset:
+            raise DataError(f"dataset {name} has no split {wanted!r} (its splits: {', '.join(dataset)}); "
+                            f"choose one with {split_flag}")
+        return dataset[wanted], wanted
+    if split is not None:
+        raise DataError(f"dataset {name} has no splits (one table), so {split_flag} {split} does not apply")
+    return dataset, None
+
+
+def open_text_source(source: str | Path | None = None, text_column: str = "text", data_config: str | None = None,
+                     split: str | None = None, split_flag: str = "--train-split") -> TextSource:
+    """The text of `source`: None (the embedded corpus), a text file, a folder of text files (joined with newlines),
+    a folder saved with `datasets` `save_to_disk`, a parquet / JSON / CSV / arrow file or a folder of them, or a Hub
+    dataset name (with `data_config`), read with `datasets.load_dataset`. For datasets, `split` (default "train")
+    picks the split and `text_column` the column whose rows are the lines of the text. Bad input is a `DataError`
+    naming the file, split or column (with the ones that exist)."""
+    if source is None:
+        if data_config is not None or split is not None:
+            raise DataError(f"--data-config / {split_flag} apply to a dataset given with --data")
+        return TextSource("the embedded corpus", {"embedded": True}, embedded=True)
+    name = str(source)
+    path = Path(source)
+    import datasets
+
+    if path.exists():
+        path = path.resolve()
+        if path.is_dir() and any((path / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
+            with _quiet_datasets():
+                try:
+                    dataset = datasets.load_from_disk(str(path))
+                except Exception as error:  # datasets raises many types for a damaged folder
+                    raise DataError(f"could not read the saved dataset {path}: {_first_line(error)}") from None
+            return _dataset_source(dataset, str(path), {"saved": str(path)}, text_column, split, split_flag)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        files = [f for f in files if not any(part.startswith(".") for part in
+                                             (f.relative_to(path).parts if path.is_dir() else (f.name,)))]
+        if not files:
+            raise DataError(f"no text files found in {path}")
+        formats = {DATASET_FORMATS.get(f.suffix.lower()) for f in files}
+        if formats == {None}:  # plain text
+            if data_config is not None or split is not None:
+                raise DataError(f"{path} is text, not a dataset: --data-config / {split_flag} do not apply")
+            return TextSource(str(path), {"files": [str(f) for f in files]}, files=files)
+        if len(formats) > 1:
+            raise DataError(f"{path} mixes data formats ({sorted(str(f) for f in formats)}): give one kind of file")
+        if path.is_dir():  # datasets finds the splits from the file names (train.parquet, validation-*.json ...)
+            loader_args = ((str(path), data_config), {})
+        else:
+            loader_args = ((formats.pop(),), {"data_files": [str(f) for f in files]})
+    elif Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name:
+        raise DataError(f"data file not found: {path}")
+    else:  # a Hub dataset name
+        loader_args = ((name, data_config), {})
+    with _quiet_datasets():
+        try:
+            dataset = datasets.load_dataset(*loader_args[0], **loader_args[1])
+        except Exception as error:  # offline, unknown name or config, unreadable files: one line naming the source
+            raise DataError(f"could not load the dataset {name}"
+                            + (f" (config {data_config})" if data_config else "") + f": {_first_line(error)}") from None
+    identity = {"dataset": str(path) if path.exists() else name, "config": data_config}
+    return _dataset_source(dataset, name, identity, text_column, split, split_flag)
+
+
+def _dataset_source(dataset, name, identity, text_column, split, split_flag) -> TextSource:
+    dataset, split_name = _pick_split(dataset, name, split, split_flag)
+    if text_column not in dataset.column_names:
+        raise DataError(f"dataset {name}{f' split {split_name!r}' if split_name else ''} has no column {text_column!r} "
+                        f"(columns: {', '.join(dataset.column_names)}); choose one with --text-column")
+    description = f"{name}" + (f" [{split_name}]" if split_name else "")
+    return TextSource(description, {**identity, "split": split_name, "column": text_column}, dataset=dataset,
+                      column=text_column)
+
+
+def _first_line(error: BaseException) -> str:
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+
+
+_LAST_SPACE = re.compile(r"\s(?=\S*\Z)")
+
+
+def text_blocks(source: TextSource, start: int = 0, stop: int | None = None, block_chars: int = BLOCK_CHARS):
+    """The characters [start, stop) of `source`'s text in blocks of about `block_chars`, each ending at a line end
+    (else at a space; a longer run without either is cut at the block size), so no line or word is split between
+    two blocks where avoidable. Memory: one block."""
+    position, buffer, size = 0, [], 0
+    for piece in source.pieces():
+        end = position + len(piece)
+        low, high = max(start - position, 0), len(piece) if stop is None else min(len(piece), stop - position)
+        position = end
+        if low < high:
+            piece = piece[low:high]
+            buffer.append(piece)
+            size += len(piece)
+        if size >= block_chars:
+            text = "".join(buffer)
+            cut = text.rfind("\n") + 1
+            if not cut:
+                space = _LAST_SPACE.search(text)
+                cut = space.end() if space else len(text)
+            yield text[:cut]
+            buffer, size = [text[cut:]], len(text) - cut
+        if stop is not None and position >= stop:
+            break
+    if size:
+        yield "".join(buffer)
+
+
+def count_chars(source: TextSource, stop: int | None = None) -> int:
+    """The number of characters of `source`'s text (at most `stop`), read in pieces."""
+    total = 0
+    for piece in source.pieces():
+        total += len(piece)
+        if stop is not None and total >= stop:
+            return stop
+    return total
+
+
+def load_text(source: str | Path | None = None, text_column: str = "text", data_config: str | None = None,
+              split: str | None = None) -> str:
+    """The whole text of `source` as one string (see `open_text_source`; for small texts: training streams it into
+    the token cache instead)."""
+    return "".join(text_blocks(open_text_source(source, text_column, data_config, split)))
 
 
 def split_text(text: str, valid_fraction: float) -> tuple[str, str]:
@@ -78,9 +267,10 @@ def split_text(text: str, valid_fraction: float) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------------------------------------------------
 # tokenizer
-def build_char_tokenizer(text: str, max_vocab: int | None = None):
+def build_char_tokenizer(text, max_vocab: int | None = None):
     """A character-level `PreTrainedTokenizerFast` (a `tokenizers` WordLevel model over single characters): every
-    character of `text` (the most frequent `max_vocab` if given) plus `<unk>` and `<eos>`, and `<pad>` as the last id
+    character of `text` (a string, or an iterable of string blocks: counted block by block; the most frequent
+    `max_vocab` if given) plus `<unk>` and `<eos>`, and `<pad>` as the last id
     (so that pipelines can batch; the characters keep the ids they had before `<pad>` existed); saved with the
     model. Padding is on the left, where a causal LM's next token is the last position of every row."""
     from collections import Counter
@@ -88,9 +278,11 @@ def build_char_tokenizer(text: str, max_vocab: int | None = None):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    if not text:
+    counts = Counter()
+    for block in [text] if isinstance(text, str) else text:
+        counts.update(block)
+    if not counts:
         raise DataError("cannot build a tokenizer from empty text")
-    counts = Counter(text)
     chars = sorted(c for c, _ in counts.most_common(max_vocab)) if max_vocab else sorted(counts)
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     for char in chars:
@@ -115,21 +307,52 @@ def encode(tokenizer, text: str, chunk: int = 65536) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------------------------------------------
 # segment streams
+def as_token_tensor(tokens) -> torch.Tensor:
+    """A 1-D token sequence as a tensor without copying: a tensor as is, a numpy array (a memory-mapped token cache
+    included, see token_cache.py) through `torch.from_numpy`, anything else (a list) through `torch.tensor`."""
+    if isinstance(tokens, torch.Tensor):
+        return tokens
+    import numpy as np
+
+    if isinstance(tokens, np.ndarray):
+        return torch.from_numpy(tokens)
+    return torch.tensor(tokens, dtype=torch.long)
+
+
 @dataclass
 class SegmentStream:
-    """The rows of one rank: `rows` is `[local_rows, n_steps * seg_len + 1]` (one extra token for the last target)."""
+    """The rows of one rank, read from `tokens` (1-D; a memory-mapped cache is never copied whole: each segment
+    gathers its rows' slices): row r is `tokens[offsets[r] : offsets[r] + row_span]`, `row_span = n_steps * seg_len
+    + 1` (one extra token for the last target). Segments come out as int64."""
 
-    rows: torch.Tensor
+    tokens: torch.Tensor
+    offsets: list[int]
+    row_span: int
     seg_len: int
 
     @property
+    def num_rows(self) -> int:
+        return len(self.offsets)
+
+    @property
     def num_segments(self) -> int:
-        return (self.rows.shape[1] - 1) // self.seg_len
+        return (self.row_span - 1) // self.seg_len
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """All rows at once, `[num_rows, row_span]` (a copy of the rank's part of the corpus: for small streams)."""
+        return torch.stack([self.tokens[o : o + self.row_span] for o in self.offsets]).long()
+
+    def window(self, row: int, start: int, length: int) -> torch.Tensor:
+        """`length` tokens of row `row` from position `start` (int64)."""
+        offset = self.offsets[row] + start
+        return self.tokens[offset : offset + length].long()
 
     def segment(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and next-token targets of segment `step` (wraps around after the last one)."""
         start = (step % self.num_segments) * self.seg_len
-        return self.rows[:, start : start + self.seg_len], self.rows[:, start + 1 : start + self.seg_len + 1]
+        both = torch.stack([self.window(r, start, self.seg_len + 1) for r in range(self.num_rows)])
+        return both[:, :-1], both[:, 1:]
 
     def __iter__(self):
         for step in range(self.num_segments):
@@ -137,11 +360,13 @@ class SegmentStream:
 
 
 def segment_stream(
-    tokens: torch.Tensor, global_batch: int, seg_len: int, rank: int = 0, world_size: int = 1, name: str = "corpus"
+    tokens, global_batch: int, seg_len: int, rank: int = 0, world_size: int = 1, name: str = "corpus"
 ) -> SegmentStream:
-    """Cuts `tokens` into `global_batch` contiguous rows and returns those of `rank` (see the module docstring)."""
+    """Cuts `tokens` (a 1-D tensor, numpy array or memory-mapped cache) into `global_batch` contiguous rows and
+    returns those of `rank` (see the module docstring)."""
     if global_batch % world_size:
         raise DataError(f"the global batch size ({global_batch}) must be divisible by the number of processes ({world_size})")
+    tokens = as_token_tensor(tokens)
     row_length = (len(tokens) - 1) // global_batch
     if row_length < seg_len:
         need = global_batch * seg_len + 1
@@ -150,20 +375,34 @@ def segment_stream(
             f"{global_batch} rows needs at least {need}; give more text or lower --batch-size/--seg-len"
         )
     usable = (row_length // seg_len) * seg_len
-    rows = torch.stack([tokens[r * row_length : r * row_length + usable + 1] for r in range(global_batch)])
     per_rank = global_batch // world_size
-    return SegmentStream(rows[rank * per_rank : (rank + 1) * per_rank].contiguous(), seg_len)
+    offsets = [r * row_length for r in range(rank * per_rank, (rank + 1) * per_rank)]
+    return SegmentStream(tokens, offsets, usable + 1, seg_len)
 
 
-def segment_dataset(tokens: torch.Tensor, batch_size: int, seg_len: int, name: str = "corpus"):
-    """A `datasets.Dataset` of segments for `Trainer`, ordered so that consecutive batches of `batch_size` examples
-    (read in order, see `OrderedSegmentSampler`) continue the same rows: example `i * batch_size + r` is segment `i`
-    of row `r`. Columns: `input_ids` and `labels` (= input_ids; the model shifts them)."""
-    import datasets
+class SegmentDataset(torch.utils.data.Dataset):
+    """The segments of a stream as examples for `Trainer`, ordered so that consecutive batches of `batch_size`
+    examples (read in order, see `OrderedSegmentSampler`) continue the same rows: example `i * batch_size + r` is
+    segment `i` of row `r`. Each example: `input_ids` and `labels` (= input_ids; the model shifts them), int64.
+    Examples are read from the tokens when asked for (a memory-mapped cache stays on disk)."""
 
-    stream = segment_stream(tokens, batch_size, seg_len, name=name)
-    inputs = [stream.rows[r, s * seg_len : (s + 1) * seg_len].tolist() for s in range(stream.num_segments) for r in range(batch_size)]
-    return datasets.Dataset.from_dict({"input_ids": inputs, "labels": inputs})
+    def __init__(self, stream: SegmentStream):
+        self.stream = stream
+
+    def __len__(self) -> int:
+        return self.stream.num_segments * self.stream.num_rows
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < len(self):
+            raise IndexError(f"segment example {index} out of range (0 .. {len(self) - 1})")
+        segment, row = divmod(index, self.stream.num_rows)
+        ids = self.stream.window(row, segment * self.stream.seg_len, self.stream.seg_len)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def segment_dataset(tokens, batch_size: int, seg_len: int, name: str = "corpus") -> SegmentDataset:
+    """A `SegmentDataset` of `tokens` cut into `batch_size` rows (see `segment_stream`) for `Trainer`."""
+    return SegmentDataset(segment_stream(tokens, batch_size, seg_len, name=name))
 
 
 def num_tokens_for(num_steps: int, global_batch: int, seg_len: int) -> int:

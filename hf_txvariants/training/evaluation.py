@@ -37,7 +37,7 @@ def evaluate_stream(model, stream: SegmentStream, max_segments: int | None = Non
     (if the model has one) carried from each segment to the next and starting empty."""
     was_training = model.training
     model.eval()
-    memory = init_memory(model, stream.rows.shape[0])
+    memory = init_memory(model, stream.num_rows)
     nll, count = 0.0, 0
     total = stream.num_segments if max_segments is None else min(max_segments, stream.num_segments)
     for index, (inputs, targets) in enumerate(_progress(stream, total, progress, "evaluating")):

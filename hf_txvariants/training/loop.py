@@ -23,8 +23,9 @@ import torch
 
 from ..txv_files import atomic_directory, atomic_write_bytes, explained_write_errors, folder_lock, replace_directory
 from . import distributed
-from .data import DataError, build_char_tokenizer, encode, load_text, segment_stream, split_text
+from .data import DataError, segment_stream
 from .evaluation import evaluate_stream, summarize
+from .token_cache import plan_corpus
 from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory,
                      load_model, memory_state, objective_forward, set_training_progress, unwrapped, uses_memory,
                      after_optimizer_step)
@@ -33,7 +34,8 @@ RUN_LOCK_NAME = ".txv.lock"  # in --output-dir, held by the main process for the
 PARTIAL_SUFFIX = ".partial"  # checkpoints/.step-N.partial: a checkpoint being written (ignored by a resume)
 
 # Fields of the run that must not change on resume (the data order and memory layout depend on them).
-RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction")
+RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction", "data_config", "train_split",
+                 "valid_split")
 
 
 class JsonError(argparse.ArgumentTypeError, ValueError):
@@ -67,12 +69,29 @@ class TrainArgs:
     """Every setting of a training run; each field is a `txv train` flag (`--d-model`, `--resume latest`, ...)."""
 
     output_dir: str = _arg("txv-run", "folder for metrics.jsonl, TensorBoard logs, checkpoints/ and model/")
-    data: str | None = _arg(None, "training text: a text file, a folder of text files or a saved `datasets` folder "
-                                  "(default: the embedded corpus)")
-    valid_data: str | None = _arg(None, "held-out text (default: the last --valid-fraction of --data)")
-    valid_fraction: float = _arg(0.05, "fraction of the characters held out for validation when --valid-data is not given")
-    text_column: str = _arg("text", "column of a saved `datasets` folder that holds the text")
+    data: str | None = _arg(None, "training text: a text file, a folder of text files, a saved `datasets` folder, a "
+                                  "parquet/JSON/CSV file or folder, or a Hub dataset name (default: the embedded "
+                                  "corpus)")
+    data_config: str | None = _arg(None, "the config of a --data dataset, e.g. wikitext-103-raw-v1")
+    train_split: str | None = _arg(None, "the split of a --data dataset to train on (default: train)")
+    valid_split: str | None = _arg(None, "the split of the dataset (--valid-data, else --data) to validate on, e.g. "
+                                         "validation (default: --valid-data's train split, else the last "
+                                         "--valid-fraction of --data)")
+    valid_data: str | None = _arg(None, "held-out text, any kind --data takes (default: the last --valid-fraction "
+                                        "of --data)")
+    valid_fraction: float = _arg(0.05, "fraction of the characters held out for validation when neither --valid-data "
+                                       "nor --valid-split is given")
+    text_column: str = _arg("text", "column of a dataset that holds the text (each row one line)")
     max_chars: int | None = _arg(None, "use only the first N characters of --data")
+    tokenizer: str | None = _arg(None, "char (a character vocabulary of the training text), byte (the 256 byte "
+                                       "values, as for enwik8), word (Transformer-XL's word vocabulary of the "
+                                       "training text, <eos> at line ends), or a tokenizer folder / Hub name "
+                                       "(AutoTokenizer). Default: --model's tokenizer with --model, else char")
+    vocab_min_freq: int = _arg(0, "--tokenizer word: drop words seen fewer times (they become <unk>)")
+    vocab_max_size: int | None = _arg(None, "--tokenizer word: keep at most the N most frequent words")
+    token_cache: str | None = _arg(None, "folder of the token cache (memory-mapped token ids, one tokenisation per "
+                                         "data and tokenizer; default: $TXV_TOKEN_CACHE, else "
+                                         "$HF_HOME/txv-token-cache)")
     variant: str = _arg("transfo-xl", "model variant (a registered text variant, see `txv train --help`)")
     model: str | None = _arg(None, "start from this saved model folder or Hub repo id (and its tokenizer) instead of "
                                    "a new config")
@@ -111,8 +130,8 @@ class TrainArgs:
         self.extra_config = JsonDict(self.extra_config)
         positive = ("d_model", "n_layer", "n_head", "seg_len", "batch_size", "grad_accum", "max_steps",
                     "eval_batch_size")
-        optional_positive = ("d_inner", "max_chars", "eval_segments")
-        non_negative = ("mem_len", "warmup_steps", "eval_every", "save_every", "seed")
+        optional_positive = ("d_inner", "max_chars", "eval_segments", "vocab_max_size")
+        non_negative = ("mem_len", "warmup_steps", "eval_every", "save_every", "seed", "vocab_min_freq")
         for name in positive + optional_positive + non_negative:
             value = getattr(self, name)
             if value is None and name in optional_positive:
@@ -131,6 +150,11 @@ class TrainArgs:
                 raise DataError(f"--{_flag(name)} must be a finite number {bounds}, got {value!r}")
         if self.mixed_precision is not None and self.mixed_precision not in ("no", "bf16", "fp16"):
             raise DataError(f"--mixed-precision must be one of no, bf16, fp16, got {self.mixed_precision!r}")
+        if self.tokenizer is not None and not self.tokenizer:
+            raise DataError("--tokenizer must be char, byte, word or a tokenizer folder / Hub name, got ''")
+        if self.tokenizer != "word" and (self.vocab_min_freq or self.vocab_max_size is not None):
+            raise DataError(f"--vocab-min-freq / --vocab-max-size apply to --tokenizer word, not "
+                            f"--tokenizer {self.tokenizer or 'char (the default)'}")
         if self.resume is not None and not self.resume:
             raise DataError("--resume must be 'latest' or a checkpoint folder, got an empty string")
 
@@ -287,6 +311,10 @@ def _check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
     return state
 
 
+def _silent(message: str):
+    pass
+
+
 def train(args: TrainArgs, accelerator=None, on_step=None) -> dict:
     """Trains, evaluates and saves; returns {"history": [...], "eval": [...], "model_dir": ..., "config": ...}.
     `on_step(step)`, if given, is called after each optimizer step (tests use it to interrupt a run).
@@ -309,7 +337,7 @@ def hold_output_dir(output_dir: Path, held: contextlib.ExitStack):
 def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
-    from transformers import AutoTokenizer, get_cosine_schedule_with_warmup
+    from transformers import get_cosine_schedule_with_warmup
 
     output_dir = Path(args.output_dir)
     fsdp = distributed.fsdp_settings_from_environment()  # set by `accelerate launch` with an FSDP config
@@ -356,25 +384,19 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         check_text_variant(args.variant)
         build_config(args.variant, 1 << 30, **{**_size_fields(args), **args.extra_config})  # bad fields fail before any work
 
-    # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer)
-    text = load_text(args.data, args.text_column)
-    if args.max_chars:
-        text = text[: args.max_chars]
-    if args.valid_data:
-        train_text, valid_text = text, load_text(args.valid_data, args.text_column)
-    else:
-        train_text, valid_text = split_text(text, args.valid_fraction)
+    # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer), tokenised once into
+    # the token cache: rank 0 first, then the other ranks map the same files
     tokenizer_source = checkpoint / "tokenizer" if checkpoint else args.model
-    if tokenizer_source:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
-        except (OSError, ValueError) as error:
-            raise ModelError(f"could not load the tokenizer from {tokenizer_source}: {str(error).splitlines()[0]}") from None
-    else:
-        tokenizer = build_char_tokenizer(train_text)
-    train_tokens, valid_tokens = encode(tokenizer, train_text), encode(tokenizer, valid_text)
-    train_stream = segment_stream(train_tokens, args.batch_size, args.seg_len, rank, world, name="the training text")
-    valid_stream = segment_stream(valid_tokens, args.eval_batch_size, args.seg_len, rank, world, name="the validation text")
+    # every rank: bad data fails everywhere before anyone waits
+    plan = plan_corpus(args, tokenizer_source, resumed=checkpoint is not None)
+    with accelerator.main_process_first():
+        main = accelerator.is_main_process
+        corpus = plan.prepare(warn=distributed.announce if main else _silent,
+                              inform=distributed.announce if main and args.progress else None)
+    tokenizer = corpus.tokenizer
+    train_stream = segment_stream(corpus.train_ids, args.batch_size, args.seg_len, rank, world, name="the training text")
+    valid_stream = segment_stream(corpus.valid_ids, args.eval_batch_size, args.seg_len, rank, world,
+                                  name="the validation text")
 
     # model
     set_seed(args.seed)

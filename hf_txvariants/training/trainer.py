@@ -202,13 +202,14 @@ class MemoryTrainer(Trainer):
 def train_with_trainer(args) -> dict:
     """`txv train --trainer`: the run of a `TrainArgs` with transformers' Trainer (MemoryTrainer, one process) instead
     of the Accelerate loop; the model and tokenizer are saved to OUTPUT_DIR/model. Returns the final metrics."""
-    from transformers import AutoTokenizer, TrainingArguments
+    from transformers import TrainingArguments
 
     from ..txv_files import atomic_directory
-    from .data import build_char_tokenizer, encode, load_text, segment_dataset, split_text
-    from .distributed import fsdp_requested
+    from .data import segment_dataset
+    from .distributed import announce, fsdp_requested
     from .loop import hold_output_dir
-    from .models import build_config, build_model, check_text_variant, load_model
+    from .models import build_config, build_model, check_model_source, check_text_variant, load_model
+    from .token_cache import plan_corpus
 
     if args.resume:
         raise ModelError("--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
@@ -216,26 +217,26 @@ def train_with_trainer(args) -> dict:
     if fsdp_requested():  # Trainer would hand FSDP to Accelerate, which runs DDP on CPU: refuse rather than pretend
         raise ModelError("--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an "
                          "FSDP config")
-    text = load_text(args.data, args.text_column)[: args.max_chars or None]
-    if args.valid_data:
-        train_text, valid_text = text, load_text(args.valid_data, args.text_column)
-    else:
-        train_text, valid_text = split_text(text, args.valid_fraction)
     if args.model:
-        model = load_model(args.model)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
-        except (OSError, ValueError) as error:
-            raise ModelError(f"no tokenizer in {args.model}: {str(error).splitlines()[0]}") from None
+        check_model_source(args.model)
     else:
         check_text_variant(args.variant)
-        tokenizer = build_char_tokenizer(train_text)
-        model = build_model(build_config(args.variant, len(tokenizer), d_model=args.d_model, n_layer=args.n_layer,
-                                         n_head=args.n_head, d_inner=args.d_inner, mem_len=args.mem_len,
-                                         seg_len=args.seg_len, dropout=args.dropout, **args.extra_config))
-    train_set = segment_dataset(encode(tokenizer, train_text), args.batch_size, args.seg_len, name="the training text")
-    valid_set = segment_dataset(encode(tokenizer, valid_text), args.eval_batch_size, args.seg_len,
-                                name="the validation text")
+    # the same token cache as the Accelerate loop
+    corpus = plan_corpus(args, args.model).prepare(warn=announce, inform=announce if args.progress else None)
+    tokenizer = corpus.tokenizer
+    if args.model:
+        model = load_model(args.model)
+        if model.config.vocab_size < len(tokenizer):
+            raise ModelError(f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size "
+                             f"{model.config.vocab_size}")
+    else:
+        config = build_config(args.variant, len(tokenizer), d_model=args.d_model, n_layer=args.n_layer,
+                              n_head=args.n_head, d_inner=args.d_inner, mem_len=args.mem_len, seg_len=args.seg_len,
+                              dropout=args.dropout, **args.extra_config)
+        config.eos_token_id = tokenizer.eos_token_id
+        model = build_model(config)
+    train_set = segment_dataset(corpus.train_ids, args.batch_size, args.seg_len, name="the training text")
+    valid_set = segment_dataset(corpus.valid_ids, args.eval_batch_size, args.seg_len, name="the validation text")
     training_args = TrainingArguments(
         output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, max_steps=args.max_steps,
