@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from hf_txvariants.cli import given_train_fields, main
+from hf_txvariants.training.adaptive_span_flags import PRESETS
 from hf_txvariants.training.loop import _size_fields, read_metrics
 from hf_txvariants.training.models import build_config, build_model
 from hf_txvariants.training.optimizers import PerParameterClippedAdagrad
-from hf_txvariants.training.adaptive_span_flags import PRESETS
 from hf_txvariants.training.recipes import RECIPES, describe_recipe, get_recipe, recipe_train_args
 
 SOURCE = json.loads((Path(__file__).parent / "fixtures" / "recipes_source.json").read_text())

@@ -13,12 +13,12 @@ import torch
 trl = pytest.importorskip("trl", reason="TRL is not installed (pip install 'hf-txvariants[trl]')")
 
 from datasets import Dataset  # noqa: E402
-from tiny_configs import TINY_CONFIGS, tiny_config  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from hf_txvariants.training import build_char_tokenizer  # noqa: E402
 from hf_txvariants.training.models import AUXILIARY_TERMS, text_variant_names  # noqa: E402
 from hf_txvariants.training.sft import TxvSFTTrainer  # noqa: E402
+from tiny_configs import TINY_CONFIGS, tiny_config  # noqa: E402
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 20
 
