@@ -33,68 +33,11 @@ from collections import OrderedDict
 import torch
 
 from hf_txvariants.cli.errors import run_guarded
+from hf_txvariants.training.adaptive_span_flags import PRESETS, config_kwargs
+from hf_txvariants.training.adaptive_span_flags import parse_original_flags as parse_flags
 
 from .common import ConversionError, atomic_output_dir, parse_dtype
 from .safe_pickle import PickledObject, load_torch_file
-
-# The original's command-line flags (config.py): flag -> (destination, type, default). `bool` = store_true.
-ORIGINAL_FLAGS = {
-    "--distributed": ("distributed", bool, False),
-    "--local_rank": ("local_rank", int, 0),
-    "--data": ("data_path", str, "data/text8"),
-    "--data-unit": ("data_unit", str, "bpc"),
-    "--hid-sz": ("hidden_size", int, 256),
-    "--inner-hid-sz": ("inner_hidden_size", int, 1024),
-    "--nlayers": ("nb_layers", int, 8),
-    "--block-sz": ("block_size", int, 64),
-    "--nheads": ("nb_heads", int, 2),
-    "--attn-span": ("attn_span", int, 32),
-    "--dropout": ("dropout", float, 0.2),
-    "--emb-dropout": ("emb_dropout", float, 0.0),
-    "--lr": ("lr", float, 0.03),
-    "--momentum": ("momentum", float, 0.9),
-    "--optim": ("optim", str, "sgd"),
-    "--lr-warmup": ("lr_warmup", int, 0),
-    "--grad-clip": ("grad_clip", float, 0.0),
-    "--batch-sz": ("batch_size", int, 64),
-    "--batch-split": ("batch_split", int, 1),
-    "--nbatches": ("nb_batches_per_iter", int, 1000),
-    "--niter": ("nb_iter", int, 1000),
-    "--checkpoint": ("checkpoint_path", str, ""),
-    "--full-eval-mode": ("full_eval_mode", bool, False),
-    "--adapt-io": ("adapt_io_enabled", bool, False),
-    "--adapt-io-tied": ("adapt_io_tied", bool, False),
-    "--adapt-io-divval": ("adapt_io_divval", int, 4),
-    "--adapt-io-cutoffs": ("adapt_io_cutoffs", int, [20000, 40000, 200000]),
-    "--adapt-span": ("adapt_span_enabled", bool, False),
-    "--adapt-span-loss": ("adapt_span_loss", float, 0.0),
-    "--adapt-span-ramp": ("adapt_span_ramp", int, 32),
-    "--adapt-span-init": ("adapt_span_init", float, 0.0),
-    "--adapt-span-cache": ("adapt_span_cache", bool, False),
-    "--pers-mem-size": ("pers_mem_size", int, 0),
-}
-
-# The model flags of the authors' experiment scripts (experiments/<name>.sh) and their published test scores (README).
-_BASE = ("--block-sz 512 --momentum 0 --optim adagrad --lr-warmup 32000 --grad-clip 0.03 --adapt-span "
-         "--adapt-span-cache --attn-span 8192 --nheads 8")
-PRESETS = {
-    "enwik8": dict(flags=f"--nlayers 12 --hid-sz 512 --inner-hid-sz 2048 --dropout 0.3 --adapt-span-loss 0.0000005 {_BASE}",
-                   data="enwik8", result="1.02 bpb test, 1.04 dev (38M parameters)"),
-    "text8": dict(flags=f"--nlayers 12 --hid-sz 512 --inner-hid-sz 2048 --dropout 0.3 --adapt-span-loss 0.0000005 {_BASE}",
-                  data="text8", result="1.11 bpc test, 1.05 dev (39M parameters)"),
-    "enwik8_large": dict(flags=f"--nlayers 24 --hid-sz 768 --inner-hid-sz 4096 --dropout 0.4 "
-                               f"--adapt-span-loss 0.0000005 --batch-split 2 {_BASE}",
-                         data="enwik8", result="0.98 bpb test, 1.00 dev (209M parameters)"),
-    "text8_large": dict(flags=f"--nlayers 24 --hid-sz 768 --inner-hid-sz 4096 --dropout 0.4 "
-                              f"--adapt-span-loss 0.0000005 --batch-split 2 {_BASE}",
-                        data="text8", result="1.07 bpc test, 1.01 dev (209M parameters)"),
-    "enwik8_pers": dict(flags=f"--nlayers 36 --hid-sz 512 --inner-hid-sz 1 --dropout 0.4 --adapt-span-loss 0.0000001 "
-                              f"--pers-mem-size 2048 --batch-split 2 {_BASE}",
-                        data="enwik8", result="0.98 bpb test, 1.00 dev (114M parameters)"),
-    "enwik8_pers_small": dict(flags=f"--nlayers 18 --hid-sz 512 --inner-hid-sz 1 --dropout 0.3 "
-                                    f"--adapt-span-loss 0.0000001 --pers-mem-size 1024 --batch-split 2 {_BASE}",
-                              data="enwik8", result="1.01 bpb test, 1.03 dev (39M parameters)"),
-}
 
 # What a checkpoint dict may pickle: plain containers and tensors only (the model is a state dict).
 CHECKPOINT_CLASSES: dict = {}
@@ -104,20 +47,11 @@ CORPUS_CLASSES = {"data": {"Corpus", "Dictionary"}}
 
 def parse_original_flags(argv: list[str]) -> tuple[dict, set]:
     """The original's parsed parameters (its defaults where not given) and the destinations that were given."""
-    parser = argparse.ArgumentParser(prog="<the original's flags>", add_help=False, allow_abbrev=False)
-    for flag, (dest, kind, default) in ORIGINAL_FLAGS.items():
-        if kind is bool:
-            parser.add_argument(flag, dest=dest, action="store_true", default=default)
-        else:
-            parser.add_argument(flag, dest=dest, type=kind, default=default)
-
-    def fail(message):
-        raise ConversionError(f"the original's flags after --: {message}")
-
-    parser.error = fail
-    values = vars(parser.parse_args(argv))
-    given = {ORIGINAL_FLAGS[a.split("=")[0]][0] for a in argv if a.split("=")[0] in ORIGINAL_FLAGS}
-    return values, given
+    try:
+        return parse_flags(argv, error_class=ConversionError)
+    except ConversionError as error:
+        message = str(error).replace("the original's flags:", "the original's flags after --:", 1)
+        raise ConversionError(message) from None
 
 
 def read_checkpoint(path) -> tuple[OrderedDict, dict]:
@@ -185,21 +119,6 @@ def cross_check(arch, flags, path):
             raise ConversionError(f"{flag} {given} contradicts the checkpoint {path}: {tensor} says {found}")
     if flags["adapt_io_enabled"]:
         raise ConversionError("--adapt-io models are not supported (adaptive input/output, e.g. wiki103_pers)")
-
-
-def build_config_kwargs(arch, flags) -> dict:
-    kwargs = dict(vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"],
-                  num_attention_heads=arch["num_attention_heads"], num_hidden_layers=arch["num_hidden_layers"],
-                  attn_span=arch["attn_span"], block_size=flags["block_size"],
-                  persistent_memory_size=arch["pers_mem_size"], dropout=flags["dropout"],
-                  attention_dropout=flags["dropout"], emb_dropout=flags["emb_dropout"])
-    if arch["inner_hidden_size"] is not None:
-        kwargs["intermediate_size"] = arch["inner_hidden_size"]
-    if arch["adapt_span_enabled"]:
-        kwargs.update(adapt_span_enabled=True, adapt_span_ramp=flags["adapt_span_ramp"],
-                      adapt_span_init=flags["adapt_span_init"], adapt_span_loss=flags["adapt_span_loss"],
-                      adapt_span_cache=flags["adapt_span_cache"])
-    return kwargs
 
 
 def convert_state(state, arch, path) -> tuple[OrderedDict, dict]:
@@ -301,7 +220,7 @@ def convert(args):
         cross_check(arch, flags, args.checkpoint)
     else:  # nothing given: the tensors decide what they can, the original's defaults the rest
         flags.update(adapt_span_enabled=arch["adapt_span_enabled"])
-    config = AdaptiveSpanOriginalConfig(**build_config_kwargs(arch, flags))
+    config = AdaptiveSpanOriginalConfig(**config_kwargs(arch, flags))
     converted, sources = convert_state(state, arch, args.checkpoint)
     model = AdaptiveSpanOriginalForCausalLM(config)
     expected = model.state_dict()

@@ -43,7 +43,17 @@ def _train_args(args):
 
 
 def _train(args):
-    train_args = _train_args(args)  # validated (a bad number names its flag) before anything is loaded
+    if args.recipe is not None:
+        from ..training.recipes import describe_recipe, list_recipes, recipe_train_args
+
+        if args.recipe == "list":
+            print(list_recipes())
+            return
+        given = getattr(args, "given_flags", set())
+        train_args = recipe_train_args(args.recipe, **{name: getattr(args, name) for name in given})
+        print(describe_recipe(args.recipe, train_args, given))
+    else:
+        train_args = _train_args(args)  # validated (a bad number names its flag) before anything is loaded
     if args.trainer:
         from ..training.trainer import train_with_trainer
 
@@ -167,6 +177,9 @@ def add_train_parser(sub, name: str, help_text: str):
     train.add_argument("--trainer", action="store_true",
                        help="train with transformers' Trainer (MemoryTrainer: memory carried, one process) instead "
                             "of the Accelerate loop")
+    train.add_argument("--recipe", metavar="NAME",
+                       help="start from the hyper-parameters of an original training script (every flag given "
+                            "overrides it; the preset is printed in full); `--recipe list` lists them")
     # the registered text variants are known only once the package is imported, after TrainArgs was defined
     train._option_string_actions["--variant"].help = f"model variant, one of: {', '.join(text_variant_names())}"
     train.set_defaults(func=_train)
@@ -224,6 +237,22 @@ def build_parser():
     return parser
 
 
+def given_train_fields(argv: list[str]) -> set[str]:
+    """The TrainArgs fields that `argv` (a `txv train` command line) sets explicitly: it is parsed again by a parser
+    whose defaults are all suppressed, so only what was given lands in the namespace."""
+    import dataclasses
+
+    from ..training.loop import TrainArgs
+
+    parser = build_parser()
+    train = next(action for action in parser._subparsers._group_actions).choices["train"]
+    for action in train._actions:
+        action.default = argparse.SUPPRESS
+    train.set_defaults(**{})
+    given = vars(parser.parse_args(argv))
+    return {f.name for f in dataclasses.fields(TrainArgs)} & set(given)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -231,9 +260,11 @@ def main(argv=None) -> int:
 
     def command():
         args = build_parser().parse_args(argv)
+        if getattr(args, "recipe", None) is not None:
+            args.given_flags = given_train_fields(argv)
         return args.func(args)
 
     return run_guarded(command, "txv: error: ", debug)
 
 
-__all__ = ["build_parser", "main", "positive_int", "non_negative_int"]
+__all__ = ["build_parser", "given_train_fields", "main", "positive_int", "non_negative_int"]

@@ -29,6 +29,7 @@ from .token_cache import plan_corpus
 from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory,
                      load_model, memory_state, objective_forward, set_training_progress, unwrapped, uses_memory,
                      after_optimizer_step)
+from .optimizers import build_optimizer, build_schedule
 
 RUN_LOCK_NAME = ".txv.lock"  # in --output-dir, held by the main process for the whole run
 PARTIAL_SUFFIX = ".partial"  # checkpoints/.step-N.partial: a checkpoint being written (ignored by a resume)
@@ -104,10 +105,16 @@ class TrainArgs:
     dropout: float = _arg(0.1, "dropout rate in [0, 1)")
     batch_size: int = _arg(16, "global batch: rows over all processes and accumulation chunks")
     grad_accum: int = _arg(1, "gradient accumulation chunks per step (each with its own memory)")
-    lr: float = _arg(1e-3, "peak learning rate (AdamW, cosine schedule)")
+    lr: float = _arg(1e-3, "peak learning rate (after the warm-up)")
     warmup_steps: int = _arg(20, "linear warm-up steps")
+    lr_schedule: Literal["cosine", "constant"] = _arg(
+        "cosine", "after the warm-up: cosine decay to 0 at --max-steps, or constant (adaptive-span's schedule)")
+    optimizer: Literal["adamw", "adagrad"] = _arg(
+        "adamw", "adamw (Adam with --weight-decay 0), or adagrad: adaptive-span's Adagrad, which clips each "
+                 "parameter tensor's gradient at --clip-norm instead of the global norm")
     weight_decay: float = _arg(0.0, "AdamW weight decay of the matrices")
-    clip_norm: float = _arg(0.25, "gradient-norm clipping (0: none)")
+    clip_norm: float = _arg(0.25, "gradient-norm clipping (0: none): of all gradients together, or of each parameter "
+                                  "tensor with --optimizer adagrad")
     max_steps: int = _arg(200, "optimizer steps")
     eval_every: int = _arg(50, "validate every N steps (0: only at the end)")
     eval_batch_size: int = _arg(8, "validation rows")
@@ -148,6 +155,11 @@ class TrainArgs:
             if not ok:
                 bounds = f"in [{low}, {high})" if high is not None else ("> 0" if name == "lr" else f">= {low}")
                 raise DataError(f"--{_flag(name)} must be a finite number {bounds}, got {value!r}")
+        for name, choices in (("optimizer", ("adamw", "adagrad")), ("lr_schedule", ("cosine", "constant"))):
+            if getattr(self, name) not in choices:
+                raise DataError(f"--{_flag(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.optimizer == "adagrad" and self.weight_decay:
+            raise DataError(f"--weight-decay {self.weight_decay} needs --optimizer adamw (adagrad has none)")
         if self.mixed_precision is not None and self.mixed_precision not in ("no", "bf16", "fp16"):
             raise DataError(f"--mixed-precision must be one of no, bf16, fp16, got {self.mixed_precision!r}")
         if self.tokenizer is not None and not self.tokenizer:
@@ -337,7 +349,6 @@ def hold_output_dir(output_dir: Path, held: contextlib.ExitStack):
 def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
-    from transformers import get_cosine_schedule_with_warmup
 
     output_dir = Path(args.output_dir)
     fsdp = distributed.fsdp_settings_from_environment()  # set by `accelerate launch` with an FSDP config
@@ -417,12 +428,8 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         model = sharded.module
         distributed.announce(sharded.describe(rank, world, accelerator.device))
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr
-    )
-    scheduler = get_cosine_schedule_with_warmup(optimizer, args.warmup_steps, args.max_steps)
+    optimizer = build_optimizer(args.optimizer, model, args.lr, args.weight_decay, args.clip_norm)
+    scheduler = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps)
     if sharded is None:
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     else:  # no DDP wrapper; the model and optimizer shards are checkpointed by the hooks below
@@ -487,7 +494,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
             for name, value in losses.detached().items():
                 totals[name] = totals.get(name, 0.0) + value.float() / args.grad_accum
         grad_norm = None
-        if args.clip_norm > 0:
+        if args.clip_norm > 0 and args.optimizer != "adagrad":  # adagrad clips each parameter in its step
             grad_norm = (sharded.clip_grad_norm_(args.clip_norm) if sharded
                          else accelerator.clip_grad_norm_(model.parameters(), args.clip_norm))
         optimizer.step()

@@ -217,6 +217,8 @@ def train_with_trainer(args) -> dict:
     if fsdp_requested():  # Trainer would hand FSDP to Accelerate, which runs DDP on CPU: refuse rather than pretend
         raise ModelError("--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an "
                          "FSDP config")
+    if args.optimizer != "adamw":
+        raise ModelError(f"--optimizer {args.optimizer} is offered by the Accelerate loop only: drop --trainer")
     if args.model:
         check_model_source(args.model)
     else:
@@ -240,7 +242,8 @@ def train_with_trainer(args) -> dict:
     training_args = TrainingArguments(
         output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, max_steps=args.max_steps,
-        warmup_steps=args.warmup_steps, lr_scheduler_type="cosine", max_grad_norm=args.clip_norm,
+        warmup_steps=args.warmup_steps, max_grad_norm=args.clip_norm,
+        lr_scheduler_type="cosine" if args.lr_schedule == "cosine" else "constant_with_warmup",
         weight_decay=args.weight_decay, eval_strategy="steps" if args.eval_every else "no",
         eval_steps=args.eval_every or None, logging_steps=10, save_strategy="steps" if args.save_every else "no",
         save_steps=args.save_every or 500, report_to=["tensorboard"] if args.tensorboard else [], seed=args.seed,
