@@ -15,6 +15,7 @@ import json
 import math
 import warnings
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -26,7 +27,7 @@ from . import distributed
 from .data import DataError, segment_stream
 from .evaluation import evaluate_stream, summarize
 from .token_cache import plan_corpus
-from .models import (ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory,
+from .models import (AUXILIARY_TERMS, ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory,
                      load_model, memory_state, objective_forward, set_training_progress, unwrapped, uses_memory,
                      after_optimizer_step)
 from .optimizers import build_optimizer, build_schedule
@@ -183,8 +184,7 @@ def training_record(parts: dict[str, float]) -> dict[str, float]:
 
 def describe_training(record: dict) -> str:
     """One console line of a training record: the objective, its next-token part and the auxiliary terms by name."""
-    terms = "".join(f", {name} {record[name]:.4g}" for name in record
-                    if name not in ("step", "split", "loss", "lm_loss", "bpc", "perplexity", "lr", "grad_norm"))
+    terms = "".join(f", {name} {record[name]:.4g}" for name in AUXILIARY_TERMS if name in record)
     return (f"objective {record['loss']:.4f} (lm_loss {record['lm_loss']:.4f}: {record['bpc']:.4f} bits per token, "
             f"perplexity {record['perplexity']:.3f}{terms})")
 
@@ -481,6 +481,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     evals = []
     record = None  # the last training record (None when a resumed run has no step left)
     for step in range(start_step + 1, args.max_steps + 1):
+        step_started = time.perf_counter()
         inputs, targets = train_stream.segment(step - 1)
         inputs, targets = inputs.to(accelerator.device), targets.to(accelerator.device)
         set_training_progress(model, (step - 1) / args.max_steps)  # a schedule of the objective (Al-Rfou's)
@@ -509,11 +510,13 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         record = {"step": step, "split": "train", **training_record(parts), "lr": scheduler.get_last_lr()[0]}
         if grad_norm is not None:
             record["grad_norm"] = float(grad_norm)
+        # the global batch's tokens over the step's wall time (data, forward, backward, optimiser, the loss's sync)
+        record["tokens_per_second"] = args.batch_size * args.seg_len / (time.perf_counter() - step_started)
         log(record)
         if progress:
             progress.update(1)
             progress.set_postfix({name: f"{value:.3g}" for name, value in record.items()
-                                  if name not in ("step", "split", "lr", "grad_norm", "perplexity")})
+                                  if name in ("loss", "lm_loss", "bpc", *AUXILIARY_TERMS)})
         if on_step is not None:
             on_step(step)
         if args.eval_every and step % args.eval_every == 0 and step != args.max_steps:
