@@ -11,6 +11,11 @@ episode starts the environment returned (RepeatPreviousEasy: episodes of 52 step
     python benchmarks/bench_rl_acting.py                      # about 2 minutes
     python benchmarks/bench_rl_acting.py --rounds 5 --ppo-updates 2 --task RepeatPreviousEasy
     python benchmarks/bench_rl_acting.py --no-ppo             # acting only
+
+`--before-package NAME` adds the GTrXL of an older checkout, measured in the same process, interleaved, with the same
+weights: a copy of its `hf_txvariants` folder renamed NAME on the path (its imports are relative), e.g.
+`git archive <rev> hf_txvariants | tar -x -C /tmp/old && mv /tmp/old/hf_txvariants /tmp/pkgs/hf_before`, then
+`PYTHONPATH=/tmp/pkgs python benchmarks/bench_rl_acting.py --before-package hf_before`.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ def main(argv=None):
     parser.add_argument("--ppo-updates", type=int, default=2, help="PPO updates per timed train_ppo call")
     parser.add_argument("--ppo-rounds", type=int, default=2, help="timed train_ppo calls per policy (alternating)")
     parser.add_argument("--no-ppo", action="store_true")
+    parser.add_argument("--before-package", help="an older hf_txvariants copy, importable under this name")
     args = parser.parse_args(argv)
 
     import torch
@@ -79,6 +85,17 @@ def main(argv=None):
         agent: make_policy(agent, envs[agent].single_observation_space, envs[agent].single_action_space).eval()
         for agent in agents
     }
+    makers = {agent: make_policy for agent in agents}
+    if args.before_package:
+        import importlib
+
+        before = "gtrxl@before"
+        makers[before] = importlib.import_module(f"{args.before_package}.rl").make_policy
+        envs[before] = make_vector_env(args.task, NUM_ENVS, seed=0)
+        policies[before] = makers[before]("gtrxl", envs[before].single_observation_space,
+                                          envs[before].single_action_space).eval()
+        policies[before].load_state_dict(policies["gtrxl"].state_dict())
+        agents = ("gtrxl", before, "gru")
     print(f"{args.task}, {NUM_ENVS} envs, 1 thread; parameters: "
           + ", ".join(f"{a} {policies[a].num_parameters:,}" for a in agents))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; load {os.getloadavg()}")
@@ -97,10 +114,13 @@ def main(argv=None):
         c = calls[agent]
         print(f"  {agent:<30} {max(c['wall']):9.1f} {statistics.median(c['wall']):13.1f} "
               f"{max(c['cpu']):10.1f} {statistics.median(c['cpu']):12.1f}")
-    g, r = calls["gtrxl"], calls["gru"]
-    print(f"  gtrxl / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, median wall "
-          f"{statistics.median(g['wall']) / statistics.median(r['wall']):.2f}x, best CPU "
-          f"{max(g['cpu']) / max(r['cpu']):.2f}x, median CPU {statistics.median(g['cpu']) / statistics.median(r['cpu']):.2f}x")
+    r = calls["gru"]
+    for agent in agents[:-1]:
+        g = calls[agent]
+        print(f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, median wall "
+              f"{statistics.median(g['wall']) / statistics.median(r['wall']):.2f}x, best CPU "
+              f"{max(g['cpu']) / max(r['cpu']):.2f}x, median CPU "
+              f"{statistics.median(g['cpu']) / statistics.median(r['cpu']):.2f}x")
 
     if args.no_ppo:
         return
@@ -109,15 +129,19 @@ def main(argv=None):
     for round_ in range(args.ppo_rounds):
         for agent in agents if round_ % 2 == 0 else reversed(agents):
             torch.manual_seed(round_)
-            policy = make_policy(agent, envs[agent].single_observation_space, envs[agent].single_action_space)
+            policy = makers[agent](agent.split("@")[0], envs[agent].single_observation_space,
+                                   envs[agent].single_action_space)
             wall, cpu = timed(lambda: train_ppo(policy, envs[agent], settings, seed=round_))
             rates[agent]["wall"].append(settings.total_steps / wall)
             rates[agent]["cpu"].append(settings.total_steps / cpu)
     print(f"\ntrain_ppo steps/s ({settings.total_steps} env steps per call)   best wall   best CPU")
     for agent in agents:
         print(f"  {agent:<30} {max(rates[agent]['wall']):9.1f} {max(rates[agent]['cpu']):10.1f}")
-    g, r = rates["gtrxl"], rates["gru"]
-    print(f"  gtrxl / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, best CPU {max(g['cpu']) / max(r['cpu']):.2f}x")
+    r = rates["gru"]
+    for agent in agents[:-1]:
+        g = rates[agent]
+        print(f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, "
+              f"best CPU {max(g['cpu']) / max(r['cpu']):.2f}x")
     print(f"load after: {os.getloadavg()}")
 
 

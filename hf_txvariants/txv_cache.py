@@ -187,7 +187,9 @@ class KeyValueSlot:
 
     def keep(self, key: torch.Tensor, value: torch.Tensor, weights_token: tuple):
         if self._cache._new_key_values is not None:
-            self._cache._new_key_values[self.layer_idx] = (key.detach(), value.detach(), weights_token)
+            # (no copy without autograd: the tensors may be views `AppendBuffers` extends in place)
+            key, value = (key.detach(), value.detach()) if key.requires_grad else (key, value)
+            self._cache._new_key_values[self.layer_idx] = (key, value, weights_token)
 
     def position_keys(self, weights_token: tuple, position_embeddings: torch.Tensor, project) -> torch.Tensor:
         """`project(position_embeddings)` (the layer's keys of the relative positions, `[heads, rows, head_dim]`),

@@ -87,20 +87,9 @@ class GRUGate(GatingLayer):
     matrices = ("w_r", "u_r", "w_z", "u_z", "w_g", "u_g")
 
     def forward(self, x, y):
-        if not all(type(getattr(self, name)) is nn.Linear for name in self.matrices):  # wrapped (e.g. PEFT): call them
-            reset = torch.sigmoid(self.w_r(y) + self.u_r(x))
-            update = torch.sigmoid(self.w_z(y) + self.u_z(x) - self.gate_bias)
-            candidate = torch.tanh(self.w_g(y) + self.u_g(reset * x))
-            return (1 - update) * x + update * candidate
-        # the same maths in three products instead of six: [W_r; W_z; W_g] y and [U_r; U_z] x, each one matmul over
-        # the stacked weights (stacked per call, so gradients reach each parameter, whose name is unchanged)
-        hidden = self.hidden_size
-        from_y = nn.functional.linear(y, torch.cat([self.w_r.weight, self.w_z.weight, self.w_g.weight]))
-        from_x = nn.functional.linear(x, torch.cat([self.u_r.weight, self.u_z.weight]))
-        reset_update = from_y[..., : 2 * hidden] + from_x
-        reset = torch.sigmoid(reset_update[..., :hidden])
-        update = torch.sigmoid(reset_update[..., hidden:] - self.gate_bias)
-        candidate = torch.tanh(from_y[..., 2 * hidden :] + self.u_g(reset * x))
+        reset = torch.sigmoid(self.w_r(y) + self.u_r(x))
+        update = torch.sigmoid(self.w_z(y) + self.u_z(x) - self.gate_bias)
+        candidate = torch.tanh(self.w_g(y) + self.u_g(reset * x))
         return (1 - update) * x + update * candidate
 
 
