@@ -172,11 +172,24 @@ class KeyValueSlot:
         key, value = cache.memory_keys[self.layer_idx], cache.memory_values[self.layer_idx]
         if key is None or cache.key_value_tokens[self.layer_idx] != weights_token:
             return None
+        if memory_length == key.shape[2]:  # the kept tensors themselves: `extend` appends to them in place
+            return key, value
         return key[:, :, -memory_length:], value[:, :, -memory_length:]
+
+    def extend(self, cached: tuple[torch.Tensor, torch.Tensor], key: torch.Tensor, value: torch.Tensor):
+        """`[cached keys; key]` and `[cached values; value]` along the positions (appended in place, see
+        `AppendBuffers`)."""
+        buffers = self._cache._buffers
+        return (
+            buffers.append(("key", self.layer_idx), cached[0], key, 2),
+            buffers.append(("value", self.layer_idx), cached[1], value, 2),
+        )
 
     def keep(self, key: torch.Tensor, value: torch.Tensor, weights_token: tuple):
         if self._cache._new_key_values is not None:
-            self._cache._new_key_values[self.layer_idx] = (key.detach(), value.detach(), weights_token)
+            # (no copy without autograd: the tensors may be views `AppendBuffers` extends in place)
+            key, value = (key.detach(), value.detach()) if key.requires_grad else (key, value)
+            self._cache._new_key_values[self.layer_idx] = (key, value, weights_token)
 
     def position_keys(self, weights_token: tuple, position_embeddings: torch.Tensor, project) -> torch.Tensor:
         """`project(position_embeddings)` (the layer's keys of the relative positions, `[heads, rows, head_dim]`),
@@ -205,6 +218,46 @@ def is_row_suffix(rows: torch.Tensor, table: torch.Tensor) -> bool:
         and rows.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
         and rows.data_ptr() + rows.numel() * rows.element_size() == table.data_ptr() + table.numel() * table.element_size()
     )
+
+
+class AppendBuffers:
+    """Appending to the tensors a cache keeps (the memory of each layer, its keys and values) in place, in evaluation.
+
+    `append(name, window, new, dim)` is `torch.cat([window, new], dim)`; when `window` is the view this object last
+    handed out under `name` (`keep(name, view)`), `new` is written into the preallocated buffer right after it and a
+    view of the buffer is returned: no copy of the window, which a step of `generate()` or of an acting agent would
+    otherwise pay per layer (the memory, keys and values: `[batch, mem_len, hidden]` each). The buffer holds room for
+    as many appends again as the window is long; when it is full, the window is copied to the start of a new buffer.
+    Only what lies after the last view handed out is ever written, so no tensor handed out (kept by the caller,
+    returned as the cache) ever changes. Used only without autograd (an in-place write would invalidate the saved
+    tensors of a graph); the cache drops the buffers whenever it replaces its tensors otherwise."""
+
+    def __init__(self):
+        self._entries: dict = {}  # name -> [buffer, dim, end (where the next entries go), the view last kept]
+
+    def append(self, name, window: torch.Tensor, new: torch.Tensor, dim: int) -> torch.Tensor:
+        entry = self._entries.get(name)
+        length, added = window.shape[dim], new.shape[dim]
+        if entry is None or entry[3] is not window or entry[2] + added > entry[0].shape[dim]:
+            shape = list(window.shape)
+            shape[dim] = 2 * (length + added)
+            buffer = window.new_empty(shape)
+            buffer.narrow(dim, 0, length).copy_(window)
+            entry = self._entries[name] = [buffer, dim, length, None]
+        buffer, _, end, _ = entry
+        buffer.narrow(dim, end, added).copy_(new)
+        entry[2], entry[3] = end + added, None  # consumed: `keep` names the next window
+        return buffer.narrow(dim, end - length, length + added)
+
+    def keep(self, name, view: torch.Tensor):
+        """Records `view` as the window to extend next when it is the last entries of what `append(name, ...)`
+        returned last (any other tensor is not extended in place: it is copied into a new buffer)."""
+        entry = self._entries.get(name)
+        if entry is None or view._base is not entry[0]:
+            return
+        buffer, dim, end, _ = entry
+        if view.data_ptr() == buffer.narrow(dim, end - view.shape[dim], view.shape[dim]).data_ptr():
+            entry[3] = view
 
 
 class MemoryCache(RowStateCache):
@@ -250,6 +303,7 @@ class MemoryCache(RowStateCache):
         self.memory_values: list[torch.Tensor | None] | None = None
         self.key_value_tokens: list[tuple | None] | None = None
         self._new_key_values: list | None = None  # what the layers computed in the pass under way
+        self._buffers = AppendBuffers()  # in-place appends of the memory and its keys and values (evaluation)
         # batch-independent, kept across updates (see `relative_table` and `KeyValueSlot.position_keys`)
         self._relative_table: torch.Tensor | None = None
         self._relative_table_key: tuple | None = None
@@ -298,7 +352,7 @@ class MemoryCache(RowStateCache):
             memory_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
         elif memory_mask.shape != first.shape[:2]:
             raise ValueError(f"memory_mask has shape {tuple(memory_mask.shape)}, expected {tuple(first.shape[:2])}")
-        self.memories = [m.detach() for m in memories]
+        self.memories = [m.detach() if m.requires_grad else m for m in memories]
         self.memory_mask = memory_mask.to(torch.bool)
         # the mask known (without reading it) to be all True: `key_mask` then needs no mask and no host sync
         self._all_real_mask = self.memory_mask if all_real else None
@@ -345,6 +399,8 @@ class MemoryCache(RowStateCache):
             else:
                 key, value, token = entry
                 entry = (key[:, :, -memory_length:], value[:, :, -memory_length:], token)
+                self._buffers.keep(("key", len(keys)), entry[0])
+                self._buffers.keep(("value", len(keys)), entry[1])
             keys.append(entry[0])
             values.append(entry[1])
             tokens.append(entry[2])
@@ -391,9 +447,17 @@ class MemoryCache(RowStateCache):
         # the mask is kept only when some slot may be masked (building it for an all-real memory costs a pass)
         all_real = input_mask is None and (self.memories is None or self.memory_mask is self._all_real_mask)
         mask = None
+        # without autograd the memory is appended to in place (`AppendBuffers`); with it, a copy (the memory read by
+        # this pass may be saved for its backward)
+        in_place = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
         with torch.no_grad():
             if self.memories is None:
                 memories = [h[:, -self.mem_len :] for h in layer_inputs]
+            elif in_place:
+                memories = [
+                    self._buffers.append(("memory", i), m, h, 1)[:, -self.mem_len :]
+                    for i, (m, h) in enumerate(zip(self.memories, layer_inputs))
+                ]
             else:
                 memories = [torch.cat([m, h], dim=1)[:, -self.mem_len :] for m, h in zip(self.memories, layer_inputs)]
             if not all_real:
@@ -402,6 +466,9 @@ class MemoryCache(RowStateCache):
                 mask = input_mask if self.memories is None else torch.cat([self.memory_mask, input_mask], dim=1)
                 mask = mask[:, -self.mem_len :]
             self._set(memories, mask)
+        if in_place:
+            for i, memory in enumerate(self.memories):
+                self._buffers.keep(("memory", i), memory)
         self._keep_new_key_values(pending, self.memory_length)
 
     def reset_rows(self, done: torch.Tensor, memory_init: str | None = None):
@@ -468,6 +535,7 @@ class MemoryCache(RowStateCache):
 
     def reset(self):
         self.memories, self.memory_mask, self.seen_tokens = None, None, 0
+        self._buffers = AppendBuffers()
         self.forget_key_values()
 
     def crop(self, max_length: int):

@@ -139,7 +139,7 @@ class RelativePositionAttention(nn.Module):
             cached = key_values.lookup(weights_token, 0 if memory is None else memory.shape[1])
         query, key, value = self.project(hidden_states, None if cached is not None else memory, context_norm)
         if cached is not None:
-            key, value = torch.cat([cached[0], key], dim=2), torch.cat([cached[1], value], dim=2)
+            key, value = key_values.extend(cached, key, value)
         if weights_token is not None:
             key_values.keep(key, value, weights_token)
         position_keys = self.position_keys(position_embeddings, key_values, hidden_states)

@@ -214,3 +214,53 @@ def test_a_cached_step_projects_no_row_of_the_position_table():
         hook.remove()
     assert cached_step == []
     assert recomputing_step and all(rows >= 7 for rows in recomputing_step)
+
+
+def test_append_buffers_equal_concatenation_and_never_change_a_tensor_handed_out():
+    """`AppendBuffers.append` is `torch.cat`: in place after the window it handed out last (no copy of the window),
+    through refills of a full buffer; every window handed out keeps its values; a tensor it did not hand out (here a
+    view of its own buffer that is not the kept window) is copied, never written after."""
+    from hf_txvariants.txv_cache import AppendBuffers
+
+    buffers, generator = AppendBuffers(), torch.Generator().manual_seed(0)
+    window = torch.randn(2, 3, 4, generator=generator)
+    expected, handed_out = window.clone(), []
+    for step in range(12):  # a buffer holds 2 * (3 + 1) positions: refilled every few steps
+        new = torch.randn(2, 1, 4, generator=generator)
+        extended = buffers.append("memory", window, new, 1)
+        expected = torch.cat([expected, new], 1)
+        torch.testing.assert_close(extended, expected, atol=0, rtol=0)
+        if step > 0:
+            assert extended._base is not None  # a view of the buffer, not a copy
+        expected = expected[:, -3:]
+        window = extended[:, -3:]
+        buffers.keep("memory", window)
+        handed_out.append((window, window.clone()))
+    for tensor, values in handed_out:
+        assert torch.equal(tensor, values)
+    stale = handed_out[-2][0]  # an older window: not the kept one
+    appended = buffers.append("memory", stale, torch.zeros(2, 1, 4), 1)
+    assert appended._base is not window._base
+    for tensor, values in handed_out:
+        assert torch.equal(tensor, values)
+
+
+def test_acting_steps_equal_recomputing_with_and_without_in_place_memory():
+    """One step at a time without autograd (the memory and keys/values appended in place) gives the hidden states
+    of the same steps with autograd on (concatenated copies), past mem_len and through episode starts."""
+    torch.manual_seed(0)
+    model = GTrXLModel(GTrXLConfig(**SIZE, mem_len=5, initializer_range=0.2)).eval()
+    generator = torch.Generator().manual_seed(3)
+    inputs = torch.randn(3, 14, SIZE["hidden_size"], generator=generator)
+    starts = torch.rand(3, 14, generator=generator) < 0.15
+    outputs = {}
+    for grad in (False, True):
+        cache, steps = None, []
+        with torch.set_grad_enabled(grad):
+            for t in range(inputs.shape[1]):
+                out = model(inputs_embeds=inputs[:, t : t + 1], cache=cache, episode_starts=starts[:, t : t + 1],
+                            use_cache=True)
+                cache = out.cache
+                steps.append(out.last_hidden_state.detach())
+        outputs[grad] = torch.cat(steps, 1)
+    torch.testing.assert_close(outputs[False], outputs[True], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,149 @@
+"""Acting speed of the memory-RL policies (issue 30 item 3): `MemoryPolicy.act` calls/s of the benchmark's GTrXL
+(GRU gate, 2 layers x 64, mem_len 64: `make_policy("gtrxl", ...)` of bench_memory_rl.py) against the parameter-matched
+GRU policy, and the whole PPO loop (`train_ppo`: acting, environment, learning) steps/s of both on one POPGym task.
+
+One process, one thread, 16 environments. Both policies are built once; the timed blocks alternate (GTrXL, GRU,
+GRU, GTrXL, ...) so that both see the same load of a shared machine. Per block: act calls/s from the wall clock and
+from the process CPU time (with one thread the CPU time depends less on other jobs); the ratios compare the best
+block of each policy, and the median. Acting feeds each step the observation of a real environment step and the
+episode starts the environment returned (RepeatPreviousEasy: episodes of 52 steps).
+
+    python benchmarks/bench_rl_acting.py                      # about 2 minutes
+    python benchmarks/bench_rl_acting.py --rounds 5 --ppo-updates 2 --task RepeatPreviousEasy
+    python benchmarks/bench_rl_acting.py --no-ppo             # acting only
+
+`--before-package NAME` adds the GTrXL of an older checkout, measured in the same process, interleaved, with the same
+weights: a copy of its `hf_txvariants` folder renamed NAME on the path (its imports are relative), e.g.
+`git archive <rev> hf_txvariants | tar -x -C /tmp/old && mv /tmp/old/hf_txvariants /tmp/pkgs/hf_before`, then
+`PYTHONPATH=/tmp/pkgs python benchmarks/bench_rl_acting.py --before-package hf_before`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+NUM_ENVS = 16
+
+
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of `fn()`."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def acting_block(policy, envs, steps: int, seed: int):
+    """A closure that acts `steps` steps in `envs` (the environment stepped too, outside the timing of `act`), and
+    returns the seconds spent inside `act` only: (wall, cpu)."""
+    import numpy as np
+    import torch
+
+    observations, _ = envs.reset(seed=seed)
+    state = policy.initial_state(envs.num_envs)
+    starts = torch.ones(envs.num_envs, dtype=torch.bool)
+    carried = {"observations": observations, "state": state, "starts": starts}
+
+    def run() -> tuple[float, float]:
+        wall = cpu = 0.0
+        for _ in range(steps):
+            w, c = time.perf_counter(), time.process_time()
+            step = policy.act(carried["observations"], carried["state"], carried["starts"])
+            wall += time.perf_counter() - w
+            cpu += time.process_time() - c
+            observations, _, terminated, truncated, _ = envs.step(policy.env_actions(step.actions))
+            carried.update(observations=observations, state=step.state,
+                           starts=torch.as_tensor(np.logical_or(terminated, truncated)))
+        return wall, cpu
+
+    return run
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", default="RepeatPreviousEasy")
+    parser.add_argument("--rounds", type=int, default=5, help="timed blocks per policy (alternating)")
+    parser.add_argument("--steps", type=int, default=200, help="act calls per timed block")
+    parser.add_argument("--ppo-updates", type=int, default=2, help="PPO updates per timed train_ppo call")
+    parser.add_argument("--ppo-rounds", type=int, default=2, help="timed train_ppo calls per policy (alternating)")
+    parser.add_argument("--no-ppo", action="store_true")
+    parser.add_argument("--before-package", help="an older hf_txvariants copy, importable under this name")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    from hf_txvariants.rl import PPOSettings, make_policy, make_vector_env, train_ppo
+
+    agents = ("gtrxl", "gru")
+    envs = {agent: make_vector_env(args.task, NUM_ENVS, seed=0) for agent in agents}
+    torch.manual_seed(0)
+    policies = {
+        agent: make_policy(agent, envs[agent].single_observation_space, envs[agent].single_action_space).eval()
+        for agent in agents
+    }
+    makers = {agent: make_policy for agent in agents}
+    if args.before_package:
+        import importlib
+
+        before = "gtrxl@before"
+        makers[before] = importlib.import_module(f"{args.before_package}.rl").make_policy
+        envs[before] = make_vector_env(args.task, NUM_ENVS, seed=0)
+        policies[before] = makers[before]("gtrxl", envs[before].single_observation_space,
+                                          envs[before].single_action_space).eval()
+        policies[before].load_state_dict(policies["gtrxl"].state_dict())
+        agents = ("gtrxl", before, "gru")
+    print(f"{args.task}, {NUM_ENVS} envs, 1 thread; parameters: "
+          + ", ".join(f"{a} {policies[a].num_parameters:,}" for a in agents))
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; load {os.getloadavg()}")
+
+    blocks = {agent: acting_block(policies[agent], envs[agent], args.steps, seed=0) for agent in agents}
+    for agent in agents:  # warm-up: one block each, untimed (fills the memory, first-call costs)
+        blocks[agent]()
+    calls = {agent: {"wall": [], "cpu": []} for agent in agents}
+    for round_ in range(args.rounds):
+        for agent in agents if round_ % 2 == 0 else reversed(agents):
+            wall, cpu = blocks[agent]()
+            calls[agent]["wall"].append(args.steps / wall)
+            calls[agent]["cpu"].append(args.steps / cpu)
+    print("\nact calls/s (16 envs per call)   best wall   median wall   best CPU   median CPU")
+    for agent in agents:
+        c = calls[agent]
+        print(f"  {agent:<30} {max(c['wall']):9.1f} {statistics.median(c['wall']):13.1f} "
+              f"{max(c['cpu']):10.1f} {statistics.median(c['cpu']):12.1f}")
+    r = calls["gru"]
+    for agent in agents[:-1]:
+        g = calls[agent]
+        print(f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, median wall "
+              f"{statistics.median(g['wall']) / statistics.median(r['wall']):.2f}x, best CPU "
+              f"{max(g['cpu']) / max(r['cpu']):.2f}x, median CPU "
+              f"{statistics.median(g['cpu']) / statistics.median(r['cpu']):.2f}x")
+
+    if args.no_ppo:
+        return
+    settings = PPOSettings(total_steps=args.ppo_updates * 128 * NUM_ENVS)
+    rates = {agent: {"wall": [], "cpu": []} for agent in agents}
+    for round_ in range(args.ppo_rounds):
+        for agent in agents if round_ % 2 == 0 else reversed(agents):
+            torch.manual_seed(round_)
+            policy = makers[agent](agent.split("@")[0], envs[agent].single_observation_space,
+                                   envs[agent].single_action_space)
+            wall, cpu = timed(lambda: train_ppo(policy, envs[agent], settings, seed=round_))
+            rates[agent]["wall"].append(settings.total_steps / wall)
+            rates[agent]["cpu"].append(settings.total_steps / cpu)
+    print(f"\ntrain_ppo steps/s ({settings.total_steps} env steps per call)   best wall   best CPU")
+    for agent in agents:
+        print(f"  {agent:<30} {max(rates[agent]['wall']):9.1f} {max(rates[agent]['cpu']):10.1f}")
+    r = rates["gru"]
+    for agent in agents[:-1]:
+        g = rates[agent]
+        print(f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, "
+              f"best CPU {max(g['cpu']) / max(r['cpu']):.2f}x")
+    print(f"load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
