@@ -17,20 +17,35 @@ import warnings
 
 import transformers
 from transformers.modeling_layers import GradientCheckpointingLayer as _TransformersCheckpointingLayer
-from transformers.utils import generic as _generic
+from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import is_torchdynamo_compiling
 
 # The releases CI tests (`.ci/run`): keep in step with pyproject.toml and the README.
 OLDEST_SUPPORTED_TRANSFORMERS = "5.23.0"
 FIRST_UNSUPPORTED_TRANSFORMERS = "5.25.0"
 
-# The name under which the installed transformers passes the cache to `forward` / `prepare_inputs_for_generation`
-# and reads it from outputs: 5.24 added the keyword renaming (`_rename_kwargs_for_bc`) together with the new name.
-CACHE_NAME = "cache" if hasattr(_generic, "_rename_kwargs_for_bc") else "past_key_values"
 # Every name a cache may arrive under, the current one first.
 CACHE_NAMES = ("cache", "past_key_values", "cache_params")
-# Output keys that are a cache, not a prediction (`config.keys_to_ignore_at_inference`, for Trainer.predict).
-CACHE_OUTPUT_KEYS = ["cache", "past_key_values"]
+# Output keys that are a cache, not a prediction (`config.keys_to_ignore_at_inference`, for Trainer.predict, and
+# `_skip_keys_device_placement`).
+CACHE_OUTPUT_KEYS = list(CACHE_NAMES[:2])
+
+
+def _release_cache_name() -> str:
+    """The name under which the installed transformers passes the cache to `forward` /
+    `prepare_inputs_for_generation` and reads it from outputs, read from a public fact of the release: the field of
+    its public `BaseModelOutputWithPast` (`past_key_values` before 5.24, `cache` from 5.24 on)."""
+    fields = [field.name for field in dataclasses.fields(BaseModelOutputWithPast)]
+    names = [name for name in CACHE_NAMES if name in fields]
+    if len(names) != 1:
+        raise ImportError(
+            f"transformers {transformers.__version__}: BaseModelOutputWithPast has fields {fields}, not exactly one "
+            f"of the cache names {list(CACHE_NAMES)}; hf_txvariants cannot tell which cache name this release uses"
+        )
+    return names[0]
+
+
+CACHE_NAME = _release_cache_name()
 
 
 def _release(version: str) -> tuple[int, int, int]:
@@ -76,12 +91,13 @@ def accepts_cache_names(function):
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        if any(name in kwargs for name in CACHE_NAMES[1:]):
-            if CACHE_NAME == "cache" and not is_torchdynamo_compiling():  # as transformers' models do from 5.24
-                old = next(name for name in CACHE_NAMES[1:] if name in kwargs)
-                warnings.warn(f"`{old}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
-                              FutureWarning, stacklevel=2)
+        old_names = [name for name in CACHE_NAMES[1:] if name in kwargs]
+        if old_names:
+            # Every name ends here as the one keyword `cache`: past this line no code path knows which was given.
             kwargs["cache"] = pop_cache(kwargs)
+            if CACHE_NAME == "cache" and not is_torchdynamo_compiling():  # as transformers' models do from 5.24
+                warnings.warn(f"`{old_names[0]}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
+                              FutureWarning, stacklevel=2)
         return function(*args, **kwargs)
 
     parameters = [p.replace(name=CACHE_NAME) if p.name == "cache" else p for p in signature.parameters.values()]
