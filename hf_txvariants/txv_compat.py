@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import inspect
 import re
+import sys
 import warnings
 
 import transformers
@@ -81,6 +82,21 @@ def pop_cache(kwargs: dict, default=None):
     return next(iter(present.values()), default)
 
 
+# Modules whose frames only pass a call on (module calls, transformers' output decorators, this module's wrapper).
+_FORWARDING_MODULES = ("torch.nn.modules.module", "transformers.utils.generic", __name__)
+
+
+def _caller_stacklevel() -> int:
+    """The `stacklevel` that attributes a warning raised by the caller of this function to the code that made the
+    call, past the frames that only forward it (`nn.Module.__call__`, `@can_return_tuple`, ...): pyproject's
+    filterwarnings then tells a deprecated name passed by plugin code (an error in the tests) from one passed by a
+    user or a test."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__") in _FORWARDING_MODULES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def accepts_cache_names(function):
     """For a `forward` or `prepare_inputs_for_generation` written with a `cache` parameter: the cache is accepted
     under every name a supported release (or a user of an older one) passes it, so it can never be swallowed by
@@ -97,7 +113,7 @@ def accepts_cache_names(function):
             kwargs["cache"] = pop_cache(kwargs)
             if CACHE_NAME == "cache" and not is_torchdynamo_compiling():  # as transformers' models do from 5.24
                 warnings.warn(f"`{old_names[0]}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
-                              FutureWarning, stacklevel=2)
+                              FutureWarning, stacklevel=_caller_stacklevel())
         return function(*args, **kwargs)
 
     parameters = [p.replace(name=CACHE_NAME) if p.name == "cache" else p for p in signature.parameters.values()]

@@ -53,15 +53,15 @@ def two_segments(name, model):
 
 @contextlib.contextmanager
 def old_cache_name_warning(old_name: str):
-    """What passing the cache as `old_name` gives: from 5.24 on the plugin's FutureWarning (which pyproject's
-    filterwarnings makes an error unless caught), before 5.24 none (the old name is the release's own)."""
+    """What passing the cache as `old_name` gives: from 5.24 on the plugin's FutureWarning (caught here; yields the
+    record), before 5.24 none (the old name is the release's own)."""
     if txv_compat.CACHE_NAME == "cache":
-        with pytest.warns(FutureWarning, match=f"`{old_name}` is deprecated for `.*`. Use `cache` instead"):
-            yield
+        with pytest.warns(FutureWarning, match=f"`{old_name}` is deprecated for `.*`. Use `cache` instead") as caught:
+            yield caught
         return
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        yield
+        yield None
 
 
 def test_the_installed_release_is_supported():
@@ -140,6 +140,34 @@ def test_every_cache_name_reaches_the_function_as_the_same_call(name):
     (args_new, kwargs_new), (args_old, kwargs_old) = calls
     assert args_old[0] is args_new[0] and kwargs_old.keys() == kwargs_new.keys()
     assert all(kwargs_old[key] is kwargs_new[key] for key in kwargs_new)
+
+
+@pytest.mark.parametrize("category", [FutureWarning, DeprecationWarning])
+@pytest.mark.parametrize("module", ["hf_txvariants.txv_compat", "hf_txvariants.rl.policy", "conversion.common"])
+def test_deprecations_from_plugin_code_are_errors(category, module):
+    """pyproject.toml's filterwarnings: a deprecation attributed to the plugin's code fails the test that triggers
+    it; the same warning attributed to a test module does not."""
+    with pytest.raises(category, match="deprecated"):
+        warnings.warn_explicit("`x` is deprecated", category, "plugin.py", 1, module=module)
+    with pytest.warns(category, match="deprecated"):
+        warnings.warn_explicit("`x` is deprecated", category, "test_x.py", 1, module="test_x")
+
+
+def test_an_old_cache_name_is_an_error_only_when_plugin_code_passes_it():
+    """The plugin's FutureWarning for an old cache name points at the code that passed it (past `nn.Module.__call__`
+    and transformers' decorators): from plugin code it fails the test (pyproject.toml's filterwarnings), from a user or
+    a test it is a warning, which a test passing the old name on purpose catches."""
+    model = tiny_causal_lm("txv_vanilla")
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        cache = txv_compat.output_cache(model(ids, use_cache=True))
+        with old_cache_name_warning("past_key_values") as caught:
+            model(ids, past_key_values=cache)
+        if txv_compat.CACHE_NAME == "cache":
+            assert [Path(warning.filename).name for warning in caught] == [Path(__file__).name]
+            plugin_code = {"__name__": "hf_txvariants.txv_probe", "model": model, "ids": ids, "cache": cache}
+            with pytest.raises(FutureWarning, match="`past_key_values` is deprecated for"):
+                exec("model(ids, past_key_values=cache)", plugin_code)
 
 
 def test_the_cache_name_is_read_from_the_release():
