@@ -43,7 +43,6 @@ class AdaptiveSpanOriginalConfig(TxvTransformerConfig):
     """
 
     model_type = "txv_adaptive_span_original"
-    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = TxvTransformerConfig.attribute_map | {
         "hid_sz": "hidden_size",
         "nheads": "num_attention_heads",

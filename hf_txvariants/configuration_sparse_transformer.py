@@ -46,7 +46,7 @@ class SparseTransformerConfig(TxvTransformerConfig):
         image_shape: `[height, width, channels]` when the sequence is a flattened image: position embeddings are then
             the sum of a row, a column and a channel embedding (paper section 5.4) instead of one per position.
         gradient_checkpointing_min_layers: stacks with at least this many layers train with gradient checkpointing
-            on by default (0: never by default). `model.gradient_checkpointing_disable()` turns it off.
+            on by default (0: never by default). `model.activation_checkpointing_disable()` turns it off.
     """
 
     model_type = "txv_sparse_transformer"

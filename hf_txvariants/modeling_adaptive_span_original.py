@@ -228,7 +228,6 @@ class AdaptiveSpanOriginalPreTrainedModel(TxvModelMixin, PreTrainedModel):
     base_model_prefix = "model"
     _no_split_modules = ["AdaptiveSpanOriginalLayer"]
     _supports_sdpa = False  # the soft mask multiplies the softmax output and renormalises (+1e-8), as the original
-    _skip_keys_device_placement = ["cache", "past_key_values"]
     auto_classes = {"AutoModel": "AdaptiveSpanOriginalModel", "AutoModelForCausalLM": "AdaptiveSpanOriginalForCausalLM"}
     head_key_patterns = (r"^lm_head\.",)
 

@@ -119,7 +119,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
         if 0 < config.gradient_checkpointing_min_layers <= config.num_hidden_layers:
-            self.gradient_checkpointing_enable()
+            self.activation_checkpointing_enable()
 
     def position_embeddings(self, positions: torch.Tensor) -> torch.Tensor:
         if self.config.image_shape is None:

@@ -13,24 +13,40 @@ import dataclasses
 import functools
 import inspect
 import re
+import sys
 import warnings
 
 import transformers
 from transformers.modeling_layers import GradientCheckpointingLayer as _TransformersCheckpointingLayer
-from transformers.utils import generic as _generic
+from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import is_torchdynamo_compiling
 
 # The releases CI tests (`.ci/run`): keep in step with pyproject.toml and the README.
 OLDEST_SUPPORTED_TRANSFORMERS = "5.23.0"
 FIRST_UNSUPPORTED_TRANSFORMERS = "5.25.0"
 
-# The name under which the installed transformers passes the cache to `forward` / `prepare_inputs_for_generation`
-# and reads it from outputs: 5.24 added the keyword renaming (`_rename_kwargs_for_bc`) together with the new name.
-CACHE_NAME = "cache" if hasattr(_generic, "_rename_kwargs_for_bc") else "past_key_values"
 # Every name a cache may arrive under, the current one first.
 CACHE_NAMES = ("cache", "past_key_values", "cache_params")
-# Output keys that are a cache, not a prediction (`config.keys_to_ignore_at_inference`, for Trainer.predict).
-CACHE_OUTPUT_KEYS = ["cache", "past_key_values"]
+# Output keys that are a cache, not a prediction (`config.keys_to_ignore_at_inference`, for Trainer.predict, and
+# `_skip_keys_device_placement`).
+CACHE_OUTPUT_KEYS = list(CACHE_NAMES[:2])
+
+
+def _release_cache_name() -> str:
+    """The name under which the installed transformers passes the cache to `forward` /
+    `prepare_inputs_for_generation` and reads it from outputs, read from a public fact of the release: the field of
+    its public `BaseModelOutputWithPast` (`past_key_values` before 5.24, `cache` from 5.24 on)."""
+    fields = [field.name for field in dataclasses.fields(BaseModelOutputWithPast)]
+    names = [name for name in CACHE_NAMES if name in fields]
+    if len(names) != 1:
+        raise ImportError(
+            f"transformers {transformers.__version__}: BaseModelOutputWithPast has fields {fields}, not exactly one "
+            f"of the cache names {list(CACHE_NAMES)}; hf_txvariants cannot tell which cache name this release uses"
+        )
+    return names[0]
+
+
+CACHE_NAME = _release_cache_name()
 
 
 def _release(version: str) -> tuple[int, int, int]:
@@ -66,6 +82,21 @@ def pop_cache(kwargs: dict, default=None):
     return next(iter(present.values()), default)
 
 
+# Modules whose frames only pass a call on (module calls, transformers' output decorators, this module's wrapper).
+_FORWARDING_MODULES = ("torch.nn.modules.module", "transformers.utils.generic", __name__)
+
+
+def _caller_stacklevel() -> int:
+    """The `stacklevel` that attributes a warning raised by the caller of this function to the code that made the
+    call, past the frames that only forward it (`nn.Module.__call__`, `@can_return_tuple`, ...): pyproject's
+    filterwarnings then tells a deprecated name passed by plugin code (an error in the tests) from one passed by a
+    user or a test."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__") in _FORWARDING_MODULES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def accepts_cache_names(function):
     """For a `forward` or `prepare_inputs_for_generation` written with a `cache` parameter: the cache is accepted
     under every name a supported release (or a user of an older one) passes it, so it can never be swallowed by
@@ -76,12 +107,13 @@ def accepts_cache_names(function):
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        if any(name in kwargs for name in CACHE_NAMES[1:]):
-            if CACHE_NAME == "cache" and not is_torchdynamo_compiling():  # as transformers' models do from 5.24
-                old = next(name for name in CACHE_NAMES[1:] if name in kwargs)
-                warnings.warn(f"`{old}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
-                              FutureWarning, stacklevel=2)
+        old_names = [name for name in CACHE_NAMES[1:] if name in kwargs]
+        if old_names:
+            # Every name ends here as the one keyword `cache`: past this line no code path knows which was given.
             kwargs["cache"] = pop_cache(kwargs)
+            if CACHE_NAME == "cache" and not is_torchdynamo_compiling():  # as transformers' models do from 5.24
+                warnings.warn(f"`{old_names[0]}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
+                              FutureWarning, stacklevel=_caller_stacklevel())
         return function(*args, **kwargs)
 
     parameters = [p.replace(name=CACHE_NAME) if p.name == "cache" else p for p in signature.parameters.values()]

@@ -13,6 +13,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.dynamic_module_utils import get_relative_import_files
 
+from .txv_compat import CACHE_OUTPUT_KEYS
 from .txv_files import atomic_directory, atomic_write_bytes
 
 
@@ -143,7 +144,7 @@ class TxvModelMixin:
     head_key_patterns: tuple[str, ...] = ()
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _skip_keys_device_placement = ["cache", "past_key_values"]
+    _skip_keys_device_placement = CACHE_OUTPUT_KEYS
 
     def _init_weights(self, module):
         init_standard_weights(module, self.config.initializer_range)

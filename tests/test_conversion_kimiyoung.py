@@ -19,6 +19,7 @@ from conversion.common import ConversionError, check_shapes, expected_shapes
 from conversion.safe_pickle import UnsafePickleError, load_plain_pickle, load_torch_file
 from conversion.tf_bundle import TFBundleError, TFCheckpointReader
 from conversion.vocab import convert_vocab
+from hf_txvariants.txv_compat import output_cache
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "kimiyoung")
 sys.path.insert(0, FIX)
@@ -46,7 +47,7 @@ def _run_model(out, ref):
             x = torch.from_numpy(ref["inputs"][s]).T
             y = torch.from_numpy(ref["targets"][s]).T
             o = model(input_ids=x, cache=past, use_cache=True)
-            past = o.past_key_values
+            past = output_cache(o)
             nll = -o.logits.gather(-1, y[..., None])[..., 0].T
             worst = max(worst, (nll - torch.from_numpy(ref["nll"][s])).abs().max().item())
             mems = o.mems

@@ -12,6 +12,7 @@ from txv_tester import ATOL, TxvModelTesterMixin
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import ACTRNNConfig, ACTRNNForCausalLM, ACTRNNForSequenceClassification, ACTRNNModel
 from hf_txvariants.modeling_act_rnn import ACTRNNCache
+from hf_txvariants.txv_compat import output_cache
 
 TINY = dict(
     vocab_size=23,
@@ -133,8 +134,8 @@ def test_state_cache_continues_the_sequence_exactly():
     with torch.no_grad():
         full = model(ids)
         first = model(ids[:, :5], use_cache=True)
-        assert isinstance(first.past_key_values, ACTRNNCache) and first.past_key_values.get_seq_length() == 5
-        second = model(ids[:, 5:], cache=first.past_key_values, use_cache=True)
+        assert isinstance(output_cache(first), ACTRNNCache) and output_cache(first).get_seq_length() == 5
+        second = model(ids[:, 5:], cache=output_cache(first), use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full.logits, atol=ATOL, rtol=0)
     torch.testing.assert_close(torch.cat([first.n_updates, second.n_updates], 1), full.n_updates)
 

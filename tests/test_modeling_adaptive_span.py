@@ -17,6 +17,7 @@ from txv_tester import ATOL, TxvModelTesterMixin
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import AdaptiveSpanConfig, AdaptiveSpanForCausalLM, AdaptiveSpanModel
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan, soft_span_mask, span_attention_bias
+from hf_txvariants.txv_compat import output_cache
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original"
 
@@ -144,7 +145,7 @@ def test_trimming_changes_only_the_work_done():
         with torch.no_grad():
             out_t = trimmed(tokens, cache=cache_t)
             out_u = untrimmed(tokens, cache=cache_u)
-        cache_t, cache_u = out_t.past_key_values, out_u.past_key_values
+        cache_t, cache_u = output_cache(out_t), output_cache(out_u)
         torch.testing.assert_close(out_t.logits, out_u.logits, atol=ATOL, rtol=0)
     # spans 0.2 * 24 = 4.8 -> keys at distances < ceil(4.8) + 3 = 8 -> 7 memory slots are enough
     assert cache_t.memory_length == 7 and cache_u.memory_length == 23

@@ -8,6 +8,7 @@ from txv_tester import TxvModelTesterMixin
 
 from hf_txvariants import GTrXLConfig, GTrXLForCausalLM, GTrXLModel, MemoryCache
 from hf_txvariants.configuration_gtrxl import GATE_TYPES
+from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_gates import GatingLayer, GRUGate, ResidualGate
 from hf_txvariants.txv_positions import sinusoid_table
 
@@ -43,7 +44,7 @@ def step_by_step(model, embeds, episode_starts=None, use_reset_rows=False):
             starts = None
         with torch.no_grad():
             out = model(inputs_embeds=embeds[:, t : t + 1], cache=memory, episode_starts=starts)
-        memory = out.past_key_values
+        memory = output_cache(out)
         outputs.append(out.last_hidden_state)
     return torch.cat(outputs, dim=1), memory
 
@@ -183,8 +184,8 @@ def test_episode_start_inside_a_segment_behaves_like_a_fresh_row():
     # the memory of row 0 now holds only the new episode: continuing equals continuing the fresh row
     follow = observations(2, 3, seed=9)
     with torch.no_grad():
-        next_out = model(inputs_embeds=follow, cache=out.past_key_values).last_hidden_state
-        fresh_memory = model(inputs_embeds=embeds[0:1, 3:]).past_key_values
+        next_out = model(inputs_embeds=follow, cache=output_cache(out)).last_hidden_state
+        fresh_memory = output_cache(model(inputs_embeds=embeds[0:1, 3:]))
         fresh_next = model(inputs_embeds=follow[0:1], cache=fresh_memory).last_hidden_state
     torch.testing.assert_close(next_out[0], fresh_next[0], atol=ATOL, rtol=0)
 
@@ -243,7 +244,7 @@ def test_bad_inputs_are_clear_errors():
         model()
     with pytest.raises(ValueError, match="vocab_size"):
         model(input_ids=torch.tensor([[13]]))
-    memory = model(inputs_embeds=observations(2, 3)).past_key_values
+    memory = output_cache(model(inputs_embeds=observations(2, 3)))
     with pytest.raises(ValueError, match="batch size"):
         model(inputs_embeds=observations(3, 1), cache=memory)
     with pytest.raises(ValueError, match="MemoryCache"):
@@ -289,14 +290,14 @@ def test_reset_rows_by_default_is_a_fresh_start_up_to_float_rounding():
     assert model.config.memory_init == "empty"
     embeds = observations(3, 10)
     with torch.no_grad():
-        memory = model(inputs_embeds=embeds[:, :6]).past_key_values
+        memory = output_cache(model(inputs_embeds=embeds[:, :6]))
         kept = model(inputs_embeds=embeds[:, 6:], cache=memory.clone()).last_hidden_state
         memory.reset_rows(torch.tensor([False, True, False]))
         after_reset = model(inputs_embeds=embeds[:, 6:], cache=memory).last_hidden_state
         fresh = model(inputs_embeds=embeds[1:2, 6:]).last_hidden_state
         starts = torch.zeros(3, 4, dtype=torch.bool)
         starts[1, 0] = True
-        memory = model(inputs_embeds=embeds[:, :6]).past_key_values
+        memory = output_cache(model(inputs_embeds=embeds[:, :6]))
         episode_start = model(inputs_embeds=embeds[:, 6:], cache=memory, episode_starts=starts)
     assert not torch.allclose(kept[1], fresh[0], atol=1e-3)
     torch.testing.assert_close(after_reset[1], fresh[0], atol=ATOL, rtol=0)

@@ -15,6 +15,7 @@ from hf_txvariants.modeling_image_transformer import (
     input_ids_to_images,
 )
 from hf_txvariants.training.images import save_png
+from hf_txvariants.txv_compat import output_cache
 
 TINY = dict(
     image_size=[4, 4],
@@ -231,7 +232,7 @@ def test_cached_generation_equals_recomputing_the_prefix(overrides):
         kwargs["class_labels"] = torch.tensor([0, 2])
     cached = model.generate(start, use_cache=True, **kwargs)
     full = model.generate(start, use_cache=False, **kwargs)
-    assert cached.past_key_values.get_seq_length() == 40
+    assert output_cache(cached).get_seq_length() == 40
     assert torch.equal(cached.sequences, full.sequences)
     for step, (a, b) in enumerate(zip(cached.logits, full.logits)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")

@@ -19,6 +19,7 @@ from hf_txvariants.modeling_r_transformer import (
     RTransformerForSequenceClassification,
     RTransformerModel,
 )
+from hf_txvariants.txv_compat import output_cache
 
 TINY = dict(
     vocab_size=19, hidden_size=16, num_hidden_layers=2, num_rnn_layers=2, num_attention_heads=2,
@@ -132,9 +133,9 @@ def test_cache_incremental_equals_full():
     with torch.no_grad():
         full = model(x, use_cache=False).logits
         first = model(x[:, :4], use_cache=True)
-        second = model(x[:, 4:5], cache=first.past_key_values)
-        third = model(x[:, 5:], cache=second.past_key_values)
-    assert set(third.past_key_values.rnn_prefixes) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+        second = model(x[:, 4:5], cache=output_cache(first))
+        third = model(x[:, 5:], cache=output_cache(second))
+    assert set(output_cache(third).rnn_prefixes) == {(0, 0), (0, 1), (1, 0), (1, 1)}
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
 

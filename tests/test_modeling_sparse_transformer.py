@@ -171,8 +171,8 @@ def test_cached_generation_equals_full_pass():
 def test_image_positions_and_checkpointing_default():
     config = SparseTransformerConfig(**{**TINY, "image_shape": [4, 3, 3], "num_hidden_layers": 3, "gradient_checkpointing_min_layers": 3})
     model = SparseTransformerForCausalLM(config)
-    assert model.is_gradient_checkpointing
-    assert not SparseTransformerForCausalLM(SparseTransformerConfig(**TINY)).is_gradient_checkpointing
+    assert model.is_activation_checkpointing
+    assert not SparseTransformerForCausalLM(SparseTransformerConfig(**TINY)).is_activation_checkpointing
     ids = torch.randint(0, 37, (2, 36))
     model.train()
     loss = model(ids, labels=ids).loss

@@ -22,6 +22,7 @@ from hf_txvariants import (
     TransfoXLLMHeadModel,
     TransfoXLModel,
 )
+from hf_txvariants.txv_compat import output_cache
 
 LEGACY_FIXTURES = Path(__file__).parent / "fixtures" / "transfo_xl_legacy"
 LEGACY_CASES = sorted(p.name for p in LEGACY_FIXTURES.iterdir() if p.is_dir())
@@ -77,7 +78,7 @@ def test_legacy_checkpoint_reproduces_transformers_4_46(case):
             with_labels = model(ids, labels=ids, cache=cache.clone() if cache else None)
             output = model(ids, cache=cache)
             base_output = base(ids, cache=base_cache)
-        cache, base_cache = output.past_key_values, base_output.past_key_values
+        cache, base_cache = output_cache(output), output_cache(base_output)
         expected = lambda name: reference[f"segment{segment}.{name}"]  # noqa: E731
         torch.testing.assert_close(output.logits, expected("log_probs"), atol=ATOL, rtol=0)
         torch.testing.assert_close(with_labels.losses, expected("losses"), atol=ATOL, rtol=0)
@@ -176,7 +177,7 @@ def test_token_ids_out_of_range():
 def test_memory_from_another_batch_size_or_config():
     config = TransfoXLConfig(**TINY)
     model = TransfoXLLMHeadModel(config).eval()
-    memory = model(torch.randint(0, 40, (2, 4))).past_key_values
+    memory = output_cache(model(torch.randint(0, 40, (2, 4))))
     with pytest.raises(ValueError, match="batch size 2"):
         model(torch.randint(0, 40, (3, 4)), cache=memory)
     wider = TransfoXLLMHeadModel(TransfoXLConfig(**{**TINY, "d_model": 32, "d_head": 16})).eval()
@@ -192,9 +193,9 @@ def test_memory_is_detached_trimmed_and_rows_reset_independently():
     config = TransfoXLConfig(**{**TINY, "memory_init": "empty", "same_length": False})
     model = TransfoXLLMHeadModel(config).train()
     ids = torch.randint(0, 40, (3, 4))
-    cache = model(ids, labels=ids).past_key_values
+    cache = output_cache(model(ids, labels=ids))
     assert cache.memory_length == 4 and all(not m.requires_grad for m in cache.memories)
-    cache = model(ids, labels=ids, cache=cache).past_key_values
+    cache = output_cache(model(ids, labels=ids, cache=cache))
     assert cache.memory_length == config.mem_len
     model.eval()
     follow_up = torch.randint(0, 40, (3, 4))
@@ -213,7 +214,7 @@ def test_zero_memory_reset_row_equals_fresh_row():
     config = TransfoXLConfig(**TINY)  # memory_init="zeros", the legacy behaviour
     model = TransfoXLLMHeadModel(config).eval()
     with torch.no_grad():
-        cache = model(torch.randint(0, 40, (2, 6))).past_key_values
+        cache = output_cache(model(torch.randint(0, 40, (2, 6))))
         cache.reset_rows(torch.tensor([True, False]))
         follow_up = torch.randint(0, 40, (2, 3))
         torch.testing.assert_close(
@@ -308,7 +309,7 @@ def test_half_precision_forward_backward_is_finite(dtype):
     output.loss.backward()
     assert torch.isfinite(output.loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    second = model(ids, labels=ids, cache=output.past_key_values)
+    second = model(ids, labels=ids, cache=output_cache(output))
     assert torch.isfinite(second.loss)
 
 

@@ -15,6 +15,7 @@ from hf_txvariants import (
     TxvReformerForSequenceClassification,
     TxvReformerModel,
 )
+from hf_txvariants.txv_compat import output_cache
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -157,7 +158,7 @@ def test_cached_generation_equals_recomputing_the_sequence(attn_layers):
     ids = torch.randint(0, 31, (2, 3), generator=torch.Generator().manual_seed(1))
     cached = model.generate(ids, max_new_tokens=24, use_cache=True, **GREEDY)
     full = model.generate(ids, max_new_tokens=24, use_cache=False, **GREEDY)
-    assert isinstance(cached.past_key_values, TxvReformerCache) and cached.past_key_values.seen_tokens == 26
+    assert isinstance(output_cache(cached), TxvReformerCache) and output_cache(cached).seen_tokens == 26
     assert torch.equal(cached.sequences, full.sequences)
     for step, (a, b) in enumerate(zip(cached.logits, full.logits)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=f"step {step}")
@@ -175,7 +176,7 @@ def test_cached_generation_is_exact_past_one_lsh_chunk_with_several_lsh_layers(a
     mask = torch.ones_like(ids)
     cached = model.generate(ids, attention_mask=mask, max_new_tokens=25, use_cache=True, **GREEDY)
     full = model.generate(ids, attention_mask=mask, max_new_tokens=25, use_cache=False, **GREEDY)
-    assert isinstance(cached.past_key_values, TxvReformerCache) and cached.past_key_values.seen_tokens == 29
+    assert isinstance(output_cache(cached), TxvReformerCache) and output_cache(cached).seen_tokens == 29
     for step, (a, b) in enumerate(zip(cached.logits, full.logits)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")
     assert torch.equal(cached.sequences, full.sequences)
@@ -190,7 +191,7 @@ def test_cached_step_equals_full_forward_with_padding_and_hidden_states():
     mask[1, 11:13] = 0
     with torch.no_grad():
         out = model(ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)
-        step = model(ids[:, -1:], attention_mask=mask, cache=out.past_key_values, output_hidden_states=True)
+        step = model(ids[:, -1:], attention_mask=mask, cache=output_cache(out), output_hidden_states=True)
         full = model(ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
     for layer, (a, b) in enumerate(zip(step.hidden_states, full.hidden_states)):
         torch.testing.assert_close(a[:, -1], b[:, -1], atol=1e-5, rtol=1e-5, msg=f"layer {layer}")
@@ -208,7 +209,7 @@ def test_cache_reorders_rows_for_beam_search():
 def test_cache_takes_one_token_per_step_and_refuses_training():
     model = _model().eval()
     with torch.no_grad():
-        cache = model(torch.tensor([[1, 2, 3]]), use_cache=True).past_key_values
+        cache = output_cache(model(torch.tensor([[1, 2, 3]]), use_cache=True))
     with pytest.raises(ValueError, match="one new token"):
         model(torch.tensor([[4, 5]]), cache=cache)
     model.train()

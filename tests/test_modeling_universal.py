@@ -21,6 +21,7 @@ from hf_txvariants import (
     UniversalTransformerModel,
 )
 from hf_txvariants.modeling_universal import UniversalStepCache
+from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_positions import sinusoid_table
 
 TINY = dict(
@@ -273,7 +274,7 @@ def test_step_cache_incremental_equals_full_pass(use_act):
         cache, logits, steps = None, [], []
         for start, end in [(0, 4), (4, 5), (5, 10)]:
             out = model(tokens[:, start:end], attention_mask=mask[:, :end], cache=cache, use_cache=True)
-            cache = out.past_key_values
+            cache = output_cache(out)
             logits.append(out.logits)
             steps.append(out.n_updates)
     real = mask.bool()
@@ -456,8 +457,8 @@ def test_generate_uses_the_step_cache_by_default():
     prompt = torch.tensor([[5, 6, 7, 8]])
     out = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None,
                          return_dict_in_generate=True)
-    assert isinstance(out.past_key_values, UniversalStepCache)
-    assert out.past_key_values.past_length == 6  # the prompt and every token fed back (not the last one)
+    assert isinstance(output_cache(out), UniversalStepCache)
+    assert output_cache(out).past_length == 6  # the prompt and every token fed back (not the last one)
 
 
 @pytest.mark.exact
@@ -518,7 +519,7 @@ def test_crop_removes_the_last_positions_exactly():
     with torch.no_grad():
         full = model(torch.cat([tokens[:, :4], tokens[:, 7:]], dim=1)).logits
         first = model(tokens[:, :4], use_cache=True)
-        cache = model(tokens[:, 4:7], cache=first.past_key_values, use_cache=True).past_key_values
+        cache = output_cache(model(tokens[:, 4:7], cache=output_cache(first), use_cache=True))
         cache.crop(-3)  # forget the 3 rejected tokens
         assert cache.past_length == 4
         last = model(tokens[:, 7:], cache=cache, use_cache=True).logits

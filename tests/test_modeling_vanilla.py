@@ -137,8 +137,8 @@ def test_cache_incremental_equals_full():
     with torch.no_grad():
         full = model(x).logits
         first = model(x[:, :6], use_cache=True)
-        second = model(x[:, 6:8], cache=first.past_key_values)
-        third = model(x[:, 8:], cache=second.past_key_values)
+        second = model(x[:, 6:8], cache=output_cache(first))
+        third = model(x[:, 8:], cache=output_cache(second))
     torch.testing.assert_close(torch.cat([first.logits, second.logits, third.logits], 1), full, atol=1e-5, rtol=0)
 
 

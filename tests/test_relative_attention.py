@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants.txv_attention import causal_allowed, eager_attention_forward
+from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_relative_attention import (
     KEY_ALIGNMENT,
     RelativePositionAttention,
@@ -99,18 +100,18 @@ def test_torch_compile_transfo_xl_gives_the_eager_outputs():
     ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         first = model(ids)
-        expected = model(ids, labels=ids, cache=first.past_key_values.clone())
-        expected_logits = model(ids, cache=first.past_key_values.clone()).logits
+        expected = model(ids, labels=ids, cache=output_cache(first).clone())
+        expected_logits = model(ids, cache=output_cache(first).clone()).logits
         compiled = torch.compile(model)
-        output = compiled(ids, labels=ids, cache=first.past_key_values.clone())
-        logits = compiled(ids, cache=first.past_key_values.clone()).logits
+        output = compiled(ids, labels=ids, cache=output_cache(first).clone())
+        logits = compiled(ids, cache=output_cache(first).clone()).logits
     torch.testing.assert_close(output.losses, expected.losses, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, expected_logits, atol=1e-5, rtol=1e-5)
 
     torch._dynamo.reset()
     try:
         with torch.no_grad():
-            full = torch.compile(model, fullgraph=True)(ids, labels=ids, cache=first.past_key_values.clone())
+            full = torch.compile(model, fullgraph=True)(ids, labels=ids, cache=output_cache(first).clone())
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.UserError) as error:
         location = graph_break_outside_layer_stack(error)
         if location is None:

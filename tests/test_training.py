@@ -16,6 +16,7 @@ import torch
 from hf_txvariants.cli import main
 from hf_txvariants.training import TrainArgs, read_metrics, segment_stream, train
 from hf_txvariants.training.data import DataError, build_char_tokenizer, default_corpus, encode, load_text
+from hf_txvariants.txv_compat import output_cache
 
 TINY = dict(max_chars=20000, d_model=32, n_layer=2, n_head=2, seg_len=16, mem_len=16, batch_size=4, eval_every=0,
             eval_batch_size=2, eval_segments=2, warmup_steps=1, lr=3e-3, progress=False, tensorboard=False)
@@ -243,8 +244,8 @@ def test_adaptive_softmax_loss_of_the_loop_never_makes_full_log_probabilities(va
 
     def memory():  # the same memory for every call (a call with use_cache updates the one it is given)
         with torch.no_grad():
-            return model(input_ids=stream.segment(1)[0], use_cache=True, return_logits=False,
-                         cache=init_memory(model, 2)).past_key_values
+            return output_cache(model(input_ids=stream.segment(1)[0], use_cache=True, return_logits=False,
+                                      cache=init_memory(model, 2)))
 
     log_probs = model(input_ids=inputs, cache=memory(), use_cache=True).logits
     expected = torch.nn.functional.cross_entropy(log_probs.reshape(-1, 40), targets.reshape(-1), reduction="sum")

@@ -25,7 +25,7 @@ from hf_txvariants import (
     TransfoXLModel,
 )
 from hf_txvariants import txv_relative_attention
-from hf_txvariants.txv_compat import cache_field
+from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan
 from hf_txvariants.txv_gates import GRUGate
 
@@ -113,8 +113,8 @@ def test_gtrxl_with_a_full_span_equals_gtrxl(gate_type):
     ids = _ids()
     with torch.no_grad():
         first, first_composed = gated(ids[:, :5]), composed(ids[:, :5])
-        second = gated(ids[:, 5:], cache=first.past_key_values).logits
-        second_composed = composed(ids[:, 5:], cache=first_composed.past_key_values).logits
+        second = gated(ids[:, 5:], cache=output_cache(first)).logits
+        second_composed = composed(ids[:, 5:], cache=output_cache(first_composed)).logits
     torch.testing.assert_close(first_composed.logits, first.logits, atol=1e-6, rtol=0)
     torch.testing.assert_close(second_composed, second, atol=1e-6, rtol=0)
     assert first_composed.span_penalty is not None and first.span_penalty is None
@@ -150,8 +150,8 @@ def test_adaptive_span_with_a_gate_equals_gtrxl_with_adaptive_span():
         out = gtrxl(ids[:, :8])
         torch.testing.assert_close(out.logits, expected.logits, atol=1e-5, rtol=0)
         torch.testing.assert_close(out.span_penalty, expected.span_penalty)
-        following = gtrxl(ids[:, 8:], cache=out.past_key_values).logits
-        expected_following = adaptive_span(ids[:, 8:], cache=expected.past_key_values).logits
+        following = gtrxl(ids[:, 8:], cache=output_cache(out)).logits
+        expected_following = adaptive_span(ids[:, 8:], cache=output_cache(expected)).logits
     torch.testing.assert_close(following, expected_following, atol=1e-5, rtol=0)
 
 
@@ -217,7 +217,7 @@ def test_generate_continues_from_past_key_values(name):
     prompt = _ids(2, 4)
     kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     first = model.generate(prompt, max_new_tokens=3, return_dict_in_generate=True, **kwargs)
-    cache = first.past_key_values
+    cache = output_cache(first)
     assert isinstance(cache, MemoryCache) and len(cache) == len(cache.layers) == SIZE["num_hidden_layers"]
     assert torch.equal(cache.layers[1].keys, cache.memories[1])
     continued = model.generate(first.sequences, **cache_field(cache), max_new_tokens=3, **kwargs)
@@ -234,11 +234,11 @@ def test_assisted_decoding_is_refused_by_transformers(name):
 def test_memory_of_another_variant_or_layout_is_a_clear_error():
     models = _causal_lms()
     ids = _ids(2, 4)
-    gtrxl_memory = models["gtrxl"](ids).past_key_values
+    gtrxl_memory = output_cache(models["gtrxl"](ids))
     with pytest.raises(ValueError, match="txv_gtrxl"):
         models["transfo-xl"](ids, cache=gtrxl_memory)
     with pytest.raises(ValueError, match="transfo-xl"):
-        models["gtrxl"](ids, cache=models["transfo-xl"](ids).past_key_values)
+        models["gtrxl"](ids, cache=output_cache(models["transfo-xl"](ids)))
     deeper = GTrXLForCausalLM(GTrXLConfig(**{**GTRXL, "num_hidden_layers": 3})).eval()
     with pytest.raises(ValueError, match="layers"):
         deeper(ids, cache=gtrxl_memory)
@@ -323,7 +323,7 @@ def _segment_logits(model, ids, segment, recompute, resets=None):
             if resets and index in resets:
                 cache.reset_rows(resets[index])
             output = model(ids[:, start : start + segment], cache=cache)
-            cache = output.past_key_values
+            cache = output_cache(output)
             logits.append(output.logits)
     return logits, cache
 
@@ -381,7 +381,7 @@ def test_memory_keys_and_values_follow_beam_reordering():
     model = KEY_VALUE_MODELS["transfo-xl"]().eval()
     ids = _ids(3, 8)
     with torch.no_grad():
-        cache = model(ids[:, :4]).past_key_values
+        cache = output_cache(model(ids[:, :4]))
         order = torch.tensor([2, 0, 0])
         reordered = cache.clone()
         reordered.reorder_cache(order)
@@ -401,7 +401,7 @@ def test_changed_weights_never_use_stale_keys_and_values():
     model = KEY_VALUE_MODELS["transfo-xl"]().eval()
     ids = _ids(2, 10)
     with torch.no_grad():
-        cache = model(ids[:, :5]).past_key_values
+        cache = output_cache(model(ids[:, :5]))
         assert cache.memory_keys is not None
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
@@ -421,7 +421,7 @@ def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
     ids = _ids(2, 10)
     model.eval()
     with torch.no_grad():
-        cache = model(ids[:, :5]).past_key_values
+        cache = output_cache(model(ids[:, :5]))
     assert cache.memory_keys is not None
     recomputed = cache.clone()
     recomputed.forget_key_values()
@@ -445,8 +445,8 @@ def test_torch_export_traces_the_xl_variants(name):
     exported = torch.export.export(model, (ids,))
     output = exported.module()(ids)
     torch.testing.assert_close(output.logits, expected.logits, atol=ATOL, rtol=0)
-    assert isinstance(output.past_key_values, MemoryCache)
-    torch.testing.assert_close(output.past_key_values.memories[0], expected.past_key_values.memories[0])
+    assert isinstance(output_cache(output), MemoryCache)
+    torch.testing.assert_close(output_cache(output).memories[0], output_cache(expected).memories[0])
 
 
 @pytest.mark.slow
@@ -459,10 +459,10 @@ def test_torch_compile_fullgraph_traces_the_xl_backbone(name, phase):
     model = _causal_lms()[name]
     ids = _ids(2, 10)
     with torch.no_grad():
-        memory = model(ids[:, :5]).past_key_values
+        memory = output_cache(model(ids[:, :5]))
     inputs = {"input_ids": ids[:, 5:]}
     if phase != "first segment":
-        inputs["past_key_values"] = memory
+        inputs["cache"] = memory
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     if phase != "training step":
@@ -492,4 +492,4 @@ def test_torch_compile_fullgraph_traces_the_xl_backbone(name, phase):
 
 def _fresh_memory(inputs):
     """A copy of the memory in `inputs` (a forward updates the memory it is given in place)."""
-    return {"past_key_values": inputs["past_key_values"].clone()} if "past_key_values" in inputs else {}
+    return {"cache": inputs["cache"].clone()} if "cache" in inputs else {}

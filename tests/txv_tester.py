@@ -22,6 +22,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 
+from hf_txvariants.txv_compat import output_cache
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
 
@@ -252,7 +254,7 @@ class TxvModelTesterMixin:
         ids = self.make_inputs(config, seq_length=2 * self.seq_length)["input_ids"]
         full = first_tensor(self.run(model, input_ids=ids))
         first = self.run(model, input_ids=ids[:, : self.seq_length])
-        second = self.run(model, input_ids=ids[:, self.seq_length :], cache=first.past_key_values)
+        second = self.run(model, input_ids=ids[:, self.seq_length :], cache=output_cache(first))
         torch.testing.assert_close(first_tensor(first), full[:, : self.seq_length], atol=ATOL, rtol=0)
         torch.testing.assert_close(first_tensor(second), full[:, self.seq_length :], atol=ATOL, rtol=0)
 
