@@ -274,6 +274,7 @@ def test_cache_is_reused_and_rebuilt_for_other_data_another_tokenizer_or_a_torn_
     assert not list((tmp_path / "cache").glob(".*"))  # no temporary file left behind
 
 
+@pytest.mark.exact
 def test_memory_mapped_stream_gives_the_segments_of_the_in_memory_stream(tmp_path):
     corpus = plan_corpus(_args(tmp_path, tokenizer="byte", max_chars=30_000)).prepare()
     ids = corpus.train_ids

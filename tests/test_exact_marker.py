@@ -17,11 +17,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 
 # "file::test" -> why it is not marked yet. Each entry must still be needed (the check below fails on a stale one).
-NOT_YET_MARKED = {
-    "test_transformers_releases.py::test_the_cache_is_used_under_every_name": (
-        "issue 32 item 1: branch release fixes its root cause and owns the test; mark it there once it is exact"
-    ),
-}
+NOT_YET_MARKED: dict[str, str] = {}
 
 
 def _is_zero(node: ast.AST) -> bool:

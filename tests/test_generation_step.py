@@ -216,6 +216,7 @@ def test_a_cached_step_projects_no_row_of_the_position_table():
     assert recomputing_step and all(rows >= 7 for rows in recomputing_step)
 
 
+@pytest.mark.exact
 def test_append_buffers_equal_concatenation_and_never_change_a_tensor_handed_out():
     """`AppendBuffers.append` is `torch.cat`: in place after the window it handed out last (no copy of the window),
     through refills of a full buffer; every window handed out keeps its values; a tensor it did not hand out (here a

@@ -63,6 +63,7 @@ def run_steps(policy, observations, starts):
     return outputs, policy.snapshot(state)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("action", sorted(ACTION_SPACES))
 @pytest.mark.parametrize("kind", ["gtrxl", "trxl_i", "gtrxl_no_memory", "gru", "mlp"])
 def test_saved_policy_reloads_and_acts_identically(kind, action, tmp_path):
@@ -197,6 +198,7 @@ def test_predict_steps_like_act_from_numpy_and_leaves_the_given_state_alone():
         policy.predict(observations[0], state, np.ones(3, bool))
 
 
+@pytest.mark.exact
 def test_push_to_hub_uploads_config_weights_and_card_without_network(tmp_path):
     policy = build("gtrxl", BOX_OBS, ACTION_SPACES["discrete"])
     uploaded = {}
@@ -224,6 +226,7 @@ def test_push_to_hub_uploads_config_weights_and_card_without_network(tmp_path):
                                                  policy.state_dict().values()))
 
 
+@pytest.mark.exact
 def test_from_pretrained_by_repo_id_from_the_hub_cache_offline(tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -89,6 +89,7 @@ def test_pyproject_declares_exactly_the_range_ci_tests():
     assert f"transformers {oldest.removesuffix('.0')}" in readme and f"<{first_unsupported.removesuffix('.0')}" in readme
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("name", CAUSAL_VARIANTS)
 def test_the_cache_is_used_under_every_name(name):
     """The second segment's logits given the first segment's cache as `cache=`, `past_key_values=` (and the legacy
