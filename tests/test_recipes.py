@@ -115,6 +115,19 @@ def test_the_command_line_overrides_the_recipe_and_the_print_says_so():
     assert "experiments/text8.sh" in text and "Adagrad lr 0.07" in text
 
 
+def test_a_config_field_given_under_its_papers_name_replaces_the_recipes(tmp_path):
+    """`--extra-config '{"d_head": 32}'` on a recipe that sets `head_dim` 41: the model gets 32 (one field, not two
+    names of it that the config would have to choose between)."""
+    from hf_txvariants.training.models import build_config
+
+    args = recipe_train_args("transfo-xl-wt103-base", extra_config={"d_head": 32, "d_embed": 128}, d_model=128,
+                             n_head=4)
+    assert args.extra_config["head_dim"] == 32 and "d_head" not in args.extra_config
+    config = build_config(args.variant, 300000, d_model=args.d_model, n_layer=2, n_head=args.n_head,
+                          **args.extra_config)
+    assert (config.head_dim, config.d_embed) == (32, 128)
+
+
 def test_a_recipe_trains_from_the_command_line(tmp_path, capsys):
     """A tiny run of the adaptive-span recipe (its Adagrad and constant schedule), every size overridden."""
     out = tmp_path / "run"

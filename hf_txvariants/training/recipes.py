@@ -195,6 +195,7 @@ def recipe_train_args(name: str, **overrides):
     """The `TrainArgs` of recipe `name`, with `overrides` (TrainArgs fields) taking precedence; an `extra_config`
     override is merged into the recipe's config fields."""
     from .loop import TrainArgs
+    from .models import config_class
 
     recipe = get_recipe(name)
     known = {f.name for f in dataclasses.fields(TrainArgs)}
@@ -202,9 +203,16 @@ def recipe_train_args(name: str, **overrides):
     if unknown:
         raise DataError(f"recipe {name}: no TrainArgs field(s) {unknown}")
     values = {**recipe.train_args, **overrides}
-    extra = {**recipe.extra_config, **dict(overrides.get("extra_config") or {})}
+    # a config field given under a paper's name (`d_head`) replaces the recipe's field of the same meaning (`head_dim`)
+    aliases = getattr(config_class(values["variant"]), "attribute_map", {})
+
+    def canonical(fields: dict) -> dict:
+        return {aliases.get(key, key): value for key, value in fields.items()}
+
+    given = canonical(dict(overrides.get("extra_config") or {}))
+    extra = {**canonical(recipe.extra_config), **given}
     for config_field, train_field in recipe.config_follows.items():
-        if config_field not in (overrides.get("extra_config") or {}):
+        if aliases.get(config_field, config_field) not in given:
             extra[config_field] = values[train_field]
     return TrainArgs(**{**values, "extra_config": extra})
 
