@@ -161,8 +161,10 @@ def attention_core_rows(args, device, dtype):
         )
         mask = CausalMask().dense(length, dtype, device)
         cases = {
-            "is_causal": lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True),
-            "explicit mask": lambda: torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask),
+            "is_causal": lambda q=query, k=key, v=value: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True),
+            "explicit mask": lambda q=query, k=key, v=value, m=mask: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=m),
         }
         results = {}
         for name, function in cases.items():
@@ -221,11 +223,11 @@ def main():
             for mode in ("forward", "train"):
                 model.train(mode == "train")
                 if mode == "forward":
-                    def step():
+                    def step(model=model, ids=ids):
                         with torch.no_grad():
                             model(ids, use_cache=False)
                 else:
-                    def step():
+                    def step(model=model, ids=ids):
                         model(ids, labels=ids, use_cache=False).loss.backward()
                         model.zero_grad(set_to_none=True)
                 try:

@@ -36,7 +36,7 @@ def train(model, data, length, steps, batch_size, lr, seed):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
     model.train()
-    for step in range(steps):
+    for _ in range(steps):
         starts = torch.randint(0, len(data) - length - 1, (batch_size,), generator=generator)
         batch = torch.stack([data[s : s + length] for s in starts])
         loss = model(input_ids=batch, labels=batch, use_cache=False).loss

@@ -213,7 +213,7 @@ def compare_with_legacy(args, devices) -> list[str]:
                         completed = subprocess.run(command, capture_output=True, text=True, env=env)
                         if completed.returncode != 0:  # e.g. the legacy model's index_copy_ under autocast
                             error = [line for line in completed.stderr.splitlines() if "Error" in line]
-                            results[name].append({"error": (error or ["exit %d" % completed.returncode])[-1]})
+                            results[name].append({"error": (error or [f"exit {completed.returncode}"])[-1]})
                         else:
                             results[name].append(json.loads(completed.stdout.strip().splitlines()[-1]))
                 failed = {name: runs[0]["error"] for name, runs in results.items() if "error" in runs[0]}

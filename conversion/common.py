@@ -52,8 +52,8 @@ def expected_shapes(cfg):
     if not cfg["untie_r"]:
         shapes["transformer.r_w_bias"] = (n_head, d_head)
         shapes["transformer.r_r_bias"] = (n_head, d_head)
-    for l in range(n_layer):
-        p = f"transformer.layers.{l}."
+    for layer in range(n_layer):
+        p = f"transformer.layers.{layer}."
         shapes[p + "dec_attn.qkv_net.weight"] = (3 * n_head * d_head, d_model)
         shapes[p + "dec_attn.r_net.weight"] = (n_head * d_head, d_model)
         shapes[p + "dec_attn.o_net.weight"] = (d_model, n_head * d_head)

@@ -145,16 +145,16 @@ def convert_state(reader, cfg, show_progress=True):
     if not cfg["untie_r"]:
         plan["transformer.r_w_bias"] = (P + "r_w_bias", None)
         plan["transformer.r_r_bias"] = (P + "r_r_bias", None)
-    for l in range(cfg["n_layer"]):
-        p, t = f"transformer.layers.{l}.", f"{P}layer_{l}/"
+    for layer in range(cfg["n_layer"]):
+        p, t = f"transformer.layers.{layer}.", f"{P}layer_{layer}/"
         plan[p + "dec_attn.qkv_net.weight"] = (t + "rel_attn/qkv/kernel", T)
         plan[p + "dec_attn.r_net.weight"] = (t + "rel_attn/r/kernel", T)
         plan[p + "dec_attn.o_net.weight"] = (t + "rel_attn/o/kernel", T)
         plan[p + "dec_attn.layer_norm.weight"] = (t + "rel_attn/LayerNorm/gamma", None)
         plan[p + "dec_attn.layer_norm.bias"] = (t + "rel_attn/LayerNorm/beta", None)
         if cfg["untie_r"]:
-            plan[p + "dec_attn.r_w_bias"] = (P + "r_w_bias", ("layer", l))
-            plan[p + "dec_attn.r_r_bias"] = (P + "r_r_bias", ("layer", l))
+            plan[p + "dec_attn.r_w_bias"] = (P + "r_w_bias", ("layer", layer))
+            plan[p + "dec_attn.r_r_bias"] = (P + "r_r_bias", ("layer", layer))
         plan[p + "pos_ff.CoreNet.0.weight"] = (t + "ff/layer_1/kernel", T)
         plan[p + "pos_ff.CoreNet.0.bias"] = (t + "ff/layer_1/bias", None)
         plan[p + "pos_ff.CoreNet.3.weight"] = (t + "ff/layer_2/kernel", T)

@@ -714,7 +714,7 @@ class _FusedUnion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tilings, pieces, batch, length, scaling, *tiles):
         tiled_output, tiled_lse = [], []
-        for tiling, (query, _, value) in zip(tilings, _triples(tiles)):
+        for _tiling, (query, _, value) in zip(tilings, _triples(tiles)):
             tiled_output.append(query.new_zeros(*query.shape[:-1], value.shape[-1]))
             tiled_lse.append(query.new_full(query.shape[:-1], -math.inf, dtype=torch.float32))
         for piece in pieces:

@@ -88,7 +88,7 @@ CONFIG_CASES = [
 
 
 def _config_cases():
-    for variant, (config_class, _, tiny) in sorted(VARIANTS.items()):
+    for variant, (config_class, _, _tiny) in sorted(VARIANTS.items()):
         fields = set(config_class().to_dict())
         for field, value, words in CONFIG_CASES:
             if field in fields:

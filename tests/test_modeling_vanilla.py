@@ -58,7 +58,7 @@ def test_per_layer_positions_are_added_at_each_layer_input():
     handles = [layer.register_forward_pre_hook(lambda m, args: seen.append(args[0])) for layer in model.model.layers]
     handles += [layer.register_forward_hook(lambda m, a, out: produced.append(out[0])) for layer in model.model.layers]
     with torch.no_grad():
-        output = model(x, output_hidden_states=True)
+        model(x, output_hidden_states=True)
     for handle in handles:
         handle.remove()
     positions = torch.arange(x.shape[1])

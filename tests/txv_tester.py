@@ -194,7 +194,7 @@ class TxvModelTesterMixin:
             calls = []
             original = torch.nn.functional.scaled_dot_product_attention
 
-            def counting_sdpa(*args, **kwargs):
+            def counting_sdpa(*args, calls=calls, original=original, **kwargs):
                 calls.append(1)
                 return original(*args, **kwargs)
 
