@@ -172,6 +172,18 @@ def clean_stale_siblings(target: str | os.PathLike) -> list[str]:
     return done
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _give_default_mode(path: Path, is_dir: bool):
+    """The permissions a plain `mkdir` / `open(..., "w")` would have given `path` (tempfile makes 0700 folders and
+    0600 files, private to their owner: a saved model or cache must stay readable as any other file is)."""
+    os.chmod(path, (0o777 if is_dir else 0o666) & ~_umask())
+
+
 def replace_directory(staging: Path, target: Path):
     """Moves the finished folder `staging` to `target`, replacing a previous `target` as a whole; the files are
     flushed to the disk first, so a full disk is reported before anything is replaced."""
@@ -203,6 +215,7 @@ def atomic_directory(target: str | os.PathLike, keep_existing: bool = True):
         clean_stale_siblings(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.txv-{_host()}-{os.getpid()}-", suffix=".tmp",
                                         dir=target.parent))
+        _give_default_mode(staging, is_dir=True)
         try:
             yield staging
             if target.is_dir() and keep_existing:
@@ -225,6 +238,7 @@ def atomic_write(path: str | os.PathLike, write):
     with explained_write_errors(path):
         handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            _give_default_mode(Path(temporary), is_dir=False)
             with os.fdopen(handle, "wb") as file:
                 write(file)
                 file.flush()

@@ -351,3 +351,22 @@ def test_the_token_cache_on_a_full_disk_keeps_the_previous_cache(tmp_path):
     assert ".ids (left as it was): File too large" in message and str(cache) in message, message
     assert not list(cache.glob(".*"))
     assert len(plan_corpus(args).prepare().train_ids) > len(first_ids)  # rebuilt once there is room
+
+
+def test_atomic_writes_keep_the_permissions_of_a_plain_write(tmp_path):
+    """tempfile makes private (0700 / 0600) staging folders and files; what the atomic helpers put in place has the
+    mode a plain mkdir / open would give under the process's umask, so a saved model stays readable by others."""
+    from hf_txvariants.txv_files import atomic_directory, atomic_write_bytes
+
+    old_mask = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "folder") as staging:
+            (staging / "weights").write_bytes(b"x")
+        atomic_write_bytes(tmp_path / "file", b"x")
+        (tmp_path / "plain").mkdir()
+        (tmp_path / "plain.txt").write_bytes(b"x")
+    finally:
+        os.umask(old_mask)
+    mode = lambda path: path.stat().st_mode & 0o777  # noqa: E731
+    assert mode(tmp_path / "folder") == mode(tmp_path / "plain") == 0o755
+    assert mode(tmp_path / "file") == mode(tmp_path / "plain.txt") == 0o644
