@@ -166,7 +166,9 @@ class GTrXLBody(MemoryBody):
             envs, steps, hidden = inputs.shape
             out = self.model(inputs_embeds=inputs.reshape(envs * steps, 1, hidden), use_cache=False)
             return out.last_hidden_state.reshape(envs, steps, hidden), None
-        out = self.model(inputs_embeds=inputs, cache=state, episode_starts=episode_starts, use_cache=True)
+        # the backbone itself (the model's forward would only check `inputs_embeds`, made here by the encoder, and
+        # wrap the same two results in a ModelOutput)
+        out = self.model.run_backbone(inputs, None, state, True, False, episode_starts=episode_starts)
         return out.last_hidden_state, out.cache
 
     def snapshot(self, state: MemoryCache | None) -> dict[str, torch.Tensor]:
