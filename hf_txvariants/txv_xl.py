@@ -271,10 +271,14 @@ class XLBackboneMixin:
             model_type=config.model_type,
         )
 
-    def allowed_keys(self, cache: MemoryCache, query_length: int, input_mask, device) -> torch.Tensor:
-        """`[batch or 1, 1, Q, M + Q]` bool: causal over `[memory; segment]`, inside the window, without padding."""
-        allowed = causal_allowed(query_length, cache.memory_length, device, attention_window(self.config))[None, None]
+    def allowed_keys(self, cache: MemoryCache, query_length: int, input_mask, device, window: int | None):
+        """`[batch or 1, 1, Q, M + Q]` bool: causal over `[memory; segment]`, inside the window (`attention_window`),
+        without padding."""
         key_mask = cache.key_mask(input_mask, query_length)
+        memory_length = cache.memory_length
+        if query_length == 1 and (window is None or window > memory_length) and key_mask is not None:
+            return key_mask[:, None, None, :]  # one query sees every key of [memory; itself]: the key mask only
+        allowed = causal_allowed(query_length, memory_length, device, window)[None, None]
         return allowed if key_mask is None else allowed & key_mask[:, None, None, :]
 
     def run_backbone(
@@ -297,23 +301,24 @@ class XLBackboneMixin:
         if input_mask is not None and cache.memory_init == "zeros" and cache.seen_tokens == 0 and memory_length > 0:
             leading_padding, zero_slots, cache.memory_mask = leading_padding_as_zero_memory(input_mask, memory_length)
             input_mask = input_mask | zero_slots
-        allowed = self.allowed_keys(cache, query_length, input_mask, device)
-        last_start = None
+        window = attention_window(config)
+        allowed = self.allowed_keys(cache, query_length, input_mask, device, window)
+        restarted = in_episode = None
         if episode_starts is not None:
-            allowed, last_start = restrict_to_episodes(allowed, episode_starts, batch, memory_length)
+            allowed, restarted, in_episode = restrict_to_episodes(allowed, episode_starts, batch, memory_length)
 
         # In evaluation the memory's keys and values are reused (exact: same weights, same memory vectors), and so are
         # the relative position table and its projections; a pass that records gradients or trains drops them, since
         # the weights change and the gradient must reach W_k, W_v, W_r
-        clamp_len = getattr(config, "clamp_len", 0)
+        clamp_len, hidden_size = getattr(config, "clamp_len", 0), config.hidden_size
 
         def position_table(key_length: int) -> torch.Tensor:
-            return relative_position_embeddings(key_length, config.hidden_size, clamp_len, inputs_embeds.dtype, device)
+            return relative_position_embeddings(key_length, hidden_size, clamp_len, inputs_embeds.dtype, device)
 
         key_value_slots = [None] * len(self.layers)
         if not self.training and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
             key_value_slots = cache.key_value_slots()
-            table_key = (clamp_len, config.hidden_size, inputs_embeds.dtype, device)
+            table_key = (clamp_len, hidden_size, inputs_embeds.dtype, device)
             position_embeddings = cache.relative_table(memory_length + query_length, position_table, table_key)
         else:
             cache.forget_key_values()
@@ -333,7 +338,7 @@ class XLBackboneMixin:
                 shared_biases=shared_biases,
                 output_attentions=output_attentions,
                 key_values=key_value_slots[layer_idx],
-                key_window=attention_window(config),
+                key_window=window,
             )
             attentions.append(weights)
             penalties.append(penalty)
@@ -341,7 +346,7 @@ class XLBackboneMixin:
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
         hidden_states = self.drop(hidden_states)
-        span_penalty = torch.stack(penalties).sum() if config.adapt_span_enabled else None
+        span_penalty = torch.stack(penalties).sum() if penalties and penalties[0] is not None else None
 
         if use_cache:
             needed = [needed for _, needed in attended_keys if needed is not None]
@@ -349,11 +354,11 @@ class XLBackboneMixin:
                 # keep only the memory the longest learned span needs (every layer's memory has the same length);
                 # dynamic spans depend on future queries, so their memory is not trimmed (only their keys are)
                 cache.mem_len = min(config.mem_len, max(needed))
-            if last_start is not None:
+            if restarted is not None:
                 # rows whose episode restarted forget everything before the restart
-                cache.reset_rows(last_start[:, -1] >= 0, memory_init="empty")
-                in_episode = torch.arange(query_length, device=device) >= last_start[:, -1:]
-                input_mask = in_episode if input_mask is None else input_mask & in_episode
+                cache.reset_rows(restarted, memory_init="empty")
+                if in_episode is not None:
+                    input_mask = in_episode if input_mask is None else input_mask & in_episode
             cache.update_memories(layer_inputs, input_mask)
         return XLBackboneOutput(
             last_hidden_state=hidden_states,
@@ -384,19 +389,25 @@ def leading_padding_as_zero_memory(input_mask: torch.Tensor, memory_length: int)
 
 def restrict_to_episodes(allowed: torch.Tensor, episode_starts: torch.Tensor, batch: int, memory_length: int):
     """Each step attends to nothing before the latest episode start at or before it (neither memory nor earlier
-    steps). Returns the narrowed mask and `last_start [batch, Q]`, the latest start <= each step (-1: none)."""
+    steps). Returns the narrowed mask, `restarted [batch]` (the rows with a start in the segment, whose memory is
+    forgotten) and `in_episode [batch, Q]`, the steps at or after the row's last start (None: all of them)."""
     query_length = allowed.shape[-2]
     if episode_starts.shape != (batch, query_length):
         raise ValueError(
             f"episode_starts must be [batch, length] = {(batch, query_length)}, got shape {tuple(episode_starts.shape)}"
         )
     device = allowed.device
-    steps = torch.arange(query_length, device=device)
     starts = episode_starts.to(device=device, dtype=torch.bool)
+    if query_length == 1:  # a starting step sees itself only: its row's memory keys are masked
+        memory_keys = (~starts).expand(batch, memory_length)
+        keys = torch.cat([memory_keys, starts.new_ones(batch, allowed.shape[-1] - memory_length)], dim=1)
+        return allowed & keys[:, None, None, :], starts[:, 0], None
+    steps = torch.arange(query_length, device=device)
     last_start = torch.where(starts, steps, -1).cummax(dim=1).values
     first_key = torch.where(last_start >= 0, last_start + memory_length, 0)  # in [memory; segment] coordinates
     keys = torch.arange(allowed.shape[-1], device=device)
-    return allowed & (keys >= first_key[:, :, None])[:, None], last_start
+    in_episode = steps >= last_start[:, -1:]
+    return allowed & (keys >= first_key[:, :, None])[:, None], last_start[:, -1] >= 0, in_episode
 
 
 __all__ = [

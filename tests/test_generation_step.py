@@ -187,7 +187,9 @@ def test_one_query_attention_equals_the_last_query_of_the_block_path(implementat
     torch.testing.assert_close(one, two, atol=1e-6, rtol=1e-6)
     one_gradient, = torch.autograd.grad(one.square().sum(), segment)
     two_gradient, = torch.autograd.grad(two.square().sum(), segment)
-    torch.testing.assert_close(one_gradient[:, 1], two_gradient[:, 1], atol=1e-6, rtol=1e-5)
+    # gradient entries reach ~7 here, and each path is ~3e-6 from the float64 gradient (float32 rounding of sums in
+    # different orders, deterministic with one thread): 1e-6 absolute was tighter than float32 allows at that scale
+    torch.testing.assert_close(one_gradient[:, 1], two_gradient[:, 1], atol=1e-5, rtol=1e-5)
 
 
 def test_a_cached_step_projects_no_row_of_the_position_table():

@@ -166,7 +166,9 @@ class GTrXLBody(MemoryBody):
             envs, steps, hidden = inputs.shape
             out = self.model(inputs_embeds=inputs.reshape(envs * steps, 1, hidden), use_cache=False)
             return out.last_hidden_state.reshape(envs, steps, hidden), None
-        out = self.model(inputs_embeds=inputs, cache=state, episode_starts=episode_starts, use_cache=True)
+        # the backbone itself (the model's forward would only check `inputs_embeds`, made here by the encoder, and
+        # wrap the same two results in a ModelOutput)
+        out = self.model.run_backbone(inputs, None, state, True, False, episode_starts=episode_starts)
         return out.last_hidden_state, out.cache
 
     def snapshot(self, state: MemoryCache | None) -> dict[str, torch.Tensor]:
@@ -309,6 +311,7 @@ class MemoryPolicy(nn.Module):
         else:
             self.category_sizes, start = [], []
         self.register_buffer("action_start", torch.tensor(start, dtype=torch.long), persistent=False)
+        self.first_action = start[0] if self.action_kind == "discrete" else None  # a Discrete space's `start`
 
     # ----------------------------------------------------------------------------------------------------------------
     # construction
@@ -370,6 +373,13 @@ class MemoryPolicy(nn.Module):
             else:
                 flat = parameters + self.log_std.exp() * torch.randn_like(parameters)
             return flat.reshape(*parameters.shape[:-1], *self.action_space.shape)
+        if self.action_kind == "discrete":  # one categorical: no split and stack
+            if greedy:
+                codes = parameters.argmax(-1)
+            else:
+                probabilities = parameters.softmax(-1).reshape(-1, parameters.shape[-1])
+                codes = torch.multinomial(probabilities, 1).reshape(parameters.shape[:-1])
+            return codes + self.first_action
         codes = []
         for logits in parameters.split(self.category_sizes, dim=-1):
             if greedy:
@@ -390,6 +400,10 @@ class MemoryPolicy(nn.Module):
             entropies = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum(-1) if entropy else None
             return log_probs.sum(-1), entropies
         codes = actions.long().reshape(*parameters.shape[:-1], len(self.category_sizes)) - self.action_start
+        if self.action_kind == "discrete":  # one categorical: no split
+            normalised = parameters.log_softmax(-1)
+            log_probs = normalised.gather(-1, codes)[..., 0]
+            return log_probs, -(normalised.exp() * normalised).sum(-1) if entropy else None
         log_probs, entropies = 0, 0
         for i, logits in enumerate(parameters.split(self.category_sizes, dim=-1)):
             normalised = logits.log_softmax(-1)
