@@ -9,9 +9,10 @@
 - POPGym (Morad et al. 2023) through `popgym_env(name)`: the environment class with POPGym's `Antialias` wrapper
   (a flag on the first step), flattened to one vector of one-hot codes; POPGym's baselines also add the previous
   action, which is optional here (`previous_action`) and off by default: it makes RepeatFirst memoryless.
-  `POPGYM_TASKS` holds RepeatFirst and RepeatPrevious (Easy / Medium / Hard: the card 4 / 32 / 64 steps back, 52 /
-  104 / 156 cards), Autoencode Easy / Medium (watch 52 / 104 suits, then say them in reverse order) and CountRecall
-  Easy / Medium (at every step, say how many cards of the queried colour / suit were dealt so far, the one shown now included).
+  `POPGYM_TASKS` holds RepeatFirst and RepeatPrevious (Easy / Medium / Hard: POPGym's k = 4 / 32 / 64, the current
+  card counting as 1 back, so the card shown 3 / 31 / 63 steps before; 52 / 104 / 156 cards), Autoencode Easy /
+  Medium (watch 52 / 104 suits, then say them in reverse order) and CountRecall Easy / Medium (at every step, say how
+  many cards of the queried colour / suit were dealt so far, the one shown now included).
 
 `make_vector_env` builds a `gymnasium.vector.SyncVectorEnv` that resets an ended episode within the same step
 (`AutoresetMode.SAME_STEP`, what `train_ppo` expects): the observation returned with `terminated | truncated` is
