@@ -93,9 +93,9 @@ def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: 
 
 def results_table(runs: list[dict], level: float = 0.9) -> str:
     lines = [
-        "| task | agent | parameters | seeds | MMER mean ± std | MMER per seed | steps to 0.9 per seed | steps/s | "
-        "POPGym GRU / best of 13 (published, 15M steps) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | agent | parameters | seeds | MMER mean ± std | MMER per seed | steps to 0.0 per seed | "
+        f"steps to {level} per seed | steps/s | POPGym GRU / best of 13 (published, 15M steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task in TASKS:
         for agent in AGENTS:
@@ -103,14 +103,14 @@ def results_table(runs: list[dict], level: float = 0.9) -> str:
             if not rows:
                 continue
             mmer = np.array([r["mmer"] for r in rows])
-            reached = " / ".join("never" if (n := steps_to_reach(r, level)) is None else f"{n / 1000:.0f}k"
-                                 for r in rows)
+            reached, onset = (" / ".join("never" if (n := steps_to_reach(r, at)) is None else f"{n / 1000:.0f}k"
+                                         for r in rows) for at in (level, 0.0))
             gru, best, which = POPGYM_PUBLISHED.get(task, (None, None, None))
             published = "" if best is None else f"{'?' if gru is None else f'{gru:.3f}'} / {best:.3f} ({which})"
             lines.append(
                 f"| {task} ({rows[0]['settings']['total_steps'] // 1000}k steps) | {agent} | "
                 f"{rows[0]['parameters']:,} | {', '.join(str(r['seed']) for r in rows)} | "
-                f"{mmer.mean():.3f} ± {mmer.std():.3f} | {' / '.join(f'{m:.2f}' for m in mmer)} | {reached} | "
+                f"{mmer.mean():.3f} ± {mmer.std():.3f} | {' / '.join(f'{m:.2f}' for m in mmer)} | {onset} | {reached} | "
                 f"{np.mean([r['steps_per_second'] for r in rows]):,.0f} | {published} |"
             )
     seconds = sum(r["seconds"] for r in runs)
