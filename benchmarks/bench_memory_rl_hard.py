@@ -39,7 +39,7 @@ from bench_memory_rl import plot_curves, steps_to_reach, write_json_atomically  
 
 NUM_ENVS = 16
 ROLLOUT_STEPS = 128
-AGENTS = ["gtrxl", "trxl_i", "gru", "gru256"]
+AGENTS = ["gtrxl", "gtrxl_bg0", "trxl_i", "gru", "gru256"]  # gtrxl_bg0: GTrXL with b_g = 0 (gates half open at init)
 TASKS = {
     "RepeatPreviousMedium": dict(total_steps=400_000, mem_len=64, segment_length=64),
     "RepeatPreviousHard": dict(total_steps=1_000_000, mem_len=96, segment_length=128),
@@ -63,6 +63,9 @@ def build_policy(agent: str, envs, mem_len: int):
 
     if agent == "gru256":  # POPGym's memory width
         return MemoryPolicy.gru(envs.single_observation_space, envs.single_action_space, 256)
+    if agent == "gtrxl_bg0":
+        return make_policy("gtrxl", envs.single_observation_space, envs.single_action_space, mem_len=mem_len,
+                           gate_bias=0.0)
     return make_policy(agent, envs.single_observation_space, envs.single_action_space, mem_len=mem_len)
 
 
