@@ -77,10 +77,11 @@ def init_mechanism_weights(module: nn.Module, std: float):
     sigmoid(b) = `adapt_span_init`).
 
     Why Xavier for the gate matrices, not the N(0, initializer_range = 0.02) of every other Linear (issue 30): a gate
-    multiplies them, so with 0.02 the GRU gate's candidate tanh(W_g y + U_g (r * x)) is ~0.02 * sqrt(hidden) of the
-    sub-layer's output and z ~ sigma(-b_g) scales it again; at width 64 and b_g = 2 the attention then reached the
-    output ~50x weaker than through TrXL-I's x + y, and PPO never found the memory on RepeatPreviousMedium (MMER -0.48
-    at 400k steps, where Xavier gates reach 0.89 and TrXL-I 0.98; benchmarks/RESULTS.md). Xavier-normal is what
+    multiplies by them, so with 0.02 the GRU gate's candidate tanh(W_g y + U_g (r * x)) is ~0.02 * sqrt(hidden) of the
+    sub-layer's output and z ~ sigma(-b_g) scales it again; at width 64 and b_g = 2 the memory reached a fresh policy
+    ~50x more weakly than through TrXL-I's x + y (Xavier: ~7x; benchmarks/bench_gtrxl_init_reach.py). On
+    RepeatPreviousMedium (one seed each) Xavier halved the steps PPO took to find the memory at b_g = 0 (94k vs 184k)
+    and changed nothing at b_g = 2 (346k vs 344k), where b_g dominates (benchmarks/RESULTS.md). Xavier-normal is what
     RLlib's GTrXL (`GRUGate`) uses; the paper does not state its initialisation."""
     if isinstance(module, GatingLayer):
         # after the generic init of its Linear children (`smart_apply` visits children first), so this one wins

@@ -127,7 +127,7 @@ def test_gated_model_starts_close_to_identity():
 def test_gate_matrices_start_at_xavier_scale_so_the_sublayer_reaches_the_output():
     """Issue 30: the gate matrices are Xavier-normal at initialisation, not the N(0, initializer_range) of the other
     Linear layers. With 0.02 the GRU gate's candidate tanh(W_g y) carried ~0.1 of a unit-scale sub-layer output at
-    width 64 (and z ~ sigma(-b_g) shrank it again), so PPO never found the memory on RepeatPreviousMedium."""
+    width 64 (and z ~ sigma(-b_g) shrank it again), so the memory barely reached a fresh policy's output."""
     hidden = 64
     model = build("gru", hidden_size=hidden, num_attention_heads=4, intermediate_size=128)
     for gate in (module for module in model.modules() if isinstance(module, GRUGate)):
