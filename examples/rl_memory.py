@@ -53,6 +53,8 @@ def main(argv=None):
     parser.add_argument("--agents", nargs="+", default=["gtrxl", "gru"], choices=AGENTS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--num-envs", type=int, default=16)
+    parser.add_argument("--previous-action", action="store_true",
+                        help="show the previous action too, as POPGym's baselines do (POPGym tasks only)")
     for name, value in DEFAULT_GTRXL_FIELDS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value, help="GTrXL shape")
     for setting in fields(PPOSettings):
@@ -69,7 +71,7 @@ def main(argv=None):
     for task in args.tasks:
         for agent in args.agents:
             for seed in args.seeds:
-                envs = make_vector_env(task, args.num_envs, seed=seed)
+                envs = make_vector_env(task, args.num_envs, seed=seed, previous_action=args.previous_action)
                 torch.manual_seed(seed)
                 policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **gtrxl_fields)
                 history = train_ppo(policy, envs, settings, seed=seed, log=progress(task, agent, seed, args.log_every))

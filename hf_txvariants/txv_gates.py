@@ -3,7 +3,8 @@ Learning", section 3.2), shared so that any variant can put a gate where it had 
 
 Every gate combines `x`, the stream entering the sub-module (the skip path), with `y`, the sub-module's output
 (GTrXL passes ReLU(y)), and returns a tensor of the same shape. W and U are bias-free `[hidden, hidden]` matrices;
-`b_g` (`gate_bias`) is a learned vector initialised to the config's `gate_bias` (the paper's b_g, default 2):
+`b_g` (`gate_bias`) is a learned vector initialised to the config's `gate_bias` (the paper's b_g, default 2). In a
+model, `_init_weights` draws W and U Xavier-normal (`txv_xl.init_mechanism_weights`, issue 30):
 
     residual      g(x, y) = x + y                                             (TrXL-I: identity map reordering)
     input         g(x, y) = sigma(W_g x) * x + y

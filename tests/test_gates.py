@@ -113,7 +113,8 @@ def test_gru_gate_is_not_symmetric_in_its_inputs():
 
 @pytest.mark.parametrize("gate_bias", [2.0, 10.0])
 def test_gru_gate_starts_close_to_identity(gate_bias):
-    """With b_g > 0 and small weights (the model's initialisation) z ~ sigma(-b_g): g(x, y) ~ x whatever y is."""
+    """With b_g > 0 and small weights (N(0, 0.02); a model draws its gate matrices Xavier-normal, issue 30)
+    z ~ sigma(-b_g): g(x, y) ~ x whatever y is."""
     torch.manual_seed(0)
     hidden = 32
     gate = GRUGate(hidden, gate_bias)

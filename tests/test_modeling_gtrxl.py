@@ -125,6 +125,33 @@ def test_gated_model_starts_close_to_identity():
     assert deviation[12.0] < 1e-3
 
 
+def test_gate_matrices_start_at_xavier_scale_so_the_sublayer_reaches_the_output():
+    """Issue 30: the gate matrices are Xavier-normal at initialisation, not the N(0, initializer_range) of the other
+    Linear layers. With 0.02 the GRU gate's candidate tanh(W_g y) carried ~0.1 of a unit-scale sub-layer output at
+    width 64 (and z ~ sigma(-b_g) shrank it again), so the memory barely reached a fresh policy's output."""
+    hidden = 64
+    model = build("gru", hidden_size=hidden, num_attention_heads=4, intermediate_size=128)
+    for gate in (module for module in model.modules() if isinstance(module, GRUGate)):
+        for name in gate.matrices:
+            std = getattr(gate, name).weight.std().item()
+            assert abs(std - (2 / (2 * hidden)) ** 0.5) < 0.02, (name, std)  # Xavier-normal: sqrt(2 / (in + out))
+        torch.testing.assert_close(gate.gate_bias, torch.full((hidden,), 2.0))
+    gate = model.layers[0].attention_gate
+    sublayer_output = torch.relu(torch.randn(256, hidden, generator=torch.Generator().manual_seed(0)))
+    with torch.no_grad():
+        candidate = torch.tanh(gate.w_g(sublayer_output))  # the candidate h for a zero skip stream x
+    assert candidate.std() > 0.3, candidate.std()  # with N(0, 0.02) matrices: ~0.11
+
+
+def test_gate_matrices_are_kept_when_loading(tmp_path):
+    """The Xavier re-initialisation of the gates applies to new weights only: a saved model loads bit for bit."""
+    model = build("gru")
+    model.save_pretrained(tmp_path)
+    loaded = GTrXLModel.from_pretrained(tmp_path)
+    for (name, saved), (_, restored) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(saved, restored), name
+
+
 # ---------------------------------------------------------------------------------------------------------- RL memory
 @pytest.mark.parametrize("gate_type", GATE_TYPES)
 def test_step_by_step_equals_whole_sequence(gate_type):

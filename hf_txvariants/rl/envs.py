@@ -9,6 +9,10 @@
 - POPGym (Morad et al. 2023) through `popgym_env(name)`: the environment class with POPGym's `Antialias` wrapper
   (a flag on the first step), flattened to one vector of one-hot codes; POPGym's baselines also add the previous
   action, which is optional here (`previous_action`) and off by default: it makes RepeatFirst memoryless.
+  `POPGYM_TASKS` holds RepeatFirst and RepeatPrevious (Easy / Medium / Hard: POPGym's k = 4 / 32 / 64, the current
+  card counting as 1 back, so the card shown 3 / 31 / 63 steps before; 52 / 104 / 156 cards), Autoencode Easy /
+  Medium (watch 52 / 104 suits, then say them in reverse order) and CountRecall Easy / Medium (at every step, say how
+  many cards of the queried colour / suit were dealt so far, the one shown now included).
 
 `make_vector_env` builds a `gymnasium.vector.SyncVectorEnv` that resets an ended episode within the same step
 (`AutoresetMode.SAME_STEP`, what `train_ppo` expects): the observation returned with `terminated | truncated` is
@@ -27,6 +31,10 @@ POPGYM_TASKS = {
     "RepeatFirstEasy": "popgym.envs.repeat_first",
     "RepeatFirstMedium": "popgym.envs.repeat_first",
     "RepeatFirstHard": "popgym.envs.repeat_first",
+    "AutoencodeEasy": "popgym.envs.autoencode",
+    "AutoencodeMedium": "popgym.envs.autoencode",
+    "CountRecallEasy": "popgym.envs.count_recall",
+    "CountRecallMedium": "popgym.envs.count_recall",
 }
 
 
@@ -81,7 +89,10 @@ def popgym_env(name: str, previous_action: bool = False) -> gym.Env:
 
     previous_action: also show the previous action (POPGym's `PreviousAction` wrapper, which its own baselines use).
     Off by default: with it, RepeatFirst needs no memory at all, since "answer the first card's suit, then repeat
-    your previous action" scores the maximum 1.0 (`tests/test_rl_policy.py`)."""
+    your previous action" scores the maximum 1.0 (`tests/test_rl_policy.py`). RepeatPrevious, Autoencode and
+    CountRecall stay memory tasks with it: the previous action is the agent's own answer about an earlier card, not
+    the one asked now (repeating it scores chance, `tests/test_rl_hard_tasks.py`). POPGym's order is kept:
+    `Antialias(PreviousAction(env))`, so the flattened vector is [observation, previous action, first-step flag]."""
     if name not in POPGYM_TASKS:
         raise ValueError(f"unknown POPGym task {name!r}; known: {', '.join(POPGYM_TASKS)}")
     try:
@@ -97,17 +108,27 @@ def popgym_env(name: str, previous_action: bool = False) -> gym.Env:
     return gym.wrappers.FlattenObservation(Antialias(env))
 
 
-def make_env(task: str) -> gym.Env:
-    """`task`: a POPGym task name (`POPGYM_TASKS`) or a gymnasium id (e.g. `txv/ProofOfMemory-v0`)."""
-    return popgym_env(task) if task in POPGYM_TASKS else gym.make(task)
+def make_env(task: str, previous_action: bool = False) -> gym.Env:
+    """`task`: a POPGym task name (`POPGYM_TASKS`) or a gymnasium id (e.g. `txv/ProofOfMemory-v0`).
+    previous_action: show the previous action too (POPGym tasks only, see `popgym_env`)."""
+    if task in POPGYM_TASKS:
+        return popgym_env(task, previous_action=previous_action)
+    if previous_action:
+        raise ValueError(f"previous_action is for the POPGym tasks ({', '.join(POPGYM_TASKS)}), not {task!r}")
+    return gym.make(task)
 
 
-def make_vector_env(task: str, num_envs: int, seed: int | None = None) -> gym.vector.SyncVectorEnv:
-    """`num_envs` copies of `make_env(task)` in one `SyncVectorEnv` that resets ended episodes within the step."""
+def make_vector_env(
+    task: str, num_envs: int, seed: int | None = None, previous_action: bool = False
+) -> gym.vector.SyncVectorEnv:
+    """`num_envs` copies of `make_env(task, previous_action)` in one `SyncVectorEnv` that resets ended episodes
+    within the step."""
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    make_env(task, previous_action).close()  # refuse a bad task or option here, by name, not inside the vector env
     envs = gym.vector.SyncVectorEnv(
-        [lambda: make_env(task) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        [lambda: make_env(task, previous_action) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     envs.action_space.seed(seed)
     return envs
