@@ -15,17 +15,28 @@ import sys
 
 COMMANDS = {
     "demo": ("Transformer-XL vs a same-size baseline without memory, on CPU", "hf_txvariants.cli.demo:add_parser"),
-    "train": ("train a causal LM with Accelerate (works under `accelerate launch`) or Trainer (--trainer)",
-              "hf_txvariants.cli:add_train_parser"),
+    "train": (
+        "train a causal LM with Accelerate (works under `accelerate launch`) or Trainer (--trainer)",
+        "hf_txvariants.cli:add_train_parser",
+    ),
     "eval": ("bits per token / perplexity of a saved model on a text", "hf_txvariants.cli:add_eval_parser"),
-    "refresh-code": ("replace the model code a saved model folder carries with this plugin's (weights untouched), "
-                     "e.g. a folder saved before transformers 5.24 support", "hf_txvariants.cli:add_refresh_code_parser"),
+    "refresh-code": (
+        "replace the model code a saved model folder carries with this plugin's (weights untouched), "
+        "e.g. a folder saved before transformers 5.24 support",
+        "hf_txvariants.cli:add_refresh_code_parser",
+    ),
     "push": ("upload a saved model with its code and model card to the Hub", "hf_txvariants.cli:add_push_parser"),
-    "upgrade-legacy": ("rewrite a Transformer-XL folder saved by transformers 4.x without pickles (vocab.json, "
-                       "safetensors, remote code)", "hf_txvariants.cli.upgrade_legacy:add_parser"),
-    "convert": ("convert an original checkpoint (kimiyoung/transformer-xl, facebookresearch/adaptive-span), or "
-                "evaluate a converted one; "
-                "`txv convert NAME --help`", "hf_txvariants.cli.convert:add_parser"),
+    "upgrade-legacy": (
+        "rewrite a Transformer-XL folder saved by transformers 4.x without pickles (vocab.json, "
+        "safetensors, remote code)",
+        "hf_txvariants.cli.upgrade_legacy:add_parser",
+    ),
+    "convert": (
+        "convert an original checkpoint (kimiyoung/transformer-xl, facebookresearch/adaptive-span), or "
+        "evaluate a converted one; "
+        "`txv convert NAME --help`",
+        "hf_txvariants.cli.convert:add_parser",
+    ),
 }
 
 DESCRIPTION = "hf-txvariants: train, evaluate, share, convert, demo. Add --debug anywhere to see a traceback on error."

@@ -116,8 +116,9 @@ def main():
     for name, (nll, embedded) in outputs.items():  # same weights: the same results up to rounding
         nll_difference = (nll - outputs["this checkout"][0]).abs().max().item()
         embedding_difference = (embedded - outputs["this checkout"][1]).abs().max().item()
-        print(f"{name}: largest difference to this checkout: nll {nll_difference:.2e}, "
-              f"input {embedding_difference:.2e}")
+        print(
+            f"{name}: largest difference to this checkout: nll {nll_difference:.2e}, input {embedding_difference:.2e}"
+        )
 
     best = {name: {measure: float("inf") for measure in reference} for name in calls}
     for _ in range(args.rounds):

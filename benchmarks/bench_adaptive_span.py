@@ -41,7 +41,9 @@ def worker(args):
     with torch.no_grad():
         for layer, layer_spans in zip(model.transformer.layers, spans):
             span = layer.attn.adaptive_span
-            span.current_val.copy_(layer_spans / args.attn_span if args.mode == "learned" else torch.ones_like(layer_spans))
+            span.current_val.copy_(
+                layer_spans / args.attn_span if args.mode == "learned" else torch.ones_like(layer_spans)
+            )
     generator = torch.Generator().manual_seed(0)
     fill = math.ceil(args.attn_span / args.seg_len)
     segments = [
@@ -61,16 +63,20 @@ def worker(args):
         seconds = (time.perf_counter() - start) / args.segments
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cache_bytes = sum(m.numel() * m.element_size() for m in memory.memories)
-    print(json.dumps({
-        "mode": args.mode,
-        "seconds_per_segment": seconds,
-        "memory_cache_bytes": cache_bytes,
-        "memory_length": memory.memory_length,
-        "attended_keys_per_layer": list(output.attended_keys),
-        "peak_rss_growth_kib": rss_after - rss_before,
-        "spans_mean_tokens": float(model.get_spans().mean()),
-        "logits_finite": bool(torch.isfinite(logits).all()),
-    }))
+    print(
+        json.dumps(
+            {
+                "mode": args.mode,
+                "seconds_per_segment": seconds,
+                "memory_cache_bytes": cache_bytes,
+                "memory_length": memory.memory_length,
+                "attended_keys_per_layer": list(output.attended_keys),
+                "peak_rss_growth_kib": rss_after - rss_before,
+                "spans_mean_tokens": float(model.get_spans().mean()),
+                "logits_finite": bool(torch.isfinite(logits).all()),
+            }
+        )
+    )
 
 
 def main():

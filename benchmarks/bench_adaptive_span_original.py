@@ -49,18 +49,25 @@ def main():
     from config import PARAMS_CONFIG  # noqa: E402
     from models import TransformerSeq  # noqa: E402
     from trainer import full_eval as original_full_eval  # noqa: E402
+    from transformers import AutoModelForCausalLM
 
     from conversion.adaptive_span import main as convert
     from conversion.evaluate_adaptive_span import full_eval
-    from transformers import AutoModelForCausalLM
 
-    flags = (f"--nlayers {args.nlayers} --hid-sz {args.hid_sz} --inner-hid-sz {args.inner_hid_sz} --nheads {args.nheads} "
-             f"--attn-span {args.attn_span} --block-sz {args.block_sz} --dropout 0.3 --adapt-span "
-             f"--adapt-span-loss 0.0000005 --adapt-span-cache --pers-mem-size {args.pers_mem_size}").split()
+    flags = (
+        f"--nlayers {args.nlayers} --hid-sz {args.hid_sz} --inner-hid-sz {args.inner_hid_sz} --nheads {args.nheads} "
+        f"--attn-span {args.attn_span} --block-sz {args.block_sz} --dropout 0.3 --adapt-span "
+        f"--adapt-span-loss 0.0000005 --adapt-span-cache --pers-mem-size {args.pers_mem_size}"
+    ).split()
     params = utils.get_params(PARAMS_CONFIG, args=flags)
     torch.manual_seed(0)
-    original = TransformerSeq(vocab_size=args.vocab, **params["model_params"], adapt_io_params=params["adapt_io_params"],
-                              adapt_span_params=params["adapt_span_params"], pers_mem_params=params["pers_mem_params"])
+    original = TransformerSeq(
+        vocab_size=args.vocab,
+        **params["model_params"],
+        adapt_io_params=params["adapt_io_params"],
+        adapt_span_params=params["adapt_span_params"],
+        pers_mem_params=params["pers_mem_params"],
+    )
     with torch.no_grad():  # spans from 5% to 60% of S across layers and heads
         fractions = torch.linspace(0.05, 0.6, args.nlayers * args.nheads).view(args.nlayers, args.nheads)
         for layer, values in zip(original.layers, fractions):
@@ -82,7 +89,9 @@ def main():
     with torch.no_grad():
         for _ in range(args.repeats):
             start = time.perf_counter()
-            losses["original"] = float(original_full_eval(original, optimizer, None, stream, args.block_sz, args.hid_sz))
+            losses["original"] = float(
+                original_full_eval(original, optimizer, None, stream, args.block_sz, args.hid_sz)
+            )
             times["original"].append(time.perf_counter() - start)
             start = time.perf_counter()
             losses["hf_txvariants"], blocks = full_eval(ours, text, batch, args.block_sz)
@@ -90,11 +99,24 @@ def main():
     median = {name: statistics.median(values) for name, values in times.items()}
     cache_lengths = ours.model.cache_lengths()
     result = dict(
-        shape=dict(layers=args.nlayers, hidden=args.hid_sz, heads=args.nheads, inner=args.inner_hid_sz,
-                   attn_span=args.attn_span, block=args.block_sz, pers_mem_size=args.pers_mem_size),
-        chars=args.chars, batch=batch, blocks=blocks, threads=args.threads, cache_lengths=cache_lengths,
-        seconds=median, ratio_original_over_ours=median["original"] / median["hf_txvariants"],
-        loss=losses, loss_difference=abs(losses["original"] - losses["hf_txvariants"]),
+        shape=dict(
+            layers=args.nlayers,
+            hidden=args.hid_sz,
+            heads=args.nheads,
+            inner=args.inner_hid_sz,
+            attn_span=args.attn_span,
+            block=args.block_sz,
+            pers_mem_size=args.pers_mem_size,
+        ),
+        chars=args.chars,
+        batch=batch,
+        blocks=blocks,
+        threads=args.threads,
+        cache_lengths=cache_lengths,
+        seconds=median,
+        ratio_original_over_ours=median["original"] / median["hf_txvariants"],
+        loss=losses,
+        loss_difference=abs(losses["original"] - losses["hf_txvariants"]),
     )
     print(json.dumps(result, indent=2))
 

@@ -39,8 +39,10 @@ def main() -> None:
         for case, argv in CASES.items():
             for program, command in PROGRAMS.items():
                 times[case, program].append(wall_time(command + argv))
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load_before:.1f} before / "
-          f"{os.getloadavg()[0]:.1f} after, median of {args.repeats} fresh processes")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load_before:.1f} before / "
+        f"{os.getloadavg()[0]:.1f} after, median of {args.repeats} fresh processes"
+    )
     print(f"{'case':<15}" + "".join(f"{program:>20}" for program in PROGRAMS) + f"{'ratio':>8}")
     for case in CASES:
         medians = [statistics.median(times[case, program]) for program in PROGRAMS]

@@ -75,19 +75,30 @@ def main(argv=None):
     worker = [sys.executable, "-c", WORKER, str(train_file), str(valid_file or ""), args.tokenizer, str(cache)]
     results = {"training text MB": round(size / 1e6, 1), "build": _run(worker), "reload": _run(worker)}
     if args.original is not None:
-        peer = [sys.executable, str(Path(__file__).with_name("bench_original_data_pipeline.py")), "--original",
-                str(args.original)]
-        peer += ["--dataset", "wt103", "--data", str(args.data)] if args.data else ["--dataset", "enwik8", "--raw",
-                                                                                     str(args.raw)]
+        peer = [
+            sys.executable,
+            str(Path(__file__).with_name("bench_original_data_pipeline.py")),
+            "--original",
+            str(args.original),
+        ]
+        peer += (
+            ["--dataset", "wt103", "--data", str(args.data)]
+            if args.data
+            else ["--dataset", "enwik8", "--raw", str(args.raw)]
+        )
         results["original"] = _run(peer)
     build, reload = results["build"], results["reload"]
-    print(f"build: {build['seconds']:.1f} s, peak RSS {build['peak_rss_gib']:.2f} GiB, "
-          f"{build['train_tokens'] + build['valid_tokens']:,} tokens ({build['dtype']}), vocabulary {build['vocab']:,}")
+    print(
+        f"build: {build['seconds']:.1f} s, peak RSS {build['peak_rss_gib']:.2f} GiB, "
+        f"{build['train_tokens'] + build['valid_tokens']:,} tokens ({build['dtype']}), vocabulary {build['vocab']:,}"
+    )
     print(f"reload from the cache: {reload['seconds']:.2f} s, peak RSS {reload['peak_rss_gib']:.2f} GiB")
     if "original" in results:
         original = results["original"]
-        print(f"original: {original['seconds']:.1f} s, peak RSS {original['peak_rss_gib']:.2f} GiB "
-              f"({build['seconds'] / original['seconds']:.2f}x its time)")
+        print(
+            f"original: {original['seconds']:.1f} s, peak RSS {original['peak_rss_gib']:.2f} GiB "
+            f"({build['seconds'] / original['seconds']:.2f}x its time)"
+        )
     print(json.dumps(results))
     if args.cache is None:
         shutil.rmtree(cache, ignore_errors=True)

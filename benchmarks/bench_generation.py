@@ -76,22 +76,38 @@ def load_generator(name: str, folder: str, device: str):
     if name == GPT2:
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        config = GPT2Config(vocab_size=SIZE["vocab_size"], n_embd=SIZE["d_model"], n_head=SIZE["n_head"],
-                            n_layer=SIZE["n_layer"], n_inner=SIZE["d_inner"], n_positions=4096, bos_token_id=None,
-                            eos_token_id=None, pad_token_id=None)
+        config = GPT2Config(
+            vocab_size=SIZE["vocab_size"],
+            n_embd=SIZE["d_model"],
+            n_head=SIZE["n_head"],
+            n_layer=SIZE["n_layer"],
+            n_inner=SIZE["d_inner"],
+            n_positions=4096,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        )
         return GPT2LMHeadModel(config).to(device).eval(), None
-    import hf_txvariants  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    import hf_txvariants  # noqa: F401
 
     if name.startswith(OURS["transfo-xl"]):  # this checkout's, or that of another `--code-roots` checkout
         model = AutoModelForCausalLM.from_pretrained(folder)  # the legacy checkpoint: the same weights
     else:
         model_type = {OURS["gtrxl"]: "txv_gtrxl", OURS["adaptive-span"]: "txv_adaptive_span"}[name]
         extra = {"attn_span": 4096, "adapt_span_enabled": True} if model_type == "txv_adaptive_span" else {}
-        config = AutoConfig.for_model(model_type, vocab_size=SIZE["vocab_size"], hidden_size=SIZE["d_model"],
-                                      num_attention_heads=SIZE["n_head"], head_dim=SIZE["d_head"],
-                                      intermediate_size=SIZE["d_inner"], num_hidden_layers=SIZE["n_layer"],
-                                      dropout=0.0, **extra)
+        config = AutoConfig.for_model(
+            model_type,
+            vocab_size=SIZE["vocab_size"],
+            hidden_size=SIZE["d_model"],
+            num_attention_heads=SIZE["n_head"],
+            head_dim=SIZE["d_head"],
+            intermediate_size=SIZE["d_inner"],
+            num_hidden_layers=SIZE["n_layer"],
+            dropout=0.0,
+            **extra,
+        )
         model = AutoModelForCausalLM.from_config(config)
 
     def set_memory_length(length: int):
@@ -119,8 +135,14 @@ def generation_worker(name: str, folder: str, threads: int, device: str, new_tok
             set_memory_length(prompt + new_tokens)  # equal context: the last step sees every position
         ids = prompt_ids(prompt, batch).to(device)
         with torch.no_grad():
-            return model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                  pad_token_id=0, eos_token_id=None)
+            return model.generate(
+                ids,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
 
     generate(16, 1)  # warm-up
     print("ready", flush=True)
@@ -157,15 +179,36 @@ def run_generation(args) -> list[dict]:
     tokens = {}
     with tempfile.TemporaryDirectory() as folder:
         # the Transformer-XL checkpoint both implementations load: saved by the legacy model (ours when there is none)
-        maker = MAKE_LEGACY_CHECKPOINT if args.legacy_python else MAKE_LEGACY_CHECKPOINT.replace(
-            "from transformers import", "import hf_txvariants\nfrom hf_txvariants import")
-        subprocess.run([args.legacy_python or sys.executable, "-c", maker.format(config=TRANSFO_XL), folder],
-                       check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        maker = (
+            MAKE_LEGACY_CHECKPOINT
+            if args.legacy_python
+            else MAKE_LEGACY_CHECKPOINT.replace(
+                "from transformers import", "import hf_txvariants\nfrom hf_txvariants import"
+            )
+        )
+        subprocess.run(
+            [args.legacy_python or sys.executable, "-c", maker.format(config=TRANSFO_XL), folder],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         workers = {}
         for name in names:  # started one at a time: no set-up overlaps another's timing
             python = args.legacy_python if name == LEGACY else sys.executable
-            command = [python, __file__, "--worker", name, "--folder", folder, "--threads", str(args.threads),
-                       "--device", args.device, "--new-tokens", str(args.new_tokens)]
+            command = [
+                python,
+                __file__,
+                "--worker",
+                name,
+                "--folder",
+                folder,
+                "--threads",
+                str(args.threads),
+                "--device",
+                args.device,
+                "--new-tokens",
+                str(args.new_tokens),
+            ]
             workers[name] = start_worker(command, env)
         for _ in range(args.rounds):
             for case in cases:
@@ -190,9 +233,16 @@ def run_generation(args) -> list[dict]:
             best_wall = min(wall for wall, _ in times[name, case])
             best_cpu = min(cpu for _, cpu in times[name, case])
             median_wall = statistics.median(wall for wall, _ in times[name, case])
-            row = {"prompt": prompt, "batch": batch, "model": name, "tokens_per_s_wall": new / best_wall,
-                   "tokens_per_s_cpu": new / best_cpu, "tokens_per_s_median_wall": new / median_wall,
-                   "vs_gpt2_wall": reference[0][0] / best_wall, "vs_gpt2_cpu": reference[1][1] / best_cpu}
+            row = {
+                "prompt": prompt,
+                "batch": batch,
+                "model": name,
+                "tokens_per_s_wall": new / best_wall,
+                "tokens_per_s_cpu": new / best_cpu,
+                "tokens_per_s_median_wall": new / median_wall,
+                "vs_gpt2_wall": reference[0][0] / best_wall,
+                "vs_gpt2_cpu": reference[1][1] / best_cpu,
+            }
             if name.startswith(OURS["transfo-xl"]) and (LEGACY, case) in tokens:
                 row["same_tokens_as_legacy"] = tokens[name, case] == tokens[LEGACY, case]
             rows.append(row)
@@ -204,16 +254,23 @@ def acting_worker(threads: int, device: str, envs: int, mem_len: int, steps: int
     parameter count, one step per call for `envs` environments, interleaved call batch by call batch."""
     import torch
     from torch import nn
+    from transformers import AutoConfig, AutoModel
 
     import hf_txvariants  # noqa: F401
     from hf_txvariants.txv_compat import output_cache
-    from transformers import AutoConfig, AutoModel
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    config = AutoConfig.for_model("txv_gtrxl", vocab_size=16, hidden_size=SIZE["d_model"],
-                                  num_attention_heads=SIZE["n_head"], head_dim=SIZE["d_head"],
-                                  intermediate_size=SIZE["d_inner"], num_hidden_layers=SIZE["n_layer"], mem_len=mem_len)
+    config = AutoConfig.for_model(
+        "txv_gtrxl",
+        vocab_size=16,
+        hidden_size=SIZE["d_model"],
+        num_attention_heads=SIZE["n_head"],
+        head_dim=SIZE["d_head"],
+        intermediate_size=SIZE["d_inner"],
+        num_hidden_layers=SIZE["n_layer"],
+        mem_len=mem_len,
+    )
     gtrxl = AutoModel.from_config(config).to(device).eval()
     body = sum(p.numel() for name, p in gtrxl.named_parameters() if "embed" not in name)
     # the GRU width whose n_layer layers have as many parameters as the GTrXL body (embedding aside)
@@ -259,13 +316,22 @@ def acting_worker(threads: int, device: str, envs: int, mem_len: int, steps: int
                 synchronize()
                 times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
     best = {name: (min(w for w, _ in t), min(c for _, c in t)) for name, t in times.items()}
-    print(json.dumps({
-        "envs": envs, "mem_len": mem_len, "gtrxl_parameters": body, "gru_width": width,
-        "gru_parameters": gru_parameters,
-        **{f"{name}_steps_per_s_wall": steps / wall for name, (wall, _) in best.items()},
-        **{f"{name}_steps_per_s_cpu": steps / cpu for name, (_, cpu) in best.items()},
-        "gtrxl_vs_gru_wall": best["gru"][0] / best["gtrxl"][0], "gtrxl_vs_gru_cpu": best["gru"][1] / best["gtrxl"][1],
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "envs": envs,
+                "mem_len": mem_len,
+                "gtrxl_parameters": body,
+                "gru_width": width,
+                "gru_parameters": gru_parameters,
+                **{f"{name}_steps_per_s_wall": steps / wall for name, (wall, _) in best.items()},
+                **{f"{name}_steps_per_s_cpu": steps / cpu for name, (_, cpu) in best.items()},
+                "gtrxl_vs_gru_wall": best["gru"][0] / best["gtrxl"][0],
+                "gtrxl_vs_gru_cpu": best["gru"][1] / best["gtrxl"][1],
+            }
+        ),
+        flush=True,
+    )
 
 
 def main():
@@ -275,8 +341,12 @@ def main():
     parser.add_argument("--prompts", type=int, nargs="+", default=[128])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--models", nargs="+", choices=sorted(OURS), default=["transfo-xl"])
-    parser.add_argument("--code-roots", nargs="*", default=[],
-                        help="other checkouts (folders holding hf_txvariants/) whose Transformer-XL is timed as well")
+    parser.add_argument(
+        "--code-roots",
+        nargs="*",
+        default=[],
+        help="other checkouts (folders holding hf_txvariants/) whose Transformer-XL is timed as well",
+    )
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
@@ -303,26 +373,50 @@ def main():
         args.prompts, args.batches, args.models = [128, 1024], [1, 8], sorted(OURS)
     print(f"load average before: {load_average()}; {args.threads} thread(s), device {args.device}", flush=True)
     if not args.acting_only:
-        print("| prompt | batch | model | new tokens/s (best wall) | (best CPU time) | (median wall) | vs GPT-2 wall | "
-              "vs GPT-2 CPU | same tokens as 4.46.3 |")
+        print(
+            "| prompt | batch | model | new tokens/s (best wall) | (best CPU time) | (median wall) | vs GPT-2 wall | "
+            "vs GPT-2 CPU | same tokens as 4.46.3 |"
+        )
         print("|---|---|---|---|---|---|---|---|---|")
         for row in run_generation(args):
             same = {True: "yes", False: "NO"}.get(row.get("same_tokens_as_legacy"), "")
-            print(f"| {row['prompt']} | {row['batch']} | {row['model']} | {row['tokens_per_s_wall']:.1f} | "
-                  f"{row['tokens_per_s_cpu']:.1f} | {row['tokens_per_s_median_wall']:.1f} | "
-                  f"{row['vs_gpt2_wall']:.2f}x | {row['vs_gpt2_cpu']:.2f}x | {same} |", flush=True)
+            print(
+                f"| {row['prompt']} | {row['batch']} | {row['model']} | {row['tokens_per_s_wall']:.1f} | "
+                f"{row['tokens_per_s_cpu']:.1f} | {row['tokens_per_s_median_wall']:.1f} | "
+                f"{row['vs_gpt2_wall']:.2f}x | {row['vs_gpt2_cpu']:.2f}x | {same} |",
+                flush=True,
+            )
     if not args.no_acting:
-        command = [sys.executable, __file__, "--worker", "acting", "--threads", str(args.threads), "--device",
-                   args.device, "--acting-envs", str(args.acting_envs), "--acting-mem-len", str(args.acting_mem_len),
-                   "--acting-steps", str(args.acting_steps), "--rounds", str(args.rounds)]
+        command = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "acting",
+            "--threads",
+            str(args.threads),
+            "--device",
+            args.device,
+            "--acting-envs",
+            str(args.acting_envs),
+            "--acting-mem-len",
+            str(args.acting_mem_len),
+            "--acting-steps",
+            str(args.acting_steps),
+            "--rounds",
+            str(args.rounds),
+        ]
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "TRANSFORMERS_VERBOSITY": "error"}
         result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout)
-        print(f"\nGTrXL acting, {result['envs']} environments, one step per call, mem_len {result['mem_len']} "
-              f"(body {result['gtrxl_parameters']:,} parameters) vs a {SIZE['n_layer']}-layer GRU of width "
-              f"{result['gru_width']} ({result['gru_parameters']:,} parameters):")
-        print(f"GTrXL {result['gtrxl_steps_per_s_wall']:.1f} steps/s (best wall), {result['gtrxl_steps_per_s_cpu']:.1f}"
-              f" (best CPU time); GRU {result['gru_steps_per_s_wall']:.1f} / {result['gru_steps_per_s_cpu']:.1f}; "
-              f"GTrXL / GRU {result['gtrxl_vs_gru_wall']:.2f}x wall, {result['gtrxl_vs_gru_cpu']:.2f}x CPU time")
+        print(
+            f"\nGTrXL acting, {result['envs']} environments, one step per call, mem_len {result['mem_len']} "
+            f"(body {result['gtrxl_parameters']:,} parameters) vs a {SIZE['n_layer']}-layer GRU of width "
+            f"{result['gru_width']} ({result['gru_parameters']:,} parameters):"
+        )
+        print(
+            f"GTrXL {result['gtrxl_steps_per_s_wall']:.1f} steps/s (best wall), {result['gtrxl_steps_per_s_cpu']:.1f}"
+            f" (best CPU time); GRU {result['gru_steps_per_s_wall']:.1f} / {result['gru_steps_per_s_cpu']:.1f}; "
+            f"GTrXL / GRU {result['gtrxl_vs_gru_wall']:.2f}x wall, {result['gtrxl_vs_gru_cpu']:.2f}x CPU time"
+        )
     print(f"load average after: {load_average()}")
 
 

@@ -16,13 +16,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gtrxl_rl_gate_sweep import init_gate_matrices  # noqa: E402
 
-ARMS = ["trxl_i:default:2", "gtrxl:normal:2", "gtrxl:normal:1", "gtrxl:normal:0", "gtrxl:xavier:2", "gtrxl:xavier:1",
-        "gtrxl:xavier:0"]
+ARMS = [
+    "trxl_i:default:2",
+    "gtrxl:normal:2",
+    "gtrxl:normal:1",
+    "gtrxl:normal:0",
+    "gtrxl:xavier:2",
+    "gtrxl:xavier:1",
+    "gtrxl:xavier:0",
+]
 LENGTH, LAGS = 40, (0, 1, 8, 32)
 
 
 def reach(arm: str) -> dict:
-    from hf_txvariants.rl import make_vector_env, make_policy
+    from hf_txvariants.rl import make_policy, make_vector_env
 
     agent, gate_init, gate_bias = arm.split(":")
     envs = make_vector_env("RepeatPreviousMedium", 1, seed=0)
@@ -31,9 +38,13 @@ def reach(arm: str) -> dict:
     policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **fields)
     init_gate_matrices(policy, gate_init)
     suits = torch.randint(0, 4, (8, LENGTH), generator=torch.Generator().manual_seed(0))
-    observations = torch.cat([torch.nn.functional.one_hot(suits, 4),
-                              torch.nn.functional.one_hot((torch.arange(LENGTH) == 0).long(), 2).expand(8, -1, -1)],
-                             dim=-1).float()
+    observations = torch.cat(
+        [
+            torch.nn.functional.one_hot(suits, 4),
+            torch.nn.functional.one_hot((torch.arange(LENGTH) == 0).long(), 2).expand(8, -1, -1),
+        ],
+        dim=-1,
+    ).float()
     inputs = policy.encoder(observations).detach().requires_grad_(True)
     starts = torch.zeros(8, LENGTH, dtype=torch.bool)
     starts[:, 0] = True
@@ -51,13 +62,19 @@ def reach(arm: str) -> dict:
 
 def main():
     torch.set_num_threads(1)
-    print("| arm (agent:gate init:b_g) | " + " | ".join(f"d logits / d input, k={k} back" for k in LAGS)
-          + " | grad norm, attention | grad norm, feed-forward |")
+    print(
+        "| arm (agent:gate init:b_g) | "
+        + " | ".join(f"d logits / d input, k={k} back" for k in LAGS)
+        + " | grad norm, attention | grad norm, feed-forward |"
+    )
     print("|---|" + "---|" * (len(LAGS) + 2))
     for arm in ARMS:
         r = reach(arm)
-        print(f"| {arm} | " + " | ".join(f"{r[f'k={k}']:.1e}" for k in LAGS)
-              + f" | {r['attention']:.1e} | {r['feed_forward']:.1e} |")
+        print(
+            f"| {arm} | "
+            + " | ".join(f"{r[f'k={k}']:.1e}" for k in LAGS)
+            + f" | {r['attention']:.1e} | {r['feed_forward']:.1e} |"
+        )
 
 
 if __name__ == "__main__":

@@ -55,11 +55,15 @@ def run_arm(task: str, arm: str, seed: int, total_steps: int, learning_rate: flo
     fields = {} if agent != "gtrxl" else {"gate_bias": float(gate_bias)}
     policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **fields)
     init_gate_matrices(policy, gate_init)
+
     def log(history):  # progress, every 20 updates (40,960 steps)
         if len(history.steps) % 20 == 0:
             score = history.mean_returns[-1]
-            print(f"  {arm} seed {seed}: {history.steps[-1]} steps, mean return "
-                  f"{'-' if score is None else f'{score:.3f}'}, {history.seconds:.0f} s", flush=True)
+            print(
+                f"  {arm} seed {seed}: {history.steps[-1]} steps, mean return "
+                f"{'-' if score is None else f'{score:.3f}'}, {history.seconds:.0f} s",
+                flush=True,
+            )
 
     settings = PPOSettings(total_steps=total_steps, learning_rate=learning_rate)
     history = train_ppo(policy, envs, settings, seed=seed, log=log)
@@ -68,13 +72,23 @@ def run_arm(task: str, arm: str, seed: int, total_steps: int, learning_rate: flo
 
 
 def report(runs: list[dict]) -> str:
-    lines = ["| arm (agent:gate init:b_g) | lr | steps | seeds | MMER per seed | final mean return | steps/s |",
-             "|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["arm"], r["settings"]["learning_rate"], r["settings"]["total_steps"]) for r in runs},
-                  key=lambda k: [r["arm"] for r in runs].index(k[0]))
+    lines = [
+        "| arm (agent:gate init:b_g) | lr | steps | seeds | MMER per seed | final mean return | steps/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted(
+        {(r["arm"], r["settings"]["learning_rate"], r["settings"]["total_steps"]) for r in runs},
+        key=lambda k: [r["arm"] for r in runs].index(k[0]),
+    )
     for arm, lr, steps in keys:
-        rows = sorted((r for r in runs if (r["arm"], r["settings"]["learning_rate"], r["settings"]["total_steps"])
-                       == (arm, lr, steps)), key=lambda r: r["seed"])
+        rows = sorted(
+            (
+                r
+                for r in runs
+                if (r["arm"], r["settings"]["learning_rate"], r["settings"]["total_steps"]) == (arm, lr, steps)
+            ),
+            key=lambda r: r["seed"],
+        )
         seeds = ", ".join(str(r["seed"]) for r in rows)
         mmer = " / ".join(f"{r['mmer']:.3f}" for r in rows)
         final = " / ".join(f"{r['final_mean_return']:.3f}" for r in rows)
@@ -102,8 +116,10 @@ def main(argv=None):
     for arm in args.arms:
         for seed in args.seeds:
             key = (args.task, arm, seed, args.total_steps, args.learning_rate)
-            if any((r["task"], r["arm"], r["seed"], r["settings"]["total_steps"], r["settings"]["learning_rate"])
-                   == key for r in runs):
+            if any(
+                (r["task"], r["arm"], r["seed"], r["settings"]["total_steps"], r["settings"]["learning_rate"]) == key
+                for r in runs
+            ):
                 continue
             started = time.perf_counter()
             run = run_arm(args.task, arm, seed, args.total_steps, args.learning_rate)

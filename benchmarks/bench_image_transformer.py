@@ -30,8 +30,14 @@ from hf_txvariants.training.images import synthetic_shapes
 def sampling_model(size: int) -> ImageTransformerForCausalLM:
     torch.manual_seed(0)
     config = ImageTransformerConfig(
-        image_size=[size, size], num_channels=3, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, attention_type="local_1d", block_length=min(256, 3 * size * size),
+        image_size=[size, size],
+        num_channels=3,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        attention_type="local_1d",
+        block_length=min(256, 3 * size * size),
     )
     return ImageTransformerForCausalLM(config).eval()
 
@@ -41,7 +47,12 @@ def time_generate(model, steps: int, use_cache: bool) -> float:
     torch.manual_seed(1)
     start = time.perf_counter()
     model.generate(
-        start_token, max_new_tokens=steps, do_sample=True, top_k=0, eos_token_id=None, pad_token_id=0,
+        start_token,
+        max_new_tokens=steps,
+        do_sample=True,
+        top_k=0,
+        eos_token_id=None,
+        pad_token_id=0,
         use_cache=use_cache,
     )
     return time.perf_counter() - start
@@ -71,9 +82,15 @@ def part_sampling(args):
     print("| image | with cache (s, timed) | without cache (s) | ratio |")
     print("|---|---|---|---|")
     small = sampling_model(8)
-    cached, full = time_generate(small, small.config.num_positions, True), time_generate(small, small.config.num_positions, False)
+    cached, full = (
+        time_generate(small, small.config.num_positions, True),
+        time_generate(small, small.config.num_positions, False),
+    )
     estimate = uncached_estimate(small, args.probes)
-    print(f"| 8x8x3 (192 steps) | {cached:.2f} | {full:.2f} timed ({estimate:.2f} estimated) | {full / cached:.1f}x |", flush=True)
+    print(
+        f"| 8x8x3 (192 steps) | {cached:.2f} | {full:.2f} timed ({estimate:.2f} estimated) | {full / cached:.1f}x |",
+        flush=True,
+    )
     large = sampling_model(32)
     cached = time_generate(large, large.config.num_positions, True)
     estimate = uncached_estimate(large, args.probes)
@@ -83,8 +100,14 @@ def part_sampling(args):
 def part_local(args):
     images = synthetic_shapes(3000, 16, 1, seed=0)
     test = synthetic_shapes(128, 16, 1, seed=1)
-    common = dict(image_size=[16, 16], num_channels=1, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=128)
+    common = dict(
+        image_size=[16, 16],
+        num_channels=1,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+    )
     variants = {
         "local 1D (blocks of 32, memory 96)": dict(attention_type="local_1d", block_length=32, memory_length=96),
         "local 2D (blocks 4x8, flanges 4 rows / 4 columns)": dict(
@@ -102,7 +125,9 @@ def part_local(args):
         generator = torch.Generator().manual_seed(args.seed)
         start = time.perf_counter()
         for _ in range(args.steps):
-            ids = images_to_input_ids(images[torch.randint(0, len(images), (args.batch_size,), generator=generator)], config)
+            ids = images_to_input_ids(
+                images[torch.randint(0, len(images), (args.batch_size,), generator=generator)], config
+            )
             loss = model(ids, labels=ids, use_cache=False).loss
             optimizer.zero_grad()
             loss.backward()

@@ -9,7 +9,8 @@ training step, time and peak memory, in one process and one run.
 Batch 1, vocabulary 256, intermediate 4d, dropout 0 everywhere (GPT-2's default dropout would send its SDPA call to
 the unfused math kernel). Sparse patterns use stride l = 128 (window / block 128 for sliding_window / local1d) and
 c = 8 summary positions; the Image Transformer runs on a grey image 128 intensities wide (L a multiple of 1024),
-local 1D with blocks of 128, local 2D with query blocks 8 x 16 and memory flanges 8 x 16 (its defaults); `pattern_implementation="auto"` (what a user gets by setting `attention_pattern` alone).
+local 1D with blocks of 128, local 2D with query blocks 8 x 16 and memory flanges 8 x 16 (its defaults);
+`pattern_implementation="auto"` (what a user gets by setting `attention_pattern` alone).
 "forward" is a no-grad forward; "train" is forward + loss + backward (no optimizer step). Time: best of `--repeats`
 after one warm-up call (the warm-up also builds the cached pattern masks / BlockMasks; its time is printed as
 "first call"), as wall time and as the CPU time of the process (all threads; on a CPU shared with other jobs the
@@ -128,24 +129,44 @@ def build_model(name, args, length):
     size = dict(vocab_size=256, hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads)
     if name == "gpt2":
         config = GPT2Config(
-            vocab_size=256, n_positions=length, n_embd=args.hidden, n_layer=args.layers, n_head=args.heads,
-            n_inner=4 * args.hidden, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            vocab_size=256,
+            n_positions=length,
+            n_embd=args.hidden,
+            n_layer=args.layers,
+            n_head=args.heads,
+            n_inner=4 * args.hidden,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
         )
         return GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
     if name == "vanilla causal":
         config = VanillaConfig(
-            **size, intermediate_size=4 * args.hidden, max_position_embeddings=length, dropout=0.0,
+            **size,
+            intermediate_size=4 * args.hidden,
+            max_position_embeddings=length,
+            dropout=0.0,
         )
         return VanillaForCausalLM._from_config(config, attn_implementation="sdpa")
     if name in IMAGE:
         config = ImageTransformerConfig(
-            **{**size, "vocab_size": 257}, intermediate_size=4 * args.hidden, image_size=(length // IMAGE_WIDTH, IMAGE_WIDTH), num_channels=1,
-            dropout=0.0, attention_dropout=0.0, **IMAGE[name],
+            **{**size, "vocab_size": 257},
+            intermediate_size=4 * args.hidden,
+            image_size=(length // IMAGE_WIDTH, IMAGE_WIDTH),
+            num_channels=1,
+            dropout=0.0,
+            attention_dropout=0.0,
+            **IMAGE[name],
         )
         return ImageTransformerForCausalLM._from_config(config, attn_implementation="sdpa")
     config = SparseTransformerConfig(
-        **size, intermediate_size=4 * args.hidden, max_position_embeddings=length, stride=128, summary_size=8,
-        gradient_checkpointing_min_layers=0, **SPARSE[name],
+        **size,
+        intermediate_size=4 * args.hidden,
+        max_position_embeddings=length,
+        stride=128,
+        summary_size=8,
+        gradient_checkpointing_min_layers=0,
+        **SPARSE[name],
     )
     return SparseTransformerForCausalLM._from_config(config, attn_implementation="sdpa")
 
@@ -157,14 +178,17 @@ def attention_core_rows(args, device, dtype):
     head_dim = args.hidden // args.heads
     for length in [length for length in args.lengths if length <= args.core_max_length]:
         query, key, value = (
-            torch.randn(1, args.heads, length, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+            torch.randn(1, args.heads, length, head_dim, device=device, dtype=dtype, requires_grad=True)
+            for _ in range(3)
         )
         mask = CausalMask().dense(length, dtype, device)
         cases = {
             "is_causal": lambda q=query, k=key, v=value: torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True),
+                q, k, v, is_causal=True
+            ),
             "explicit mask": lambda q=query, k=key, v=value, m=mask: torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=m),
+                q, k, v, attn_mask=m
+            ),
         }
         results = {}
         for name, function in cases.items():
@@ -189,11 +213,20 @@ def main():
     parser.add_argument("--hidden", type=int)
     parser.add_argument("--heads", type=int)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 on a CPU shared with other "
-                        "jobs, where waiting threads inflate the CPU time of many small calls)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: torch's; 1 on a CPU shared with other "
+        "jobs, where waiting threads inflate the CPU time of many small calls)",
+    )
     parser.add_argument("--only", nargs="+", help="model names (gpt2 is always run: it is the peer)")
-    parser.add_argument("--core-max-length", type=int, default=8192, help="longest L of the attention-core rows "
-                        "(the explicit mask's backward holds heads x L^2 floats: 4 GiB at 16k, 4 heads)")
+    parser.add_argument(
+        "--core-max-length",
+        type=int,
+        default=8192,
+        help="longest L of the attention-core rows "
+        "(the explicit mask's backward holds heads x L^2 floats: 4 GiB at 16k, 4 heads)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -208,9 +241,14 @@ def main():
     if args.only:
         names = ["gpt2"] + [name for name in names[1:] if any(part in name for part in args.only)]
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, device {device}, dtype {dtype}, threads {torch.get_num_threads()}, "
-          f"{args.layers} layers, d {args.hidden}, {args.heads} heads, batch 1")
-    print("\nAttention core alone (ms): | L | is_causal forward | explicit mask forward | is_causal train | explicit mask train |")
+    print(
+        f"torch {torch.__version__}, device {device}, dtype {dtype}, threads {torch.get_num_threads()}, "
+        f"{args.layers} layers, d {args.hidden}, {args.heads} heads, batch 1"
+    )
+    print(
+        "\nAttention core alone (ms): | L | is_causal forward | explicit mask forward | is_causal train "
+        "| explicit mask train |"
+    )
     print("|---|---|---|---|---|")
     attention_core_rows(args, device, dtype)
     print("\n| L | model | pass | first call ms | wall ms | ratio | CPU ms | ratio | peak MiB | ratio |")
@@ -223,13 +261,16 @@ def main():
             for mode in ("forward", "train"):
                 model.train(mode == "train")
                 if mode == "forward":
+
                     def step(model=model, ids=ids):
                         with torch.no_grad():
                             model(ids, use_cache=False)
                 else:
+
                     def step(model=model, ids=ids):
                         model(ids, labels=ids, use_cache=False).loss.backward()
                         model.zero_grad(set_to_none=True)
+
                 try:
                     first, (wall, cpu), mib = measure(step, device, args.repeats)
                 except torch.OutOfMemoryError:

@@ -45,8 +45,10 @@ def main():
     def targets_clusters_only():
         lm_forward(model, inputs, targets, None)[0].backward()
 
-    steps = {"full log-probabilities + cross-entropy (before)": full_log_probs,
-             "lm_forward, targets' clusters only (now)": targets_clusters_only}
+    steps = {
+        "full log-probabilities + cross-entropy (before)": full_log_probs,
+        "lm_forward, targets' clusters only (now)": targets_clusters_only,
+    }
     times = {name: [] for name in steps}
     for step in steps.values():
         step(), step()  # warm-up

@@ -71,8 +71,8 @@ def steps_to_reach(run: dict, level: float) -> int | None:
 
 def summary_table(runs: list[dict], tasks, agents, level: float = 0.9) -> str:
     lines = [
-        f"| task | agent | parameters | MMER mean ± std | MMER per seed | final mean return | steps to {level} per seed "
-        "| steps/s |",
+        f"| task | agent | parameters | MMER mean ± std | MMER per seed | final mean return "
+        f"| steps to {level} per seed | steps/s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for task in tasks:
@@ -136,8 +136,12 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=2, help="runs going at once, one thread each")
     parser.add_argument("--output", type=Path, default=HERE / "memory_rl_runs.json")
     parser.add_argument("--plot", type=Path, default=HERE / "memory_rl_curves.png")
-    parser.add_argument("--summarise", type=Path, metavar="RUNS_JSON",
-                        help="run nothing: print the table and draw the curves of a finished benchmark's --output")
+    parser.add_argument(
+        "--summarise",
+        type=Path,
+        metavar="RUNS_JSON",
+        help="run nothing: print the table and draw the curves of a finished benchmark's --output",
+    )
     args = parser.parse_args(argv)
     if args.summarise:
         runs = json.loads(args.summarise.read_text())["runs"]
@@ -152,14 +156,21 @@ def main(argv=None):
     if unknown:
         parser.error(f"no default budget for {unknown}: pass --steps")
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2, 3, 4])
-    jobs = [(task, agent, seed, args.steps or budgets[task]) for task in tasks for agent in args.agents for seed in seeds]
+    jobs = [
+        (task, agent, seed, args.steps or budgets[task]) for task in tasks for agent in args.agents for seed in seeds
+    ]
     # the slowest (transformer agents, longest budgets) first, so the workers finish together
     jobs.sort(key=lambda job: (job[1] in ("gtrxl", "trxl_i"), job[3]), reverse=True)
     print(f"{len(jobs)} runs on {args.workers} workers", flush=True)
     runs, started = [], time.perf_counter()
-    meta = {"command": "python benchmarks/bench_memory_rl.py" + (" --quick" if args.quick else ""),
-            "num_envs": NUM_ENVS, "seeds": seeds, "budgets": {t: args.steps or budgets[t] for t in tasks},
-            "workers": args.workers, "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
+    meta = {
+        "command": "python benchmarks/bench_memory_rl.py" + (" --quick" if args.quick else ""),
+        "num_envs": NUM_ENVS,
+        "seeds": seeds,
+        "budgets": {t: args.steps or budgets[t] for t in tasks},
+        "workers": args.workers,
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    }
     from hf_txvariants.rl import DEFAULT_GTRXL_FIELDS, PPOSettings
 
     meta["ppo"] = asdict(PPOSettings())
@@ -169,8 +180,11 @@ def main(argv=None):
         for future in as_completed(futures):
             run = future.result()
             runs.append(run)
-            print(f"[{time.perf_counter() - started:6.0f}s] {run['task']} {run['agent']} seed {run['seed']}: MMER "
-                  f"{run['mmer']:.3f}, {run['steps_per_second']:.0f} steps/s", flush=True)
+            print(
+                f"[{time.perf_counter() - started:6.0f}s] {run['task']} {run['agent']} seed {run['seed']}: MMER "
+                f"{run['mmer']:.3f}, {run['steps_per_second']:.0f} steps/s",
+                flush=True,
+            )
             meta["seconds"] = round(time.perf_counter() - started)
             write_json_atomically(args.output, {"meta": meta, "runs": runs})
     plot_curves(runs, tasks, args.agents, args.plot)

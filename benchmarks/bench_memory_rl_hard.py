@@ -64,8 +64,9 @@ def build_policy(agent: str, envs, mem_len: int):
     if agent == "gru256":  # POPGym's memory width
         return MemoryPolicy.gru(envs.single_observation_space, envs.single_action_space, 256)
     if agent == "gtrxl_bg0":
-        return make_policy("gtrxl", envs.single_observation_space, envs.single_action_space, mem_len=mem_len,
-                           gate_bias=0.0)
+        return make_policy(
+            "gtrxl", envs.single_observation_space, envs.single_action_space, mem_len=mem_len, gate_bias=0.0
+        )
     return make_policy(agent, envs.single_observation_space, envs.single_action_space, mem_len=mem_len)
 
 
@@ -79,19 +80,30 @@ def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: 
     envs = make_vector_env(task, NUM_ENVS, seed=seed, previous_action=previous_action)
     torch.manual_seed(seed)
     policy = build_policy(agent, envs, setting["mem_len"])
-    ppo = PPOSettings(total_steps=setting["total_steps"], rollout_steps=ROLLOUT_STEPS,
-                      segment_length=setting["segment_length"])
+    ppo = PPOSettings(
+        total_steps=setting["total_steps"], rollout_steps=ROLLOUT_STEPS, segment_length=setting["segment_length"]
+    )
 
     def log(history):
         if len(history.steps) % log_every == 0:
             score = history.mean_returns[-1]
-            print(f"  {task} {agent} seed {seed}: {history.steps[-1]:,} steps, mean return "
-                  f"{'-' if score is None else f'{score:.3f}'}, {history.seconds:.0f} s", flush=True)
+            print(
+                f"  {task} {agent} seed {seed}: {history.steps[-1]:,} steps, mean return "
+                f"{'-' if score is None else f'{score:.3f}'}, {history.seconds:.0f} s",
+                flush=True,
+            )
 
     history = train_ppo(policy, envs, ppo, seed=seed, log=log)
     envs.close()
-    return {"task": task, "agent": agent, "seed": seed, "previous_action": previous_action,
-            "mem_len": setting["mem_len"], "parameters": policy.num_parameters, **history.to_dict()}
+    return {
+        "task": task,
+        "agent": agent,
+        "seed": seed,
+        "previous_action": previous_action,
+        "mem_len": setting["mem_len"],
+        "parameters": policy.num_parameters,
+        **history.to_dict(),
+    }
 
 
 def results_table(runs: list[dict], level: float = 0.9) -> str:
@@ -106,19 +118,24 @@ def results_table(runs: list[dict], level: float = 0.9) -> str:
             if not rows:
                 continue
             mmer = np.array([r["mmer"] for r in rows])
-            reached, onset = (" / ".join("never" if (n := steps_to_reach(r, at)) is None else f"{n / 1000:.0f}k"
-                                         for r in rows) for at in (level, 0.0))
+            reached, onset = (
+                " / ".join("never" if (n := steps_to_reach(r, at)) is None else f"{n / 1000:.0f}k" for r in rows)
+                for at in (level, 0.0)
+            )
             gru, best, which = POPGYM_PUBLISHED.get(task, (None, None, None))
             published = "" if best is None else f"{'?' if gru is None else f'{gru:.3f}'} / {best:.3f} ({which})"
             lines.append(
                 f"| {task} ({rows[0]['settings']['total_steps'] // 1000}k steps) | {agent} | "
                 f"{rows[0]['parameters']:,} | {', '.join(str(r['seed']) for r in rows)} | "
-                f"{mmer.mean():.3f} ± {mmer.std():.3f} | {' / '.join(f'{m:.2f}' for m in mmer)} | {onset} | {reached} | "
+                f"{mmer.mean():.3f} ± {mmer.std():.3f} | {' / '.join(f'{m:.2f}' for m in mmer)} | "
+                f"{onset} | {reached} | "
                 f"{np.mean([r['steps_per_second'] for r in rows]):,.0f} | {published} |"
             )
     seconds = sum(r["seconds"] for r in runs)
-    lines.append(f"\n{len(runs)} runs, {sum(r['steps'][-1] for r in runs):,} environment steps, "
-                 f"{seconds / 3600:.2f} CPU-hours (one thread each).")
+    lines.append(
+        f"\n{len(runs)} runs, {sum(r['steps'][-1] for r in runs):,} environment steps, "
+        f"{seconds / 3600:.2f} CPU-hours (one thread each)."
+    )
     return "\n".join(lines)
 
 
@@ -127,8 +144,11 @@ def main(argv=None):
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--agents", nargs="+", default=AGENTS, choices=AGENTS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--no-previous-action", action="store_true",
-                        help="hide the previous action (POPGym's baselines show it; the default here too)")
+    parser.add_argument(
+        "--no-previous-action",
+        action="store_true",
+        help="hide the previous action (POPGym's baselines show it; the default here too)",
+    )
     parser.add_argument("--output", type=Path, default=HERE / "memory_rl_hard_runs.json")
     parser.add_argument("--plot", type=Path, default=HERE / "memory_rl_hard_curves.png")
     parser.add_argument("--report", action="store_true", help="run nothing: the table and the PNG from --output")
@@ -142,8 +162,12 @@ def main(argv=None):
         print(results_table(runs))
         return
     previous_action = not args.no_previous_action
-    meta = {"num_envs": NUM_ENVS, "rollout_steps": ROLLOUT_STEPS, "tasks": TASKS,
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"}
+    meta = {
+        "num_envs": NUM_ENVS,
+        "rollout_steps": ROLLOUT_STEPS,
+        "tasks": TASKS,
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    }
     # one run at a time, in the order asked: task, then agent, then seed
     for task in args.tasks:
         for agent in args.agents:
@@ -155,9 +179,11 @@ def main(argv=None):
                 run = run_one(task, agent, seed, previous_action)
                 runs.append(run)
                 write_json_atomically(args.output, {"meta": meta, "runs": runs})
-                print(f"[{time.strftime('%H:%M:%S')}] {task} {agent} seed {seed}: MMER {run['mmer']:.3f}, "
-                      f"{run['steps_per_second']:.0f} steps/s, {time.perf_counter() - started:.0f} s (stored)",
-                      flush=True)
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {task} {agent} seed {seed}: MMER {run['mmer']:.3f}, "
+                    f"{run['steps_per_second']:.0f} steps/s, {time.perf_counter() - started:.0f} s (stored)",
+                    flush=True,
+                )
     print(results_table(runs))
 
 

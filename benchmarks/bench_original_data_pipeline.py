@@ -67,9 +67,18 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - start
         cache.unlink(missing_ok=True)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
-    print(json.dumps({"pipeline": "kimiyoung data_utils.get_lm_corpus", "dataset": args.dataset,
-                      "seconds": round(seconds, 1), "peak_rss_gib": round(peak_gib, 2), "vocab": len(corpus.vocab),
-                      "tokens": {split: int(getattr(corpus, split).numel()) for split in ("train", "valid", "test")}}))
+    print(
+        json.dumps(
+            {
+                "pipeline": "kimiyoung data_utils.get_lm_corpus",
+                "dataset": args.dataset,
+                "seconds": round(seconds, 1),
+                "peak_rss_gib": round(peak_gib, 2),
+                "vocab": len(corpus.vocab),
+                "tokens": {split: int(getattr(corpus, split).numel()) for split in ("train", "valid", "test")},
+            }
+        )
+    )
     return 0
 
 

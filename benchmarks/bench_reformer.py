@@ -132,7 +132,11 @@ def main():
     print("| txv_reformer training step | layers | peak MiB | ratio vs 1 layer |")
     print("|---|---|---|---|")
     results = {}
-    for name, depth, reversible in (("reversible", 1, True), ("reversible", 12, True), ("stored activations", 12, False)):
+    for name, depth, reversible in (
+        ("reversible", 1, True),
+        ("reversible", 12, True),
+        ("stored activations", 12, False),
+    ):
         kwargs = config_kwargs(length, (["local", "lsh"] * 6)[:depth] if depth > 1 else ["lsh"])
         torch.manual_seed(0)
         model = TxvReformerForCausalLM(TxvReformerConfig(**kwargs, reversible=reversible)).train()

@@ -56,13 +56,20 @@ def build(variant: str, args) -> TxvReformerForCausalLM:
         use_cache=False,
     )
     if variant == "full, separate QK":
-        return TxvReformerForCausalLM(TxvReformerConfig(**common, attn_layers=["local"] * args.layers, local_attn_chunk_length=length))
+        return TxvReformerForCausalLM(
+            TxvReformerConfig(**common, attn_layers=["local"] * args.layers, local_attn_chunk_length=length)
+        )
     if variant == "full, shared QK":
-        return TxvReformerForCausalLM(TxvReformerConfig(**common, attn_layers=["lsh"] * args.layers, lsh_attn_chunk_length=length))
+        return TxvReformerForCausalLM(
+            TxvReformerConfig(**common, attn_layers=["lsh"] * args.layers, lsh_attn_chunk_length=length)
+        )
     hashes = int(variant.split()[1])
     return TxvReformerForCausalLM(
         TxvReformerConfig(
-            **common, attn_layers=["lsh"] * args.layers, lsh_attn_chunk_length=args.chunk, num_hashes=hashes,
+            **common,
+            attn_layers=["lsh"] * args.layers,
+            lsh_attn_chunk_length=args.chunk,
+            num_hashes=hashes,
             num_buckets=args.buckets,
         )
     )
@@ -119,8 +126,10 @@ def main():
     torch.set_num_threads(1)
     test_ids = make_batch(256, args.half, args.symbols, torch.Generator().manual_seed(12345))
     variants = ["full, separate QK", "full, shared QK", "LSH 1 hash", "LSH 2 hashes", "LSH 4 hashes"]
-    print(f"duplication task: length {2 * (args.half + 1)}, {args.symbols} symbols, {args.layers} layer(s), d "
-          f"{args.hidden_size}, {args.steps} steps x {args.batch_size}; LSH chunk {args.chunk}, {args.buckets} buckets")
+    print(
+        f"duplication task: length {2 * (args.half + 1)}, {args.symbols} symbols, {args.layers} layer(s), d "
+        f"{args.hidden_size}, {args.steps} steps x {args.batch_size}; LSH chunk {args.chunk}, {args.buckets} buckets"
+    )
     evaluated = " | ".join(f"eval {h} round{'s' if h > 1 else ''}" for h in EVAL_HASHES)
     print(f"| variant | copy accuracy (held out) | {evaluated} | final train loss | train time (s) |")
     print("|---|---|" + "---|" * len(EVAL_HASHES) + "---|---|")

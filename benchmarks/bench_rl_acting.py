@@ -55,8 +55,11 @@ def acting_block(policy, envs, steps: int, seed: int):
             wall += time.perf_counter() - w
             cpu += time.process_time() - c
             observations, _, terminated, truncated, _ = envs.step(policy.env_actions(step.actions))
-            carried.update(observations=observations, state=step.state,
-                           starts=torch.as_tensor(np.logical_or(terminated, truncated)))
+            carried.update(
+                observations=observations,
+                state=step.state,
+                starts=torch.as_tensor(np.logical_or(terminated, truncated)),
+            )
         return wall, cpu
 
     return run
@@ -92,12 +95,15 @@ def main(argv=None):
         before = "gtrxl@before"
         makers[before] = importlib.import_module(f"{args.before_package}.rl").make_policy
         envs[before] = make_vector_env(args.task, NUM_ENVS, seed=0)
-        policies[before] = makers[before]("gtrxl", envs[before].single_observation_space,
-                                          envs[before].single_action_space).eval()
+        policies[before] = makers[before](
+            "gtrxl", envs[before].single_observation_space, envs[before].single_action_space
+        ).eval()
         policies[before].load_state_dict(policies["gtrxl"].state_dict())
         agents = ("gtrxl", before, "gru")
-    print(f"{args.task}, {NUM_ENVS} envs, 1 thread; parameters: "
-          + ", ".join(f"{a} {policies[a].num_parameters:,}" for a in agents))
+    print(
+        f"{args.task}, {NUM_ENVS} envs, 1 thread; parameters: "
+        + ", ".join(f"{a} {policies[a].num_parameters:,}" for a in agents)
+    )
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; load {os.getloadavg()}")
 
     blocks = {agent: acting_block(policies[agent], envs[agent], args.steps, seed=0) for agent in agents}
@@ -112,15 +118,19 @@ def main(argv=None):
     print("\nact calls/s (16 envs per call)   best wall   median wall   best CPU   median CPU")
     for agent in agents:
         c = calls[agent]
-        print(f"  {agent:<30} {max(c['wall']):9.1f} {statistics.median(c['wall']):13.1f} "
-              f"{max(c['cpu']):10.1f} {statistics.median(c['cpu']):12.1f}")
+        print(
+            f"  {agent:<30} {max(c['wall']):9.1f} {statistics.median(c['wall']):13.1f} "
+            f"{max(c['cpu']):10.1f} {statistics.median(c['cpu']):12.1f}"
+        )
     r = calls["gru"]
     for agent in agents[:-1]:
         g = calls[agent]
-        print(f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, median wall "
-              f"{statistics.median(g['wall']) / statistics.median(r['wall']):.2f}x, best CPU "
-              f"{max(g['cpu']) / max(r['cpu']):.2f}x, median CPU "
-              f"{statistics.median(g['cpu']) / statistics.median(r['cpu']):.2f}x")
+        print(
+            f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, median wall "
+            f"{statistics.median(g['wall']) / statistics.median(r['wall']):.2f}x, best CPU "
+            f"{max(g['cpu']) / max(r['cpu']):.2f}x, median CPU "
+            f"{statistics.median(g['cpu']) / statistics.median(r['cpu']):.2f}x"
+        )
 
     if args.no_ppo:
         return
@@ -129,8 +139,9 @@ def main(argv=None):
     for round_ in range(args.ppo_rounds):
         for agent in agents if round_ % 2 == 0 else reversed(agents):
             torch.manual_seed(round_)
-            policy = makers[agent](agent.split("@")[0], envs[agent].single_observation_space,
-                                   envs[agent].single_action_space)
+            policy = makers[agent](
+                agent.split("@")[0], envs[agent].single_observation_space, envs[agent].single_action_space
+            )
             wall, cpu = timed(lambda: train_ppo(policy, envs[agent], settings, seed=round_))
             rates[agent]["wall"].append(settings.total_steps / wall)
             rates[agent]["cpu"].append(settings.total_steps / cpu)
@@ -140,8 +151,10 @@ def main(argv=None):
     r = rates["gru"]
     for agent in agents[:-1]:
         g = rates[agent]
-        print(f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, "
-              f"best CPU {max(g['cpu']) / max(r['cpu']):.2f}x")
+        print(
+            f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, "
+            f"best CPU {max(g['cpu']) / max(r['cpu']):.2f}x"
+        )
     print(f"load after: {os.getloadavg()}")
 
 

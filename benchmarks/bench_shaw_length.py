@@ -8,7 +8,8 @@ Two tiny character language models with the same width, depth and training budge
     by sqrt(d) as in Vaswani et al. (learned positions cannot even run past their table).
 Both are then evaluated on held-out text with windows of `--train-length` and of 2 x `--train-length` tokens. Reported:
 mean loss (nats/byte) at positions [0, L) and [L, 2L) of the long windows, and the ratio loss[L, 2L) / loss at
-length L (1.0 = no jump). Run: python benchmarks/bench_shaw_length.py  (3.6 CPU-minutes of user time; wall time depends on machine load)
+length L (1.0 = no jump). Run: python benchmarks/bench_shaw_length.py  (3.6 CPU-minutes of user time; wall time
+depends on machine load)
 """
 
 from __future__ import annotations
@@ -79,8 +80,14 @@ def main():
     train_data, eval_data = load_bytes()
     length = args.train_length
     common = dict(
-        vocab_size=256, hidden_size=args.hidden_size, num_hidden_layers=args.layers, num_attention_heads=4,
-        intermediate_size=4 * args.hidden_size, dropout=0.0, attention_dropout=0.0, pre_lnorm=True,
+        vocab_size=256,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        intermediate_size=4 * args.hidden_size,
+        dropout=0.0,
+        attention_dropout=0.0,
+        pre_lnorm=True,
     )
     models = {
         "shaw": lambda: ShawForCausalLM(ShawConfig(**common, max_relative_position=args.max_relative_position)),

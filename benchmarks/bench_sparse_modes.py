@@ -36,9 +36,16 @@ def batch_of_rows(generator, batch, length, period, vocab):
 def train_and_score(pattern, mode, seed, args):
     torch.manual_seed(seed)
     config = SparseTransformerConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        max_position_embeddings=args.length, attention_pattern=pattern, pattern_mode=mode, stride=args.stride,
-        summary_size=args.summary, gradient_checkpointing_min_layers=0,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        max_position_embeddings=args.length,
+        attention_pattern=pattern,
+        pattern_mode=mode,
+        stride=args.stride,
+        summary_size=args.summary,
+        gradient_checkpointing_min_layers=0,
         image_shape=[args.length // args.stride, args.stride, 1] if args.grid_positions else None,
     )
     model = SparseTransformerForCausalLM(config)
@@ -80,7 +87,8 @@ def main():
     parser.add_argument("--patterns", nargs="+", default=["strided", "fixed"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared CPU)")
     parser.add_argument(
-        "--grid-positions", action="store_true",
+        "--grid-positions",
+        action="store_true",
         help="positions as rows of `stride` (image_shape [length / stride, stride, 1]: a row and a column embedding) "
         "instead of one learned embedding per position",
     )

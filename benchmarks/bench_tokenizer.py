@@ -22,12 +22,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 PAGE = (
     "The game's first season was released in 1991, selling 23,000 copies in its first week; by 1993 it had sold "
     "1,234,567. It was the first time that a state-of-the-art engine ran on home computers in Europe and the United "
-    "States, and critics praised its music, its art and its \"unusually humane\" story (the director, who later left "
+    'States, and critics praised its music, its art and its "unusually humane" story (the director, who later left '
     "the studio, called it \"a record of a year\"). She wasn't there, but he's sure they'll come back: the sequel "
     "grossed $12.5 million, about 40% more than expected, and ran 1.80 times faster on the same machines. "
 ) * 6  # about 3,000 characters: one page
@@ -109,8 +108,9 @@ def main():
         ids = {}
         for round_ in range(args.rounds):
             for name, python in (("transformers 4.46.3", args.legacy_python), ("hf_txvariants", sys.executable)):
-                out = json.loads(run(python, WORKER, "legacy" if python == args.legacy_python else "ours", folder,
-                                     PAGE))
+                out = json.loads(
+                    run(python, WORKER, "legacy" if python == args.legacy_python else "ours", folder, PAGE)
+                )
                 ids[name] = out["ids"]
                 out["total_s"] = out["load_s"] + out["encode_s"]
                 out["total_cpu_s"] = out["load_cpu_s"] + out["encode_cpu_s"]
@@ -119,17 +119,26 @@ def main():
                     if key.endswith("_s") and (key not in previous or value < previous[key]):
                         previous[key] = value
                 previous["ids"] = out["ids"]
-                print(f"round {round_}: {name:20s} load {out['load_s']:.3f} s, encode {out['encode_s']:.3f} s",
-                      file=sys.stderr)
+                print(
+                    f"round {round_}: {name:20s} load {out['load_s']:.3f} s, encode {out['encode_s']:.3f} s",
+                    file=sys.stderr,
+                )
         same = ids["hf_txvariants"] == ids["transformers 4.46.3"]
         legacy, ours = best["transformers 4.46.3"], best["hf_txvariants"]
-        print(f"\nvocabulary {args.words:,} words, vocab.pkl {pkl_bytes / 1e6:.1f} MB, page {len(PAGE):,} characters "
-              f"-> {len(ours['ids'])} tokens; same ids: {same}; best of {args.rounds} rounds")
+        print(
+            f"\nvocabulary {args.words:,} words, vocab.pkl {pkl_bytes / 1e6:.1f} MB, page {len(PAGE):,} characters "
+            f"-> {len(ours['ids'])} tokens; same ids: {same}; best of {args.rounds} rounds"
+        )
         print("| measure | transformers 4.46.3 | hf_txvariants | ours / 4.46.3 |")
         print("|---|---|---|---|")
-        for key, label in (("load_s", "from_pretrained, wall (s)"), ("encode_s", "encode one page, wall (s)"),
-                           ("total_s", "load + encode, wall (s)"), ("load_cpu_s", "from_pretrained, CPU (s)"),
-                           ("encode_cpu_s", "encode one page, CPU (s)"), ("total_cpu_s", "load + encode, CPU (s)")):
+        for key, label in (
+            ("load_s", "from_pretrained, wall (s)"),
+            ("encode_s", "encode one page, wall (s)"),
+            ("total_s", "load + encode, wall (s)"),
+            ("load_cpu_s", "from_pretrained, CPU (s)"),
+            ("encode_cpu_s", "encode one page, CPU (s)"),
+            ("total_cpu_s", "load + encode, CPU (s)"),
+        ):
             print(f"| {label} | {legacy[key]:.3f} | {ours[key]:.3f} | {ours[key] / legacy[key]:.2f}x |")
         if not same:
             sys.exit("the two tokenizers gave different ids")

@@ -26,23 +26,64 @@ from pathlib import Path
 CONFIGS = {
     # the CPU-sized model of the earlier measurements
     "small": (
-        dict(vocab_size=10000, cutoffs=[2000, 5000], div_val=2, d_model=256, d_embed=256, n_head=8, d_head=32,
-             d_inner=1024, n_layer=4, mem_len=128, clamp_len=1000, same_length=True, dropout=0.1, dropatt=0.0),
+        dict(
+            vocab_size=10000,
+            cutoffs=[2000, 5000],
+            div_val=2,
+            d_model=256,
+            d_embed=256,
+            n_head=8,
+            d_head=32,
+            d_inner=1024,
+            n_layer=4,
+            mem_len=128,
+            clamp_len=1000,
+            same_length=True,
+            dropout=0.1,
+            dropatt=0.0,
+        ),
         8,
         128,
     ),
     # the paper's enwik8 base (12 layers, d 512, tgt 512, mem 512, batch 22)
     "enwik8_base": (
-        dict(vocab_size=204, cutoffs=[], div_val=1, d_model=512, d_embed=512, n_head=8, d_head=64, d_inner=2048,
-             n_layer=12, mem_len=512, clamp_len=-1, same_length=False, dropout=0.1, dropatt=0.0),
+        dict(
+            vocab_size=204,
+            cutoffs=[],
+            div_val=1,
+            d_model=512,
+            d_embed=512,
+            n_head=8,
+            d_head=64,
+            d_inner=2048,
+            n_layer=12,
+            mem_len=512,
+            clamp_len=-1,
+            same_length=False,
+            dropout=0.1,
+            dropatt=0.0,
+        ),
         22,
         512,
     ),
     # the paper's wt103 base (adaptive softmax, div_val 1, tgt 150, mem 150, batch 60)
     "wt103_base": (
-        dict(vocab_size=267735, cutoffs=[20000, 40000, 200000], div_val=1, d_model=410, d_embed=410, n_head=10,
-             d_head=41, d_inner=2100, n_layer=16, mem_len=150, clamp_len=-1, same_length=False, dropout=0.1,
-             dropatt=0.0),
+        dict(
+            vocab_size=267735,
+            cutoffs=[20000, 40000, 200000],
+            div_val=1,
+            d_model=410,
+            d_embed=410,
+            n_head=10,
+            d_head=41,
+            d_inner=2100,
+            n_layer=16,
+            mem_len=150,
+            clamp_len=-1,
+            same_length=False,
+            dropout=0.1,
+            dropatt=0.0,
+        ),
         60,
         150,
     ),
@@ -120,8 +161,9 @@ def worker(
         model = TransfoXLLMHeadModel.from_pretrained(folder)
         model.crit.keep_order = True
     else:
-        import hf_txvariants  # noqa: F401
         from transformers import AutoModelForCausalLM
+
+        import hf_txvariants  # noqa: F401
 
         model = AutoModelForCausalLM.from_pretrained(folder)
     dtype_attribute, cast_weights = DTYPES[dtype_name]
@@ -260,8 +302,14 @@ def memory_vs_sliding_window(attention_lengths, tokens_measured: int) -> list[di
         segment = attention_length // 2
         torch.manual_seed(0)
         xl_config = hf_txvariants.TransfoXLConfig(
-            vocab_size=256, cutoffs=[], div_val=1, mem_len=attention_length - segment, clamp_len=0, same_length=False,
-            memory_init="empty", **size,
+            vocab_size=256,
+            cutoffs=[],
+            div_val=1,
+            mem_len=attention_length - segment,
+            clamp_len=0,
+            same_length=False,
+            memory_init="empty",
+            **size,
         )
         xl = hf_txvariants.TransfoXLLMHeadModel(xl_config).eval()
         vanilla = hf_txvariants.VanillaForCausalLM(
@@ -294,16 +342,31 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--legacy-python", help="interpreter with transformers==4.46.3 (skip the comparison if unset)")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="small")
-    parser.add_argument("--devices", nargs="+", choices=["cpu", "cuda"], default=["cpu", "cuda"],
-                        help="cuda is skipped (and said so) where it is not available")
-    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["fp32", "bf16", "bf16-weights"],
-                        help="bf16: autocast of the float32 model (mixed precision); bf16-weights: the model cast")
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        choices=["cpu", "cuda"],
+        default=["cpu", "cuda"],
+        help="cuda is skipped (and said so) where it is not available",
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=list(DTYPES),
+        default=["fp32", "bf16", "bf16-weights"],
+        help="bf16: autocast of the float32 model (mixed precision); bf16-weights: the model cast",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs of each implementation; best kept")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="our model wrapped in torch.compile (default backend)")
-    parser.add_argument("--attention-lengths", type=int, nargs="*", default=[128, 512],
-                        help="memory vs sliding window comparison (none: skip it)")
+    parser.add_argument(
+        "--attention-lengths",
+        type=int,
+        nargs="*",
+        default=[128, 512],
+        help="memory vs sliding window comparison (none: skip it)",
+    )
     parser.add_argument("--worker", choices=["legacy", "ours"], help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -51,8 +51,9 @@ def load(implementation: str, folder: str):
         model = TransfoXLLMHeadModel.from_pretrained(folder)
         model.crit.keep_order = True
         return model, {}, lambda output: {"mems": output.mems}
-    import hf_txvariants  # noqa: F401
     from transformers import AutoModelForCausalLM
+
+    import hf_txvariants  # noqa: F401
 
     model = AutoModelForCausalLM.from_pretrained(folder)
     # with labels the legacy model returns only the losses; ours skips the log-probabilities when told (if it can)
@@ -137,9 +138,7 @@ def main():
             python = args.legacy_python if name == LEGACY else sys.executable
             command = [python, __file__, "--worker", name, "--folder", folder, "--threads", str(args.threads)]
             command += ["--legacy-python", args.legacy_python] + (["--compile"] if args.compile else [])
-            workers[name] = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-            )
+            workers[name] = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
             while (line := workers[name].stdout.readline().strip()) != "ready":
                 if not line and workers[name].poll() is not None:
                     raise SystemExit(f"the worker for {name} failed")
@@ -156,10 +155,14 @@ def main():
             process.stdin.flush()
             process.wait()
 
-    print(f"config small, batch {batch} x segment {segment}, {args.threads} thread(s), {args.rounds} rounds"
-          f"{', ours compiled' if args.compile else ''}")
-    print("| measure | implementation | tokens/s, fastest call | median call | from CPU time | ratio (fastest) |"
-          " ratio (CPU time) |")
+    print(
+        f"config small, batch {batch} x segment {segment}, {args.threads} thread(s), {args.rounds} rounds"
+        f"{', ours compiled' if args.compile else ''}"
+    )
+    print(
+        "| measure | implementation | tokens/s, fastest call | median call | from CPU time | ratio (fastest) |"
+        " ratio (CPU time) |"
+    )
     print("|---|---|---|---|---|---|---|")
     label = {"eval": "evaluation with memory", "train": "training step"}
     for phase in args.phases:
@@ -169,8 +172,10 @@ def main():
             walls = [wall for wall, _ in times[name][phase]]
             cpus = [cpu for _, cpu in times[name][phase]]
             shown = "transformers 4.46.3" if name == LEGACY else ("this checkout" if name == this_checkout else name)
-            print(f"| {label[phase]} | {shown} | {tokens / min(walls):.0f} | {tokens / statistics.median(walls):.0f} |"
-                  f" {tokens / min(cpus):.0f} | {legacy_wall / min(walls):.2f}x | {legacy_cpu / min(cpus):.2f}x |")
+            print(
+                f"| {label[phase]} | {shown} | {tokens / min(walls):.0f} | {tokens / statistics.median(walls):.0f} |"
+                f" {tokens / min(cpus):.0f} | {legacy_wall / min(walls):.2f}x | {legacy_cpu / min(cpus):.2f}x |"
+            )
 
 
 if __name__ == "__main__":

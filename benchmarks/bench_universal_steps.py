@@ -70,8 +70,12 @@ def main():
     parser.add_argument("--act-loss-weight", type=float, default=0.001)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--halting-bias-init", type=float, default=-1.0)
-    parser.add_argument("--task", choices=["window", "hops"], default="window",
-                        help="window: copy vs max of 5; hops: pointer chasing, 1 hop vs 3 hops")
+    parser.add_argument(
+        "--task",
+        choices=["window", "hops"],
+        default="window",
+        help="window: copy vs max of 5; hops: pointer chasing, 1 hop vs 3 hops",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -62,12 +62,20 @@ def main():
     torch.set_num_threads(args.threads)
     train_data, eval_data = load_bytes()
     common = dict(
-        vocab_size=256, hidden_size=args.hidden_size, num_hidden_layers=args.layers, num_attention_heads=4,
-        intermediate_size=4 * args.hidden_size, dropout=0.0, attention_dropout=0.0, pre_lnorm=True,
+        vocab_size=256,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        intermediate_size=4 * args.hidden_size,
+        dropout=0.0,
+        attention_dropout=0.0,
+        pre_lnorm=True,
         max_position_embeddings=args.length,
     )
-    print(f"{args.layers} layers x {args.hidden_size}, length {args.length}, {args.steps} steps x {args.batch_size},"
-          f" seeds {args.seeds}")
+    print(
+        f"{args.layers} layers x {args.hidden_size}, length {args.length}, {args.steps} steps x {args.batch_size},"
+        f" seeds {args.seeds}"
+    )
     print("| setting | train s / seed | held-out bits/byte per seed | mean | vs all-positions |")
     print("|---|---|---|---|---|")
     means = {}
@@ -83,8 +91,11 @@ def main():
             bits.append(float(position_losses(model, eval_data, args.length, args.eval_windows).mean()) / math.log(2))
         means[name] = sum(bits) / len(bits)
         versus = means[name] / means["all-positions"]
-        print(f"| {name} | {seconds / len(args.seeds):.0f} | {' / '.join(f'{b:.3f}' for b in bits)} |"
-              f" {means[name]:.3f} | {versus:.3f} |", flush=True)
+        print(
+            f"| {name} | {seconds / len(args.seeds):.0f} | {' / '.join(f'{b:.3f}' for b in bits)} |"
+            f" {means[name]:.3f} | {versus:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

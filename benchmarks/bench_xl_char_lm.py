@@ -36,8 +36,15 @@ def train_and_evaluate(name, tokens, valid_tokens, vocab_size, args) -> dict:
     variant, extra = MODELS[name]
     torch.manual_seed(args.seed)
     config = build_config(
-        variant, vocab_size, d_model=args.d_model, n_layer=args.layers, n_head=args.heads, mem_len=args.mem_len,
-        seg_len=args.seg_len, dropout=0.0, **extra,
+        variant,
+        vocab_size,
+        d_model=args.d_model,
+        n_layer=args.layers,
+        n_head=args.heads,
+        mem_len=args.mem_len,
+        seg_len=args.seg_len,
+        dropout=0.0,
+        **extra,
     )
     model = build_model(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -103,13 +110,17 @@ def main(argv=None):
         result = train_and_evaluate(name, tokens[:split], valid_tokens, len(tokenizer), args)
         print(json.dumps(result), flush=True)
         results.append(result)
-    print(f"\nchar LM, {args.steps} steps x {args.batch} x {args.seg_len} chars, d_model {args.d_model}, "
-          f"{args.layers} layers, mem_len {args.mem_len}, AdamW lr {args.lr}, seed {args.seed}:")
+    print(
+        f"\nchar LM, {args.steps} steps x {args.batch} x {args.seg_len} chars, d_model {args.d_model}, "
+        f"{args.layers} layers, mem_len {args.mem_len}, AdamW lr {args.lr}, seed {args.seed}:"
+    )
     print("| model | parameters | first loss | last-10 train loss | valid loss (nats/char) | first grad norm | s |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['model']} | {r['parameters']} | {r['first_loss']} | {r['last10_loss']} | {r['valid_loss']} | "
-              f"{r['first_grad_norm']} | {r['train_seconds']} |")
+        print(
+            f"| {r['model']} | {r['parameters']} | {r['first_loss']} | {r['last10_loss']} | {r['valid_loss']} | "
+            f"{r['first_grad_norm']} | {r['train_seconds']} |"
+        )
     return results
 
 

@@ -80,8 +80,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     write_corpus(args.output, args.words, args.vocab, args.exponent, args.seed)
     size = args.output.stat().st_size
-    print(f"{args.output}: {args.words:,} words, {size / 1e6:,.0f} MB, in {time.perf_counter() - start:.0f} s",
-          file=sys.stderr)
+    print(
+        f"{args.output}: {args.words:,} words, {size / 1e6:,.0f} MB, in {time.perf_counter() - start:.0f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -22,6 +22,7 @@ they first appear (one `<eos>` per line) and caches that as a pickled `corpus.pt
 (restricted unpickler, tensors not loaded) or else `train.txt`, and writes the tokenizer that gives the same ids to
 text in the original's format (whitespace-separated symbols, a newline is `<eos>`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,13 +60,15 @@ def read_checkpoint(path) -> tuple[OrderedDict, dict]:
     checkpoint = load_torch_file(path, classes=CHECKPOINT_CLASSES)
     if not isinstance(checkpoint, dict) or "model" not in checkpoint:
         found = sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        raise ConversionError(f"{path}: not a checkpoint of the original's save_checkpoint (a dict with 'model', "
-                              f"'iter_no', 'optimizer', 'logger'); found {found}")
+        raise ConversionError(
+            f"{path}: not a checkpoint of the original's save_checkpoint (a dict with 'model', "
+            f"'iter_no', 'optimizer', 'logger'); found {found}"
+        )
     state = OrderedDict()
     for name, tensor in checkpoint["model"].items():
         if not isinstance(tensor, torch.Tensor):
             raise ConversionError(f"{path}: model entry {name} is not a tensor ({type(tensor).__name__})")
-        state[name[len("module."):] if name.startswith("module.") else name] = tensor
+        state[name[len("module.") :] if name.startswith("module.") else name] = tensor
     return state, {k: v for k, v in checkpoint.items() if k != "model"}
 
 
@@ -78,13 +81,21 @@ def _shape(state, name, path):
 def infer_architecture(state, path) -> dict:
     """What the tensors say: vocab, widths, layers, span, heads, persistent memory, adaptive span."""
     if any(name.startswith(("in_emb.emb_layers", "out_emb.out_layers")) for name in state):
-        raise ConversionError(f"{path}: an adaptive input/output model (--adapt-io, e.g. wiki103_pers) is not "
-                              "supported; the converter takes the character-level models")
+        raise ConversionError(
+            f"{path}: an adaptive input/output model (--adapt-io, e.g. wiki103_pers) is not "
+            "supported; the converter takes the character-level models"
+        )
     vocab, hidden = _shape(state, "in_emb.weight", path)
     _, head_dim, span = _shape(state, "key_pe", path)
     layers = 1 + max(int(m.group(1)) for m in (re.match(r"layers\.(\d+)\.", n) for n in state) if m)
-    arch = dict(vocab_size=vocab, hidden_size=hidden, head_dim=head_dim, attn_span=span, num_hidden_layers=layers,
-                num_attention_heads=hidden // head_dim)
+    arch = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        head_dim=head_dim,
+        attn_span=span,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // head_dim,
+    )
     pers_key = "layers.0.attn.attn.persistent_memory.key"
     arch["pers_mem_size"] = _shape(state, pers_key, path)[2] if pers_key in state else 0
     fc1 = "layers.0.ff.fc1.weight"
@@ -104,16 +115,34 @@ def cross_check(arch, flags, path):
         ("--hid-sz", flags["hidden_size"], arch["hidden_size"], "in_emb.weight [vocab, hidden]"),
         ("--nlayers", flags["nb_layers"], arch["num_hidden_layers"], "the layers.<i> tensors"),
         ("--attn-span", flags["attn_span"], arch["attn_span"], "key_pe [1, head_dim, attn_span]"),
-        ("--nheads", flags["nb_heads"], arch["num_attention_heads"],
-         f"key_pe [1, head_dim={arch['head_dim']}, ...] with hidden size {arch['hidden_size']}"),
-        ("--pers-mem-size", flags["pers_mem_size"], arch["pers_mem_size"],
-         "layers.0.attn.attn.persistent_memory.key [heads, head_dim, size]"),
-        ("--adapt-span", flags["adapt_span_enabled"], arch["adapt_span_enabled"],
-         "layers.0.attn.attn.adaptive_span._mask.current_val"),
+        (
+            "--nheads",
+            flags["nb_heads"],
+            arch["num_attention_heads"],
+            f"key_pe [1, head_dim={arch['head_dim']}, ...] with hidden size {arch['hidden_size']}",
+        ),
+        (
+            "--pers-mem-size",
+            flags["pers_mem_size"],
+            arch["pers_mem_size"],
+            "layers.0.attn.attn.persistent_memory.key [heads, head_dim, size]",
+        ),
+        (
+            "--adapt-span",
+            flags["adapt_span_enabled"],
+            arch["adapt_span_enabled"],
+            "layers.0.attn.attn.adaptive_span._mask.current_val",
+        ),
     ]
     if arch["inner_hidden_size"] is not None:
-        checks.append(("--inner-hid-sz", flags["inner_hidden_size"], arch["inner_hidden_size"],
-                       "layers.0.ff.fc1.weight [inner, hidden]"))
+        checks.append(
+            (
+                "--inner-hid-sz",
+                flags["inner_hidden_size"],
+                arch["inner_hidden_size"],
+                "layers.0.ff.fc1.weight [inner, hidden]",
+            )
+        )
     for flag, given, found, tensor in checks:
         if given != found:
             raise ConversionError(f"{flag} {given} contradicts the checkpoint {path}: {tensor} says {found}")
@@ -151,8 +180,10 @@ def convert_state(state, arch, path) -> tuple[OrderedDict, dict]:
             used.update({mask + "current_val", mask + "mask_template"})
             span = arch["attn_span"]
             if _shape(state, mask + "mask_template", path) != (span,):
-                raise ConversionError(f"{path}: {mask}mask_template has shape {list(state[mask + 'mask_template'].shape)}"
-                                      f", the span {span} of key_pe needs [{span}]")
+                raise ConversionError(
+                    f"{path}: {mask}mask_template has shape {list(state[mask + 'mask_template'].shape)}"
+                    f", the span {span} of key_pe needs [{span}]"
+                )
         if arch["pers_mem_size"]:
             memory = theirs + "attn.attn.persistent_memory."
             put(ours + "attn.persistent_key", memory + "key")
@@ -162,7 +193,9 @@ def convert_state(state, arch, path) -> tuple[OrderedDict, dict]:
                 for leaf in ("current_val", "mask_template"):
                     alias = memory + "adaptive_span._mask." + leaf
                     if alias in state and not torch.equal(state[alias], state[mask + leaf]):
-                        raise ConversionError(f"{path}: {alias} differs from {mask + leaf} (one module in the original)")
+                        raise ConversionError(
+                            f"{path}: {alias} differs from {mask + leaf} (one module in the original)"
+                        )
                     used.add(alias)
     unused = [name for name in state if name not in used]
     if unused:
@@ -203,8 +236,11 @@ def build_tokenizer(words: list[str]):
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.normalizer = normalizers.Replace("\n", " <eos> ")
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>" if "<eos>" in vocab else None,
-                                   unk_token="<unk>" if "<unk>" in vocab else None)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<eos>" if "<eos>" in vocab else None,
+        unk_token="<unk>" if "<unk>" in vocab else None,
+    )
 
 
 def convert(args):
@@ -237,18 +273,23 @@ def convert(args):
     if args.corpus:
         words = read_vocabulary(args.corpus)
         if len(words) != config.vocab_size:
-            raise ConversionError(f"--corpus {args.corpus}: {len(words)} symbols, but in_emb.weight has "
-                                  f"{config.vocab_size} rows")
+            raise ConversionError(
+                f"--corpus {args.corpus}: {len(words)} symbols, but in_emb.weight has {config.vocab_size} rows"
+            )
         tokenizer = build_tokenizer(words)
-    print(f"txv_adaptive_span_original: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
-          f"{config.num_attention_heads} heads, span {config.attn_span}, adaptive span {config.adapt_span_enabled}, "
-          f"persistent memory {config.persistent_memory_size}, vocabulary {config.vocab_size}", file=sys.stderr)
+    print(
+        f"txv_adaptive_span_original: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{config.num_attention_heads} heads, span {config.attn_span}, adaptive span {config.adapt_span_enabled}, "
+        f"persistent memory {config.persistent_memory_size}, vocabulary {config.vocab_size}",
+        file=sys.stderr,
+    )
     with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        card = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards",
-                            "adaptive_span_original.md")
+        card = os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_cards", "adaptive_span_original.md"
+        )
         if os.path.isfile(card):  # the authors' weights keep their license (CC-BY-NC 4.0)
             with open(card, encoding="utf-8") as f:
                 text = f.read().replace("license: apache-2.0", "license: cc-by-nc-4.0", 1)
@@ -262,10 +303,12 @@ def main(argv=None, prog="python -m conversion.adaptive_span"):
     original = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, original = argv[:cut], argv[cut + 1:]
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                 epilog="After --: the original's command-line flags, as its experiment scripts pass "
-                                        "them.")
+        argv, original = argv[:cut], argv[cut + 1 :]
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="After --: the original's command-line flags, as its experiment scripts pass them.",
+    )
     ap.add_argument("--checkpoint", required=True, help="a checkpoint written by the original's save_checkpoint")
     ap.add_argument("--output", required=True, help="the new model folder")
     ap.add_argument("--corpus", help="the original's data folder (corpus.pt or train.txt): writes the tokenizer")

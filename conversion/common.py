@@ -1,4 +1,5 @@
 """Shared pieces of the Transformer-XL converters: presets, expected shapes, atomic output, summary."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,14 +17,14 @@ from .errors import ConversionError
 # The paper's evaluation settings, from kimiyoung/transformer-xl tf/sota/<name>.sh
 # (tgt_len is the evaluation segment length; all four evaluate with same_length=True).
 PRESETS = {
-    "wt103": dict(mem_len=1600, clamp_len=1000, same_length=True, tgt_len=128, result="test perplexity 18.3",
-                  metric="perplexity"),
-    "enwik8": dict(mem_len=3800, clamp_len=1000, same_length=True, tgt_len=128, result="test bpc 0.99",
-                   metric="bpc"),
-    "text8": dict(mem_len=3800, clamp_len=1000, same_length=True, tgt_len=128, result="test bpc 1.08",
-                  metric="bpc"),
-    "lm1b": dict(mem_len=128, clamp_len=-1, same_length=True, tgt_len=32, result="test perplexity 21.8",
-                 metric="perplexity"),
+    "wt103": dict(
+        mem_len=1600, clamp_len=1000, same_length=True, tgt_len=128, result="test perplexity 18.3", metric="perplexity"
+    ),
+    "enwik8": dict(mem_len=3800, clamp_len=1000, same_length=True, tgt_len=128, result="test bpc 0.99", metric="bpc"),
+    "text8": dict(mem_len=3800, clamp_len=1000, same_length=True, tgt_len=128, result="test bpc 1.08", metric="bpc"),
+    "lm1b": dict(
+        mem_len=128, clamp_len=-1, same_length=True, tgt_len=32, result="test perplexity 21.8", metric="perplexity"
+    ),
 }
 
 
@@ -95,11 +96,13 @@ def check_shapes(state, sources, expected, what="checkpoint"):
         if got != tuple(shape):
             raise ConversionError(
                 f"{what}: shape mismatch for {sources.get(key, key)} -> {key}: "
-                f"got {list(got)}, the inferred config needs {list(shape)}")
+                f"got {list(got)}, the inferred config needs {list(shape)}"
+            )
     extra = [k for k in state if k not in expected]
     if extra:
-        raise ConversionError(f"{what}: tensors with no place in the model: "
-                              + ", ".join(f"{sources.get(k, k)} -> {k}" for k in extra))
+        raise ConversionError(
+            f"{what}: tensors with no place in the model: " + ", ".join(f"{sources.get(k, k)} -> {k}" for k in extra)
+        )
 
 
 def check_against_model(state, model, sources):
@@ -109,8 +112,10 @@ def check_against_model(state, model, sources):
         if key not in target:
             raise ConversionError(f"model has no parameter {key} (from {sources.get(key, key)})")
         if tuple(target[key].shape) != tuple(value.shape):
-            raise ConversionError(f"shape mismatch for {sources.get(key, key)} -> {key}: converted "
-                                  f"{list(value.shape)}, model {list(target[key].shape)}")
+            raise ConversionError(
+                f"shape mismatch for {sources.get(key, key)} -> {key}: converted "
+                f"{list(value.shape)}, model {list(target[key].shape)}"
+            )
     missing = [k for k in target if k not in state and not _is_derived_buffer(k)]
     if missing:
         raise ConversionError("the converted checkpoint lacks " + ", ".join(missing))
@@ -122,13 +127,23 @@ def _is_derived_buffer(key):
 
 def summary(cfg, extra=None, file=None):
     file = file or sys.stderr
-    rows = [("vocab_size", cfg["vocab_size"]), ("cutoffs", cfg["cutoffs"]), ("n_layer", cfg["n_layer"]),
-            ("d_model", cfg["d_model"]), ("d_embed", cfg["d_embed"]), ("n_head", cfg["n_head"]),
-            ("d_head", cfg["d_head"]), ("d_inner", cfg["d_inner"]), ("div_val", cfg["div_val"]),
-            ("untie_r", cfg["untie_r"]), ("tie_projs", cfg["tie_projs"]),
-            ("mem_len / clamp_len / same_length", (cfg["mem_len"], cfg["clamp_len"], cfg["same_length"])),
-            ("memory_init", cfg["memory_init"]), ("same_length_extra_key", cfg["same_length_extra_key"]),
-            ("layer_norm_epsilon", cfg["layer_norm_epsilon"])]
+    rows = [
+        ("vocab_size", cfg["vocab_size"]),
+        ("cutoffs", cfg["cutoffs"]),
+        ("n_layer", cfg["n_layer"]),
+        ("d_model", cfg["d_model"]),
+        ("d_embed", cfg["d_embed"]),
+        ("n_head", cfg["n_head"]),
+        ("d_head", cfg["d_head"]),
+        ("d_inner", cfg["d_inner"]),
+        ("div_val", cfg["div_val"]),
+        ("untie_r", cfg["untie_r"]),
+        ("tie_projs", cfg["tie_projs"]),
+        ("mem_len / clamp_len / same_length", (cfg["mem_len"], cfg["clamp_len"], cfg["same_length"])),
+        ("memory_init", cfg["memory_init"]),
+        ("same_length_extra_key", cfg["same_length_extra_key"]),
+        ("layer_norm_epsilon", cfg["layer_norm_epsilon"]),
+    ]
     rows += list((extra or {}).items())
     width = max(len(k) for k, _ in rows)
     print("Inferred Transformer-XL config:", file=file)
@@ -168,9 +183,10 @@ def build_config(cfg):
 
 def write_model(out_dir, cfg, state, sources, dtype=torch.float32, generation=None):
     """Instantiate TransfoXLLMHeadModel, load ``state`` strictly, save it (safetensors) into ``out_dir``."""
+    from transformers import GenerationConfig
+
     import hf_txvariants  # noqa: F401 - registers the Auto classes
     from hf_txvariants import TransfoXLLMHeadModel
-    from transformers import GenerationConfig
 
     config = build_config(cfg)
     with torch.device("cpu"):
@@ -182,8 +198,9 @@ def write_model(out_dir, cfg, state, sources, dtype=torch.float32, generation=No
         raise ConversionError(f"loading the converted tensors failed: missing {missing}, unexpected {unexpected}")
     for key, value in state.items():  # ties must not have silently overwritten a converted tensor
         if not torch.equal(model.state_dict()[key].float(), value.float()):
-            raise ConversionError(f"{key} differs after loading: tied to a tensor with another value "
-                                  f"(from {sources.get(key, key)})")
+            raise ConversionError(
+                f"{key} differs after loading: tied to a tensor with another value (from {sources.get(key, key)})"
+            )
     model = model.to(dtype).eval()
     model.save_pretrained(out_dir)
     if generation:
@@ -211,7 +228,9 @@ def push_to_hub(out_dir, repo_id, preset=None, private=False):
         shutil.copyfile(card, os.path.join(out_dir, "README.md"))
     api = HfApi()
     api.create_repo(repo_id, exist_ok=True, private=private)
-    api.upload_folder(folder_path=out_dir, repo_id=repo_id, commit_message="Convert kimiyoung/transformer-xl checkpoint")
+    api.upload_folder(
+        folder_path=out_dir, repo_id=repo_id, commit_message="Convert kimiyoung/transformer-xl checkpoint"
+    )
     print(f"pushed {out_dir} to https://huggingface.co/{repo_id}", file=sys.stderr)
 
 
@@ -236,12 +255,15 @@ def finish_output(tmp, cfg, state, sources, settings, vocab_path, preset, dtype,
     if vocab_path:
         tokenizer, vocab_info = convert_vocab(vocab_path, dataset=vocab_kind)
         if len(vocab_info["idx2sym"]) != cfg["vocab_size"]:
-            raise ConversionError(f"vocabulary has {len(vocab_info['idx2sym'])} symbols, the model "
-                                  f"{cfg['vocab_size']}")
+            raise ConversionError(f"vocabulary has {len(vocab_info['idx2sym'])} symbols, the model {cfg['vocab_size']}")
         eos = vocab_info.get("eos_token_id")
     cfg["eos_token_id"] = eos
-    gen = dict(eos_token_id=eos, mem_len=settings["mem_len"], clamp_len=settings["clamp_len"],
-               same_length=settings["same_length"])
+    gen = dict(
+        eos_token_id=eos,
+        mem_len=settings["mem_len"],
+        clamp_len=settings["clamp_len"],
+        same_length=settings["same_length"],
+    )
     if settings.get("tgt_len"):
         gen["eval_tgt_len"] = settings["tgt_len"]
     write_model(tmp, cfg, state, sources, dtype=dtype, generation=gen)

@@ -1,5 +1,6 @@
 """The converters' error type, in a module of its own so that every converter module can import it without importing
 another converter module (no import cycle)."""
+
 from __future__ import annotations
 
 

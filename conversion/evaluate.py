@@ -12,6 +12,7 @@ Text files are tokenized with the converted tokenizer by the original rules, lin
 With the real wt103 checkpoint this reproduces the paper's 18.3 test perplexity (tf/sota/wt103.sh settings:
 --batch-size 16 --tgt-len 128 --mem-len 1600 --clamp-len 1000 --same-length, all defaults of the preset).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ import sys
 import torch
 
 from hf_txvariants.cli import non_negative_int, positive_int
-from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.cli.errors import run_guarded
+from hf_txvariants.txv_compat import output_cache
 
 
 def read_ids(path):
@@ -116,9 +117,9 @@ def main(argv=None, prog="python -m conversion.evaluate"):
 
 def evaluate_converted(args) -> dict:
     """Loads the converted model, tokenizes the text (or reads the ids), evaluates and prints the result."""
-    import hf_txvariants  # noqa: F401 - registers TransfoXL with the Auto classes
     from transformers import AutoTokenizer
 
+    import hf_txvariants  # noqa: F401 - registers TransfoXL with the Auto classes
     from hf_txvariants.training.models import load_model
 
     model = load_model(args.model, dtype=getattr(torch, args.dtype)).to(args.device)
@@ -142,8 +143,11 @@ def evaluate_converted(args) -> dict:
     else:
         data = read_ids(args.ids)
     c = model.config
-    print(f"evaluating {data.numel()} tokens: batch_size={batch_size} tgt_len={tgt_len} mem_len={c.mem_len} "
-          f"clamp_len={c.clamp_len} same_length={c.same_length} memory_init={c.memory_init}", file=sys.stderr)
+    print(
+        f"evaluating {data.numel()} tokens: batch_size={batch_size} tgt_len={tgt_len} mem_len={c.mem_len} "
+        f"clamp_len={c.clamp_len} same_length={c.same_length} memory_init={c.memory_init}",
+        file=sys.stderr,
+    )
     loss, count = evaluate(model, data, batch_size, tgt_len, args.max_segments, progress=not args.no_progress)
     result = dict(loss=loss, perplexity=math.exp(loss), bpc=loss / math.log(2), tokens=count)
     print(json.dumps(result))

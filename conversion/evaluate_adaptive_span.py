@@ -11,6 +11,7 @@ to block from zero vectors; a block's loss is the mean next-token negative log-l
 the block; the result is the mean over blocks, stopping (as the original) once fewer than a block and one token remain.
 Prints the loss, bits per character and the number of blocks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,10 @@ def read_original_format(tokenizer, path) -> torch.Tensor:
         for number, line in enumerate(f, 1):
             for symbol in line.split() + ["<eos>"]:
                 if symbol not in vocab:
-                    raise ValueError(f"{path}:{number}: symbol {symbol!r} is not in the model's vocabulary (was the "
-                                     "text prepared as the original's get_data.sh does?)")
+                    raise ValueError(
+                        f"{path}:{number}: symbol {symbol!r} is not in the model's vocabulary (was the "
+                        "text prepared as the original's get_data.sh does?)"
+                    )
                 ids.append(vocab[symbol])
     return torch.tensor(ids, dtype=torch.long)
 
@@ -46,15 +49,17 @@ def full_eval(model, data: torch.Tensor, batch_size: int, block_size: int, max_b
 
     rows = data.numel() // batch_size
     if rows <= block_size:
-        raise ValueError(f"{data.numel()} tokens are too few for batch size {batch_size} and block size {block_size}: "
-                         "every row needs more than one block")
+        raise ValueError(
+            f"{data.numel()} tokens are too few for batch size {batch_size} and block size {block_size}: "
+            "every row needs more than one block"
+        )
     device = next(model.parameters()).device
     stream = data[: rows * batch_size].view(batch_size, rows).to(device)
     model.eval()
     cache, total, blocks, position = model.init_cache(batch_size), 0.0, 0, 0
     while True:
-        inputs = stream[:, position: position + block_size]
-        targets = stream[:, position + 1: position + block_size + 1]
+        inputs = stream[:, position : position + block_size]
+        targets = stream[:, position + 1 : position + block_size + 1]
         output = model(input_ids=inputs, cache=cache, shift_labels=targets, use_cache=True)
         cache = output_cache(output)
         total += output.lm_loss.item()
@@ -80,13 +85,16 @@ def main(argv=None, prog="python -m conversion.evaluate_adaptive_span"):
 
 
 def evaluate_converted(args) -> dict:
-    import hf_txvariants  # noqa: F401 - registers the Auto classes
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import hf_txvariants  # noqa: F401 - registers the Auto classes
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device)
     if model.config.model_type != "txv_adaptive_span_original":
-        raise ValueError(f"{args.model} is a {model.config.model_type!r} model; this evaluation is for models "
-                         "converted by conversion.adaptive_span (use conversion.evaluate for Transformer-XL)")
+        raise ValueError(
+            f"{args.model} is a {model.config.model_type!r} model; this evaluation is for models "
+            "converted by conversion.adaptive_span (use conversion.evaluate for Transformer-XL)"
+        )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     data = read_original_format(tokenizer, args.text)
     block_size = args.block_size or model.config.block_size

@@ -14,6 +14,7 @@ each query see mem_len keys (same_length_extra_key=False), layer norm epsilon is
 reads tail cluster i from head column -i (ours: cutoffs[0] + i - 1), so the cluster rows are reversed.
 Only attn_type 0 (the paper's relative attention) is supported; other attn_types are refused.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,27 @@ import torch
 
 from hf_txvariants.cli.errors import run_guarded
 
-from .common import (PRESETS, ConversionError, apply_eval_settings, atomic_output_dir, check_shapes, expected_shapes,
-                     finish_output, parse_dtype, progress, push_to_hub, summary)
+from .common import (
+    PRESETS,
+    ConversionError,
+    apply_eval_settings,
+    atomic_output_dir,
+    check_shapes,
+    expected_shapes,
+    finish_output,
+    parse_dtype,
+    progress,
+    push_to_hub,
+    summary,
+)
 from .safe_pickle import MODULE_CLASSES, ArrayStub, PickledObject, load_torch_file
 
-ATTN_TYPES = {0: "relative positional encoding (paper)", 1: "learnable relative embeddings (Shaw et al.)",
-              2: "absolute sinusoidal (Vaswani et al.)", 3: "absolute learnable deeper (Al-Rfou et al.)"}
+ATTN_TYPES = {
+    0: "relative positional encoding (paper)",
+    1: "learnable relative embeddings (Shaw et al.)",
+    2: "absolute sinusoidal (Vaswani et al.)",
+    3: "absolute learnable deeper (Al-Rfou et al.)",
+}
 
 
 def _modules(obj):
@@ -58,13 +74,17 @@ def named_tensors(obj, prefix=""):
 
 def infer_config(root):
     if not isinstance(root, PickledObject) or root.name != "MemTransformerLM":
-        raise ConversionError(f"the checkpoint holds {root!r}, not a pickled mem_transformer.MemTransformerLM "
-                              "(a state_dict-only file cannot be converted without its hyper-parameters)")
+        raise ConversionError(
+            f"the checkpoint holds {root!r}, not a pickled mem_transformer.MemTransformerLM "
+            "(a state_dict-only file cannot be converted without its hyper-parameters)"
+        )
     st = root.state
     attn_type = st.get("attn_type", 0)
     if attn_type != 0:
-        raise ConversionError(f"attn_type={attn_type} ({ATTN_TYPES.get(attn_type, 'unknown')}) is not supported "
-                              "by hf_txvariants' TransfoXL; only attn_type=0 converts")
+        raise ConversionError(
+            f"attn_type={attn_type} ({ATTN_TYPES.get(attn_type, 'unknown')}) is not supported "
+            "by hf_txvariants' TransfoXL; only attn_type=0 converts"
+        )
     if st.get("sample_softmax", -1) > 0:
         raise ConversionError(f"sample_softmax={st['sample_softmax']} models have no adaptive softmax to convert")
     mods = _modules(root)
@@ -90,16 +110,34 @@ def infer_config(root):
         tie_projs.append(bool(op.get(str(i)) is not None and op.get(str(i)) is src))
     out_layers = _modules(_modules(crit)["out_layers"])
     emb_layers = _modules(_modules(emb)["emb_layers"])
-    tied_w = all(out_layers[k]["_parameters"]["weight"] is emb_layers[k]["_parameters"]["weight"]
-                 for k in out_layers)
+    tied_w = all(out_layers[k]["_parameters"]["weight"] is emb_layers[k]["_parameters"]["weight"] for k in out_layers)
     ln = _modules(attn)["layer_norm"]
-    cfg = dict(vocab_size=n_token, cutoffs=cutoffs, d_model=d_model, d_embed=d_embed, n_head=st["n_head"],
-               d_head=st["d_head"], d_inner=ff["d_inner"], div_val=div_val, pre_lnorm=bool(attn.get("pre_lnorm")),
-               n_layer=st["n_layer"], untie_r=False, tie_projs=tie_projs, dropout=0.0, dropatt=0.0,
-               layer_norm_epsilon=float(ln.get("eps", 1e-5)), tie_word_embeddings=tied_w, memory_init="empty",
-               same_length_extra_key=False)
-    trained = dict(mem_len=st.get("mem_len"), clamp_len=st.get("clamp_len", -1),
-                   same_length=bool(st.get("same_length", False)), tgt_len=st.get("tgt_len"))
+    cfg = dict(
+        vocab_size=n_token,
+        cutoffs=cutoffs,
+        d_model=d_model,
+        d_embed=d_embed,
+        n_head=st["n_head"],
+        d_head=st["d_head"],
+        d_inner=ff["d_inner"],
+        div_val=div_val,
+        pre_lnorm=bool(attn.get("pre_lnorm")),
+        n_layer=st["n_layer"],
+        untie_r=False,
+        tie_projs=tie_projs,
+        dropout=0.0,
+        dropatt=0.0,
+        layer_norm_epsilon=float(ln.get("eps", 1e-5)),
+        tie_word_embeddings=tied_w,
+        memory_init="empty",
+        same_length_extra_key=False,
+    )
+    trained = dict(
+        mem_len=st.get("mem_len"),
+        clamp_len=st.get("clamp_len", -1),
+        same_length=bool(st.get("same_length", False)),
+        tgt_len=st.get("tgt_len"),
+    )
     return cfg, trained
 
 
@@ -155,17 +193,28 @@ def convert(args):
     cfg, trained = infer_config(root)
     # without a preset, evaluate with the settings the model was saved with
     settings = apply_eval_settings(
-        cfg, args.preset,
+        cfg,
+        args.preset,
         args.mem_len if args.mem_len is not None else (None if args.preset else trained["mem_len"]),
         args.clamp_len if args.clamp_len is not None else (None if args.preset else trained["clamp_len"]),
-        args.same_length if args.same_length is not None else (None if args.preset else trained["same_length"]))
+        args.same_length if args.same_length is not None else (None if args.preset else trained["same_length"]),
+    )
     summary(cfg, dict(attn_type=0, preset=args.preset, saved_tgt_len=trained["tgt_len"]))
     state, sources = convert_state(root, cfg, show_progress=not args.no_progress)
     expected = expected_shapes(cfg)
     check_shapes(state, sources, expected, what=args.checkpoint)
     with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
-        finish_output(tmp, cfg, state, sources, settings, args.vocab, args.preset, parse_dtype(args.dtype),
-                      vocab_kind=args.dataset)
+        finish_output(
+            tmp,
+            cfg,
+            state,
+            sources,
+            settings,
+            args.vocab,
+            args.preset,
+            parse_dtype(args.dtype),
+            vocab_kind=args.dataset,
+        )
     print(f"wrote {args.output}", file=sys.stderr)
     if args.push_to_hub:
         push_to_hub(args.output, args.push_to_hub, args.preset)

@@ -13,6 +13,7 @@ the embedding, uses layer-norm epsilon 1e-12, starts evaluation with ``mem_len``
 same_length, lets each query see ``mem_len + 1`` keys: the config says so (memory_init="zeros",
 same_length_extra_key=True) so that the converted model reproduces the TF outputs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,19 @@ import torch
 
 from hf_txvariants.cli.errors import run_guarded
 
-from .common import (PRESETS, ConversionError, apply_eval_settings, atomic_output_dir, check_shapes,
-                     expected_shapes, finish_output, parse_dtype, progress, push_to_hub, summary)
+from .common import (
+    PRESETS,
+    ConversionError,
+    apply_eval_settings,
+    atomic_output_dir,
+    check_shapes,
+    expected_shapes,
+    finish_output,
+    parse_dtype,
+    progress,
+    push_to_hub,
+    summary,
+)
 from .tf_bundle import TFCheckpointReader
 
 SKIP = re.compile(r"(/Adam(_\d+)?$|(^|/)beta[12]_power$|(^|/)global_step$|/ExponentialMovingAverage$)")
@@ -38,8 +50,10 @@ def model_variables(reader):
     names = [n for n in reader.keys() if not SKIP.search(n)]
     stray = [n for n in names if not n.startswith(P)]
     if stray:
-        raise ConversionError("variables outside the transformer/ scope, not a kimiyoung Transformer-XL "
-                              "checkpoint or an unsupported variant: " + ", ".join(stray[:8]))
+        raise ConversionError(
+            "variables outside the transformer/ scope, not a kimiyoung Transformer-XL "
+            "checkpoint or an unsupported variant: " + ", ".join(stray[:8])
+        )
     return names
 
 
@@ -64,8 +78,10 @@ def infer_config(reader, corpus_info=None):
         raise ConversionError(f"transformer/r_w_bias has {rw[0]} layers, the checkpoint has {n_layer}")
     n_head, d_head = rw[-2], rw[-1]
     if three_hd != 3 * n_head * d_head:
-        raise ConversionError(f"transformer/layer_0/rel_attn/qkv/kernel: {three_hd} outputs, but r_w_bias says "
-                              f"3 * {n_head} heads * {d_head} = {3 * n_head * d_head}")
+        raise ConversionError(
+            f"transformer/layer_0/rel_attn/qkv/kernel: {three_hd} outputs, but r_w_bias says "
+            f"3 * {n_head} heads * {d_head} = {3 * n_head * d_head}"
+        )
     d_inner = need(P + "layer_0/ff/layer_1/kernel")[1]
 
     E = P + "adaptive_embed/"
@@ -83,8 +99,9 @@ def infer_config(reader, corpus_info=None):
         div_val = d_embed // emb_sizes[1][1] if len(emb_sizes) > 1 else 1
         for i, (_, d) in enumerate(emb_sizes):
             if d != d_embed // div_val**i:
-                raise ConversionError(f"{E}cutoff_{i}/lookup_table has width {d}, div_val={div_val} needs "
-                                      f"{d_embed // div_val**i}")
+                raise ConversionError(
+                    f"{E}cutoff_{i}/lookup_table has width {d}, div_val={div_val} needs {d_embed // div_val**i}"
+                )
     S = P + "adaptive_softmax/"
     if emb_sizes is not None:
         ends = np.cumsum([0] + [r for r, _ in emb_sizes]).tolist()
@@ -96,8 +113,9 @@ def infer_config(reader, corpus_info=None):
     if corpus_info is not None:
         ci_cut = list(corpus_info.get("cutoffs", []))[1:-1]  # tf/train_gpu.py: corpus_info["cutoffs"][1:-1]
         if corpus_info.get("vocab_size") != n_token:
-            raise ConversionError(f"corpus-info.json says vocab_size {corpus_info.get('vocab_size')}, the "
-                                  f"embedding has {n_token} rows")
+            raise ConversionError(
+                f"corpus-info.json says vocab_size {corpus_info.get('vocab_size')}, the embedding has {n_token} rows"
+            )
         if ci_cut != cutoffs:
             raise ConversionError(f"corpus-info.json cutoffs {ci_cut} differ from the checkpoint's {cutoffs}")
     n_clusters = len(cutoffs) + 1
@@ -114,15 +132,31 @@ def infer_config(reader, corpus_info=None):
             own = f"{S}cutoff_{i}/proj" in names
             if not emb_proj:
                 if d_i != d_model:
-                    raise ConversionError(f"{E}cutoff_{i}/proj_W is missing but cluster {i} has width {d_i} != "
-                                          f"d_model {d_model}")
+                    raise ConversionError(
+                        f"{E}cutoff_{i}/proj_W is missing but cluster {i} has width {d_i} != d_model {d_model}"
+                    )
                 proj_same_dim = False
         tie_projs.append(bool(emb_proj and not own))
-    cfg = dict(vocab_size=int(n_token), cutoffs=[int(c) for c in cutoffs], d_model=int(d_model),
-               d_embed=int(d_embed), n_head=int(n_head), d_head=int(d_head), d_inner=int(d_inner),
-               div_val=int(div_val), pre_lnorm=False, n_layer=n_layer, untie_r=bool(untie_r), tie_projs=tie_projs,
-               dropout=0.0, dropatt=0.0, layer_norm_epsilon=1e-12, tie_word_embeddings=True,
-               memory_init="zeros", same_length_extra_key=True)
+    cfg = dict(
+        vocab_size=int(n_token),
+        cutoffs=[int(c) for c in cutoffs],
+        d_model=int(d_model),
+        d_embed=int(d_embed),
+        n_head=int(n_head),
+        d_head=int(d_head),
+        d_inner=int(d_inner),
+        div_val=int(div_val),
+        pre_lnorm=False,
+        n_layer=n_layer,
+        untie_r=bool(untie_r),
+        tie_projs=tie_projs,
+        dropout=0.0,
+        dropatt=0.0,
+        layer_norm_epsilon=1e-12,
+        tie_word_embeddings=True,
+        memory_init="zeros",
+        same_length_extra_key=True,
+    )
     return cfg, dict(proj_same_dim=proj_same_dim)
 
 
@@ -218,8 +252,9 @@ def convert_state(reader, cfg, show_progress=True):
         sources[key] = src
     leftover = sorted(set(model_variables(reader)) - used)
     if leftover:
-        raise ConversionError("checkpoint variables that this converter does not know where to put: "
-                              + ", ".join(leftover))
+        raise ConversionError(
+            "checkpoint variables that this converter does not know where to put: " + ", ".join(leftover)
+        )
     return state, sources
 
 
@@ -242,8 +277,11 @@ def main(argv=None, prog="python -m conversion.kimiyoung_tf"):
     ap.add_argument("--corpus-info", help="data/corpus-info.json (vocab size and cutoffs, cross-checked)")
     ap.add_argument("--vocab", help="data/cache.pkl (Python 2 pickle, read without executing it) or cache.pt")
     ap.add_argument("--output", required=True, help="output directory (must not exist unless --overwrite)")
-    ap.add_argument("--preset", choices=sorted(PRESETS), help="paper's evaluation settings (default: from "
-                    "corpus-info.json's dataset)")
+    ap.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="paper's evaluation settings (default: from corpus-info.json's dataset)",
+    )
     ap.add_argument("--mem-len", type=int)
     ap.add_argument("--clamp-len", type=int)
     ap.add_argument("--same-length", type=lambda s: s.lower() in ("1", "true", "yes"), default=None)
@@ -268,8 +306,17 @@ def convert(args):
         state, sources = convert_state(reader, cfg, show_progress=not args.no_progress)
     check_shapes(state, sources, expected_shapes(cfg), what=args.checkpoint)
     with atomic_output_dir(args.output, overwrite=args.overwrite) as tmp:
-        finish_output(tmp, cfg, state, sources, settings, args.vocab, preset, parse_dtype(args.dtype),
-                      vocab_kind=info.get("dataset") if info else None)
+        finish_output(
+            tmp,
+            cfg,
+            state,
+            sources,
+            settings,
+            args.vocab,
+            preset,
+            parse_dtype(args.dtype),
+            vocab_kind=info.get("dataset") if info else None,
+        )
     print(f"wrote {args.output}", file=sys.stderr)
     if args.push_to_hub:
         push_to_hub(args.output, args.push_to_hub, preset)

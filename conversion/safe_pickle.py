@@ -2,6 +2,7 @@
 
 The one implementation lives in `hf_txvariants/txv_safe_pickle.py` (the flat package, so that the Transformer-XL
 tokenizer reads a legacy `vocab.pkl` with it, also as remote code); this module re-exports it unchanged."""
+
 from __future__ import annotations
 
 from hf_txvariants.txv_safe_pickle import *  # noqa: F401,F403 - re-exported

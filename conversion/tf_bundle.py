@@ -10,6 +10,7 @@ A checkpoint ``PREFIX`` is two files:
 Only what TensorFlow's ``BundleWriter`` produces is supported: uncompressed blocks, numeric dtypes,
 whole (unsliced) tensors. Anything else is refused with a ``TFBundleError`` that says what it met.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -302,7 +303,9 @@ class TFCheckpointReader:
             count *= d
         itemsize = 2 if dt == "bfloat16" else dt.itemsize
         if e.size != count * itemsize:
-            raise TFBundleError(f"{name}: {e.size} bytes stored for shape {list(e.shape)} ({count * itemsize} expected)")
+            raise TFBundleError(
+                f"{name}: {e.size} bytes stored for shape {list(e.shape)} ({count * itemsize} expected)"
+            )
         buf = self._shard(e.shard_id)
         if e.offset + e.size > len(buf):
             raise TFBundleError(f"{name}: data runs past the end of shard {e.shard_id}")

@@ -14,10 +14,10 @@ original ids and the original's rules:
 * character level: text8 (letters, ``_`` for a space) and enwik8 (one token per byte of the UTF-8 text, the
   symbols being the byte values "0".."255"; newlines are dropped, as the original preprocessing did).
 """
+
 from __future__ import annotations
 
 import os
-import zipfile
 
 from .errors import ConversionError
 from .safe_pickle import VOCAB_CLASSES, PickledObject, is_torch_file, load_plain_pickle, load_torch_file
@@ -54,10 +54,14 @@ def read_vocab(path):
     if len(set(idx2sym)) != len(idx2sym):
         raise ConversionError(f"{path}: duplicate symbols in the vocabulary")
     delimiter = obj.get("delimiter")
-    return dict(idx2sym=idx2sym, lower_case=bool(obj.get("lower_case", True)),
-                delimiter=_text(delimiter) if delimiter is not None else None,
-                special=[_text(s) for s in obj.get("special") or []], dataset=dataset,
-                vocab_file=_text(obj.get("vocab_file")))
+    return dict(
+        idx2sym=idx2sym,
+        lower_case=bool(obj.get("lower_case", True)),
+        delimiter=_text(delimiter) if delimiter is not None else None,
+        special=[_text(s) for s in obj.get("special") or []],
+        dataset=dataset,
+        vocab_file=_text(obj.get("vocab_file")),
+    )
 
 
 def _bytes_to_unicode():
@@ -99,9 +103,12 @@ def build_tokenizer(info, dataset=None):
         vocab = {b2u[int(s)]: i for i, s in enumerate(syms)}
         tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
         tok.normalizer = normalizers.Replace("\n", "")  # the original preprocessing drops newline bytes
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+                pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),
+            ]
+        )
         tok.decoder = decoders.ByteLevel()
     elif kind in ("text8", "chars"):
         unk = next((u for u in ("<unk>", "<UNK>") if u in vocab), "<unk>")

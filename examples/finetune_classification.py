@@ -75,13 +75,23 @@ def main(argv=None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
         model = AutoModelForSequenceClassification.from_pretrained(
-            args.model, num_labels=num_labels, pad_token_id=tokenizer.pad_token_id)
+            args.model, num_labels=num_labels, pad_token_id=tokenizer.pad_token_id
+        )
     else:
         tokenizer = build_char_tokenizer(default_corpus()[:200_000])
         tokenizer.pad_token = tokenizer.eos_token
-        config = build_config(args.variant, len(tokenizer), d_model=args.d_model, n_layer=args.n_layer,
-                              n_head=args.n_head, mem_len=0, seg_len=args.max_length, dropout=0.1,
-                              num_labels=num_labels, pad_token_id=tokenizer.pad_token_id)
+        config = build_config(
+            args.variant,
+            len(tokenizer),
+            d_model=args.d_model,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            mem_len=0,
+            seg_len=args.max_length,
+            dropout=0.1,
+            num_labels=num_labels,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         model = AutoModelForSequenceClassification.from_config(config)
 
     def tokenize(batch):
@@ -96,19 +106,32 @@ def main(argv=None) -> int:
 
     trainer = Trainer(
         model=model,
-        args=TrainingArguments(output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
-                               per_device_eval_batch_size=args.batch_size, learning_rate=args.lr,
-                               num_train_epochs=args.epochs, eval_strategy="epoch", save_strategy="no",
-                               logging_steps=10, report_to=[], seed=args.seed, warmup_steps=10),
-        train_dataset=split["train"], eval_dataset=split["test"], compute_metrics=compute_metrics,
+        args=TrainingArguments(
+            output_dir=args.output_dir,
+            per_device_train_batch_size=args.batch_size,
+            per_device_eval_batch_size=args.batch_size,
+            learning_rate=args.lr,
+            num_train_epochs=args.epochs,
+            eval_strategy="epoch",
+            save_strategy="no",
+            logging_steps=10,
+            report_to=[],
+            seed=args.seed,
+            warmup_steps=10,
+        ),
+        train_dataset=split["train"],
+        eval_dataset=split["test"],
+        compute_metrics=compute_metrics,
     )
     before = trainer.evaluate()
     trainer.train()
     after = trainer.evaluate()
     trainer.save_model(f"{args.output_dir}/model")
     tokenizer.save_pretrained(f"{args.output_dir}/model")
-    print(f"accuracy on {len(split['test'])} held-out examples: {before['eval_accuracy']:.3f} before, "
-          f"{after['eval_accuracy']:.3f} after fine-tuning; model saved to {args.output_dir}/model")
+    print(
+        f"accuracy on {len(split['test'])} held-out examples: {before['eval_accuracy']:.3f} before, "
+        f"{after['eval_accuracy']:.3f} after fine-tuning; model saved to {args.output_dir}/model"
+    )
     return 0
 
 

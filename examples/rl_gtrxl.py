@@ -138,10 +138,18 @@ def ppo_settings(settings: Settings) -> PPOSettings:
     """One PPO update per segment: every env acts `segment_length` steps, then `epochs` full-batch steps on it."""
     return PPOSettings(
         total_steps=settings.iterations * settings.segment_length * settings.num_envs,
-        rollout_steps=settings.segment_length, segment_length=settings.segment_length, epochs=settings.epochs,
-        minibatches=1, learning_rate=settings.learning_rate, gamma=settings.gamma, gae_lambda=settings.gae_lambda,
-        clip=settings.clip, value_coef=settings.value_coef, entropy_coef=settings.entropy_coef,
-        max_grad_norm=settings.max_grad_norm, return_window=200,
+        rollout_steps=settings.segment_length,
+        segment_length=settings.segment_length,
+        epochs=settings.epochs,
+        minibatches=1,
+        learning_rate=settings.learning_rate,
+        gamma=settings.gamma,
+        gae_lambda=settings.gae_lambda,
+        clip=settings.clip,
+        value_coef=settings.value_coef,
+        entropy_coef=settings.entropy_coef,
+        max_grad_norm=settings.max_grad_norm,
+        return_window=200,
     )
 
 
@@ -159,8 +167,11 @@ def train(variant: str, seed: int, settings: Settings, log_every: int = 0) -> di
 
     def log(history):
         if log_every and len(history.steps) % log_every == 0 and history.mean_returns[-1] is not None:
-            print(f"  {variant} seed {seed} iteration {len(history.steps)}: training success (last 200 episodes) "
-                  f"{(history.mean_returns[-1] + 1) / 2:.2f}, {time.time() - started:.0f}s", flush=True)
+            print(
+                f"  {variant} seed {seed} iteration {len(history.steps)}: training success (last 200 episodes) "
+                f"{(history.mean_returns[-1] + 1) / 2:.2f}, {time.time() - started:.0f}s",
+                flush=True,
+            )
 
     history = train_ppo(agent, make_envs(settings), ppo_settings(settings), seed=seed * 1000, log=log)
     return {
@@ -193,8 +204,10 @@ def main(argv=None):
             result = train(variant, seed, settings, args.log_every)
             print(json.dumps(result), flush=True)
             results.append(result)
-    print(f"\nRememberCue, decision {settings.corridor_length} steps after the cue, segments of "
-          f"{settings.segment_length}, {settings.iterations} PPO iterations x {settings.num_envs} envs:")
+    print(
+        f"\nRememberCue, decision {settings.corridor_length} steps after the cue, segments of "
+        f"{settings.segment_length}, {settings.iterations} PPO iterations x {settings.num_envs} envs:"
+    )
     print("| agent | parameters | greedy success per seed | mean |")
     print("|---|---|---|---|")
     for variant in args.variants:

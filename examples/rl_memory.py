@@ -48,13 +48,20 @@ def progress(task, agent, seed, every):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", nargs="+", default=["txv/ProofOfMemory-v0", "RepeatFirstEasy"],
-                        help="POPGym task names (RepeatFirstEasy, ...) or gymnasium ids")
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=["txv/ProofOfMemory-v0", "RepeatFirstEasy"],
+        help="POPGym task names (RepeatFirstEasy, ...) or gymnasium ids",
+    )
     parser.add_argument("--agents", nargs="+", default=["gtrxl", "gru"], choices=AGENTS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--num-envs", type=int, default=16)
-    parser.add_argument("--previous-action", action="store_true",
-                        help="show the previous action too, as POPGym's baselines do (POPGym tasks only)")
+    parser.add_argument(
+        "--previous-action",
+        action="store_true",
+        help="show the previous action too, as POPGym's baselines do (POPGym tasks only)",
+    )
     for name, value in DEFAULT_GTRXL_FIELDS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value, help="GTrXL shape")
     for setting in fields(PPOSettings):
@@ -76,10 +83,19 @@ def main(argv=None):
                 policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **gtrxl_fields)
                 history = train_ppo(policy, envs, settings, seed=seed, log=progress(task, agent, seed, args.log_every))
                 envs.close()
-                runs.append({"task": task, "agent": agent, "seed": seed, "parameters": policy.num_parameters,
-                             **history.to_dict()})
-                print(f"{task} {agent} seed {seed}: MMER {history.mmer:.3f}, {history.steps_per_second:.0f} steps/s",
-                      flush=True)
+                runs.append(
+                    {
+                        "task": task,
+                        "agent": agent,
+                        "seed": seed,
+                        "parameters": policy.num_parameters,
+                        **history.to_dict(),
+                    }
+                )
+                print(
+                    f"{task} {agent} seed {seed}: MMER {history.mmer:.3f}, {history.steps_per_second:.0f} steps/s",
+                    flush=True,
+                )
     print(f"\n{settings.total_steps} steps x {len(args.seeds)} seed(s), {args.num_envs} envs:")
     print("| task | agent | parameters | MMER per seed | steps/s |")
     print("|---|---|---|---|---|")

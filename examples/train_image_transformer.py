@@ -49,7 +49,9 @@ def bits_per_dim(model, ids, labels, batch_size=64):
     total = 0.0
     for start in range(0, ids.shape[0], batch_size):
         chunk = ids[start : start + batch_size]
-        total += model(chunk, labels=chunk, class_labels=labels[start : start + batch_size]).loss.item() * chunk.shape[0]
+        total += (
+            model(chunk, labels=chunk, class_labels=labels[start : start + batch_size]).loss.item() * chunk.shape[0]
+        )
     return total / ids.shape[0]
 
 

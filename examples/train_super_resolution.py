@@ -73,8 +73,11 @@ def train(args, conditional: bool, train_images, test_images, radius: int = 0):
         if conditional:  # the same images given another image's low-resolution input: what the input is worth
             inputs["conditioning_ids"] = inputs["conditioning_ids"].roll(1, 0)
             shuffled = model(**inputs, labels=inputs["input_ids"]).loss.item()
-            print(f"held-out bits/dim with the true / another image's low-resolution input: {held_out:.3f} / "
-                  f"{shuffled:.3f}", flush=True)
+            print(
+                f"held-out bits/dim with the true / another image's low-resolution input: {held_out:.3f} / "
+                f"{shuffled:.3f}",
+                flush=True,
+            )
     return model, losses, held_out
 
 
@@ -88,7 +91,10 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--radius", type=int, nargs="+", default=[0],
+        "--radius",
+        type=int,
+        nargs="+",
+        default=[0],
         help="conditioning_attention_radius of the conditional model(s), one trained per value (low-resolution "
         "pixels around the covering one; -1: full cross-attention)",
     )

@@ -14,24 +14,47 @@ from transformers import (
     AutoTokenizer,
 )
 
-from .configuration_transfo_xl import TransfoXLConfig
-from .modeling_transfo_xl import (
-    TransfoXLForSequenceClassification,
-    TransfoXLLMHeadModel,
-    TransfoXLModel,
-    TransfoXLPreTrainedModel,
-)
+from .configuration_act_rnn import ACTRNNConfig
+from .configuration_adaptive_span import AdaptiveSpanConfig
+from .configuration_adaptive_span_original import AdaptiveSpanOriginalConfig
 from .configuration_gtrxl import GTrXLConfig
-from .modeling_gtrxl import GTrXLForCausalLM, GTrXLModel, GTrXLPreTrainedModel
-from .configuration_vanilla import VanillaConfig
-from .modeling_vanilla import (
-    VanillaForCausalLM,
-    VanillaForMaskedLM,
-    VanillaForSequenceClassification,
-    VanillaModel,
-    VanillaPreTrainedModel,
-)
+from .configuration_image_transformer import ImageTransformerConfig
+from .configuration_r_transformer import RTransformerConfig
 from .configuration_shaw import ShawConfig
+from .configuration_sparse_transformer import SparseTransformerConfig
+from .configuration_transfo_xl import TransfoXLConfig
+from .configuration_txv_reformer import TxvReformerConfig
+from .configuration_universal import UniversalTransformerConfig
+from .configuration_vanilla import VanillaConfig
+from .modeling_act_rnn import (
+    ACTRNNForCausalLM,
+    ACTRNNForSequenceClassification,
+    ACTRNNModel,
+    ACTRNNPreTrainedModel,
+)
+from .modeling_adaptive_span import (
+    AdaptiveSpanForCausalLM,
+    AdaptiveSpanModel,
+    AdaptiveSpanPreTrainedModel,
+)
+from .modeling_adaptive_span_original import (
+    AdaptiveSpanOriginalForCausalLM,
+    AdaptiveSpanOriginalModel,
+    AdaptiveSpanOriginalPreTrainedModel,
+)
+from .modeling_gtrxl import GTrXLForCausalLM, GTrXLModel, GTrXLPreTrainedModel
+from .modeling_image_transformer import (
+    ImageTransformerForCausalLM,
+    ImageTransformerForSuperResolution,
+    ImageTransformerModel,
+    ImageTransformerPreTrainedModel,
+)
+from .modeling_r_transformer import (
+    RTransformerForCausalLM,
+    RTransformerForSequenceClassification,
+    RTransformerModel,
+    RTransformerPreTrainedModel,
+)
 from .modeling_shaw import (
     ShawForCausalLM,
     ShawForMaskedLM,
@@ -39,48 +62,18 @@ from .modeling_shaw import (
     ShawModel,
     ShawPreTrainedModel,
 )
-from .configuration_r_transformer import RTransformerConfig
-from .modeling_r_transformer import (
-    RTransformerForCausalLM,
-    RTransformerForSequenceClassification,
-    RTransformerModel,
-    RTransformerPreTrainedModel,
-)
-from .configuration_universal import UniversalTransformerConfig
-from .modeling_universal import (
-    UniversalTransformerForCausalLM,
-    UniversalTransformerForMaskedLM,
-    UniversalTransformerForSequenceClassification,
-    UniversalTransformerModel,
-    UniversalTransformerPreTrainedModel,
-)
-from .configuration_adaptive_span import AdaptiveSpanConfig
-from .modeling_adaptive_span import (
-    AdaptiveSpanForCausalLM,
-    AdaptiveSpanModel,
-    AdaptiveSpanPreTrainedModel,
-)
-from .configuration_adaptive_span_original import AdaptiveSpanOriginalConfig
-from .modeling_adaptive_span_original import (
-    AdaptiveSpanOriginalForCausalLM,
-    AdaptiveSpanOriginalModel,
-    AdaptiveSpanOriginalPreTrainedModel,
-)
-from .configuration_sparse_transformer import SparseTransformerConfig
 from .modeling_sparse_transformer import (
     SparseTransformerForCausalLM,
     SparseTransformerForSequenceClassification,
     SparseTransformerModel,
     SparseTransformerPreTrainedModel,
 )
-from .configuration_image_transformer import ImageTransformerConfig
-from .modeling_image_transformer import (
-    ImageTransformerForCausalLM,
-    ImageTransformerForSuperResolution,
-    ImageTransformerModel,
-    ImageTransformerPreTrainedModel,
+from .modeling_transfo_xl import (
+    TransfoXLForSequenceClassification,
+    TransfoXLLMHeadModel,
+    TransfoXLModel,
+    TransfoXLPreTrainedModel,
 )
-from .configuration_txv_reformer import TxvReformerConfig
 from .modeling_txv_reformer import (
     TxvReformerCache,
     TxvReformerForCausalLM,
@@ -88,18 +81,25 @@ from .modeling_txv_reformer import (
     TxvReformerModel,
     TxvReformerPreTrainedModel,
 )
-from .configuration_act_rnn import ACTRNNConfig
-from .modeling_act_rnn import (
-    ACTRNNForCausalLM,
-    ACTRNNForSequenceClassification,
-    ACTRNNModel,
-    ACTRNNPreTrainedModel,
+from .modeling_universal import (
+    UniversalTransformerForCausalLM,
+    UniversalTransformerForMaskedLM,
+    UniversalTransformerForSequenceClassification,
+    UniversalTransformerModel,
+    UniversalTransformerPreTrainedModel,
 )
+from .modeling_vanilla import (
+    VanillaForCausalLM,
+    VanillaForMaskedLM,
+    VanillaForSequenceClassification,
+    VanillaModel,
+    VanillaPreTrainedModel,
+)
+from .peft_targets import register_peft_target_modules
 from .tokenization_transfo_xl import TransfoXLTokenizer
 from .txv_cache import MemoryCache
-from .txv_span_cache import SpanCache
 from .txv_compat import check_transformers_version
-from .peft_targets import register_peft_target_modules
+from .txv_span_cache import SpanCache
 
 __version__ = "0.1.0"
 

@@ -82,8 +82,9 @@ class AdaptiveSpanOriginalConfig(TxvTransformerConfig):
                 f"({self.hidden_size}): the original splits hidden_size into the heads"
             )
         if self.tie_word_embeddings:
-            raise ValueError("tie_word_embeddings=True is not the original model: its output layer has its own "
-                             "weights and bias")
+            raise ValueError(
+                "tie_word_embeddings=True is not the original model: its output layer has its own weights and bias"
+            )
         if not 0.0 <= self.emb_dropout < 1.0:
             raise ValueError(f"emb_dropout must be a number in [0, 1), got {self.emb_dropout!r}")
         if isinstance(self.adapt_span_ramp, bool) or self.adapt_span_ramp < 1:
@@ -94,8 +95,11 @@ class AdaptiveSpanOriginalConfig(TxvTransformerConfig):
         if not self.adapt_span_enabled:
             check_left_at_default(self, ADAPTIVE_SPAN_SETTINGS, "adaptive span is off (adapt_span_enabled=False)")
         if self.all_attention:
-            check_left_at_default(self, ["intermediate_size"], "the all-attention network (persistent_memory_size > 0) "
-                                                               "has no feed-forward sublayer")
+            check_left_at_default(
+                self,
+                ["intermediate_size"],
+                "the all-attention network (persistent_memory_size > 0) has no feed-forward sublayer",
+            )
 
 
 __all__ = ["AdaptiveSpanOriginalConfig"]

@@ -76,7 +76,9 @@ class ImageTransformerConfig(TxvTransformerConfig):
         if self.memory_length is None:
             self.memory_length = self.block_length
         if self.block_size is None:
-            self.block_size = self.block_length if self.attention_type == "local_1d" else self.query_shape[0] * self.query_shape[1]
+            self.block_size = (
+                self.block_length if self.attention_type == "local_1d" else self.query_shape[0] * self.query_shape[1]
+            )
 
     @property
     def grid_width(self) -> int:
@@ -116,7 +118,9 @@ class ImageTransformerConfig(TxvTransformerConfig):
                 )
         if self.conditioning_image_size is not None:
             if len(self.conditioning_image_size) != 2 or min(self.conditioning_image_size) <= 0:
-                raise ValueError(f"conditioning_image_size must be [height, width] > 0, got {self.conditioning_image_size}")
+                raise ValueError(
+                    f"conditioning_image_size must be [height, width] > 0, got {self.conditioning_image_size}"
+                )
             check_positive(self, "num_encoder_layers")
             if self.conditioning_attention_radius is not None:
                 check_non_negative(self, "conditioning_attention_radius")

@@ -7,7 +7,6 @@ from huggingface_hub.dataclasses import strict
 from .txv_config import TxvTransformerConfig
 from .txv_config_checks import check_act_fields, check_choice, check_even, read_act_epsilon
 
-
 LAYER_NORM_POSITIONS = ("pre", "post")
 TRANSITIONS = ("feed_forward", "separable_conv")
 

@@ -23,9 +23,9 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_act_rnn import ACTRNNConfig
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
 from .txv_pretrained import TxvModelMixin
@@ -171,9 +171,7 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
         if cache is None:
             return ACTRNNCache() if use_cache else None
         if not isinstance(cache, ACTRNNCache):
-            raise ValueError(
-                f"cache must be the ACTRNNCache returned by this model, got {type(cache).__name__}"
-            )
+            raise ValueError(f"cache must be the ACTRNNCache returned by this model, got {type(cache).__name__}")
         cache.check_batch(batch)
         return cache
 

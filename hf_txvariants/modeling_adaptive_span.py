@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from transformers import GenerationMixin, PreTrainedModel
 
 from .configuration_adaptive_span import AdaptiveSpanConfig

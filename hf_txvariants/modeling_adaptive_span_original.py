@@ -254,11 +254,14 @@ def check_no_padding(attention_mask: torch.Tensor | None, batch: int, length: in
     if attention_mask is None or torch.compiler.is_compiling():
         return
     if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] < length:
-        raise ValueError(f"attention_mask must be [batch={batch}, >= {length}], got shape "
-                         f"{tuple(attention_mask.shape)}")
+        raise ValueError(
+            f"attention_mask must be [batch={batch}, >= {length}], got shape {tuple(attention_mask.shape)}"
+        )
     if not bool(attention_mask.bool().all()):
-        raise ValueError("txv_adaptive_span_original has no padding (the original attends to every previous "
-                         "position): attention_mask must be all ones; group inputs of equal length instead")
+        raise ValueError(
+            "txv_adaptive_span_original has no padding (the original attends to every previous "
+            "position): attention_mask must be all ones; group inputs of equal length instead"
+        )
 
 
 class AdaptiveSpanOriginalModel(AdaptiveSpanOriginalPreTrainedModel):
@@ -285,8 +288,14 @@ class AdaptiveSpanOriginalModel(AdaptiveSpanOriginalPreTrainedModel):
 
     def init_cache(self, batch_size: int, dtype=None, device=None) -> SpanCache:
         """The cache a first block starts with: zero vectors, `cache_lengths()[l]` for layer l (attended to)."""
-        return SpanCache.zeros(self.cache_lengths(), batch_size, self.config.hidden_size,
-                               dtype or self.dtype, device or self.device, model_type=self.config.model_type)
+        return SpanCache.zeros(
+            self.cache_lengths(),
+            batch_size,
+            self.config.hidden_size,
+            dtype or self.dtype,
+            device or self.device,
+            model_type=self.config.model_type,
+        )
 
     @can_return_tuple
     @accepts_cache_names
@@ -308,18 +317,23 @@ class AdaptiveSpanOriginalModel(AdaptiveSpanOriginalPreTrainedModel):
         """
         config = self.config
         if kwargs.get("output_attentions"):
-            raise ValueError("output_attentions is not supported by txv_adaptive_span_original (its attention weights "
-                             "cover each query's own window of previous positions, not the sequence)")
+            raise ValueError(
+                "output_attentions is not supported by txv_adaptive_span_original (its attention weights "
+                "cover each query's own window of previous positions, not the sequence)"
+            )
         _, output_hidden_states = self.output_flags(None, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
-        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size,
-                                     config.hidden_size)
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
         check_no_padding(attention_mask, *inputs_embeds.shape[:2])
         if cache is not None:
             if not isinstance(cache, SpanCache):
                 raise ValueError(f"cache must be the SpanCache returned by this model, got {type(cache).__name__}")
-            cache.check_compatible(batch_size=inputs_embeds.shape[0], hidden_size=config.hidden_size,
-                                   num_layers=config.num_hidden_layers, model_type=config.model_type)
+            cache.check_compatible(
+                batch_size=inputs_embeds.shape[0],
+                hidden_size=config.hidden_size,
+                num_layers=config.num_hidden_layers,
+                model_type=config.model_type,
+            )
         hidden_states = self.emb_dropout(inputs_embeds)
         states = cache.states if cache is not None and cache.states is not None else [None] * len(self.layers)
         new_states, layer_inputs, penalty = [], [], None
@@ -404,12 +418,23 @@ class AdaptiveSpanOriginalForCausalLM(AdaptiveSpanOriginalPreTrainedModel, Gener
         """
         shift_labels = kwargs.pop("shift_labels", None)
         outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, cache=cache, inputs_embeds=inputs_embeds,
-            use_cache=use_cache, output_hidden_states=output_hidden_states, return_dict=True, **kwargs,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
         )
         logits, lm_loss = causal_lm_head(
-            self.lm_head, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep,
-            num_items_in_batch=num_items_in_batch, shift_labels=shift_labels,
+            self.lm_head,
+            outputs.last_hidden_state,
+            self.config.vocab_size,
+            labels,
+            logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
         )
         loss = lm_loss
         if loss is not None and outputs.span_penalty is not None:

@@ -13,8 +13,9 @@ with g a gate from `txv_gates` (plain residual `x + y` for TrXL-I). TrXL is the 
 
 RL use: `inputs_embeds` are embedded observations; the memory (`cache`, a `MemoryCache` of the inputs each
 layer saw at the last `mem_len` time steps) carries the past across calls, one step at a time while acting or a stored
-segment at a time while learning. `episode_starts` (or `MemoryCache.reset_rows(done)`, the default memory_init="empty") makes
-an episode's first step attend to nothing before it, so a row whose episode restarts behaves exactly like a fresh row.
+segment at a time while learning. `episode_starts` (or `MemoryCache.reset_rows(done)`, the default
+memory_init="empty") makes an episode's first step attend to nothing before it, so a row whose episode restarts behaves
+exactly like a fresh row.
 """
 
 from __future__ import annotations

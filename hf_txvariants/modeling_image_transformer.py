@@ -28,15 +28,15 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_attention import additive_mask
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin
 from .txv_inputs import check_right_padding, check_token_ids
 from .txv_mha import MultiHeadAttention, cache_past_length
-from .txv_pretrained import TxvModelMixin
 from .txv_patterns import AttentionPattern, Local1D, Local2D, PatternSelfAttention, to_block_raster
 from .txv_positions import sinusoid_table
+from .txv_pretrained import TxvModelMixin
 from .txv_transformer_stack import run_layers
 
 START_TOKEN = 256
@@ -59,7 +59,8 @@ def images_to_input_ids(images: torch.Tensor, config: ImageTransformerConfig) ->
 
 
 def input_ids_to_images(input_ids: torch.Tensor, config: ImageTransformerConfig) -> torch.Tensor:
-    """Inverse of `images_to_input_ids` (with or without the start token) -> uint8 `[batch, height, width, channels]`."""
+    """Inverse of `images_to_input_ids` (with or without the start token): uint8 `[batch, height, width,
+    channels]`."""
     if input_ids.shape[1] == config.num_positions + 1:
         input_ids = input_ids[:, 1:]
     if input_ids.shape[1] != config.num_positions:
@@ -122,14 +123,14 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
         encoder_hidden_states=None,
         encoder_attention_mask=None,
     ):
-        attention_output, weights = self.attn(
-            self.ln_attn(hidden_states), key_padding_mask, cache, output_attentions
-        )
+        attention_output, weights = self.attn(self.ln_attn(hidden_states), key_padding_mask, cache, output_attentions)
         hidden_states = hidden_states + self.dropout(attention_output)
         if hasattr(self, "cross_attn"):
             if encoder_hidden_states is None:
-                raise ValueError("encoder_hidden_states (the encoded low-resolution image) is required when "
-                                 "config.conditioning_image_size is set")
+                raise ValueError(
+                    "encoder_hidden_states (the encoded low-resolution image) is required when "
+                    "config.conditioning_image_size is set"
+                )
             # The encoder's keys/values are recomputed at each step (the low-resolution image is small).
             cross_output, _ = self.cross_attn(
                 self.ln_cross(hidden_states), encoder_attention_mask, key_value_states=encoder_hidden_states
@@ -406,7 +407,9 @@ class ImageTransformerEncoder(nn.Module):
         raster = torch.arange(expected, device=conditioning_ids.device)
         low_height, low_width = config.conditioning_image_size
         scale = (config.image_size[0] / low_height, config.image_size[1] / low_width)
-        positions = grid_position_embeddings(raster, low_width * config.num_channels, config, self.embed_channels, scale)
+        positions = grid_position_embeddings(
+            raster, low_width * config.num_channels, config, self.embed_channels, scale
+        )
         # Intensity embeddings scaled by sqrt(hidden_size) (Vaswani et al. 2017, section 3.4; tensor2tensor's Image
         # Transformer does the same), else the unit-amplitude position sinusoids drown them.
         intensities = self.embed_tokens(conditioning_ids) * math.sqrt(config.hidden_size)
@@ -429,10 +432,11 @@ class ImageTransformerForSuperResolution(
     ignores its input). `loss` in bits per dimension. Generation caches the decoder's keys/values; the small encoder
     is rerun at each step."""
 
-
     def build_backbone(self, config: ImageTransformerConfig):
         if config.conditioning_image_size is None:
-            raise ValueError("ImageTransformerForSuperResolution needs config.conditioning_image_size ([height, width])")
+            raise ValueError(
+                "ImageTransformerForSuperResolution needs config.conditioning_image_size ([height, width])"
+            )
         self.encoder = ImageTransformerEncoder(config)
         super().build_backbone(config)
 
@@ -457,7 +461,9 @@ class ImageTransformerForSuperResolution(
     ) -> torch.Tensor:
         """Low-resolution uint8 `[batch, h, w, channels]` -> generated high-resolution `[batch, H, W, channels]`."""
         conditioning_ids = images_to_conditioning_ids(low_resolution, self.config)
-        start = torch.full((conditioning_ids.shape[0], 1), START_TOKEN, dtype=torch.long, device=self.lm_head.weight.device)
+        start = torch.full(
+            (conditioning_ids.shape[0], 1), START_TOKEN, dtype=torch.long, device=self.lm_head.weight.device
+        )
         kwargs = dict(do_sample=do_sample, max_new_tokens=self.config.num_positions, eos_token_id=None, pad_token_id=0)
         if do_sample:
             kwargs.update(temperature=temperature, top_k=0)

@@ -15,14 +15,14 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
-from transformers.utils import can_return_tuple
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
+from transformers.utils import can_return_tuple
 
 from .configuration_r_transformer import RTransformerConfig
 from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
-from .txv_inputs import embed_inputs
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_inputs import embed_inputs
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
 from .txv_mha import MultiHeadAttention, self_attention_mask
@@ -75,7 +75,9 @@ class RTransformerBlock(GradientCheckpointingLayer):
         self.rnn_layers = nn.ModuleList(RTransformerLocalRNNLayer(config) for _ in range(config.num_rnn_layers))
         self.attention_layer_norm = make_layer_norm(config.layer_norm_type, config.hidden_size, config.layer_norm_eps)
         self.self_attn = MultiHeadAttention(config, layer_idx)
-        self.feed_forward_layer_norm = make_layer_norm(config.layer_norm_type, config.hidden_size, config.layer_norm_eps)
+        self.feed_forward_layer_norm = make_layer_norm(
+            config.layer_norm_type, config.hidden_size, config.layer_norm_eps
+        )
         self.mlp = PositionwiseFeedForward(config.hidden_size, config.intermediate_size, config.dropout)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -126,7 +128,9 @@ class RTransformerModel(RTransformerPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.embedding_dropout = nn.Dropout(config.embedding_dropout)
-        self.layers = nn.ModuleList(RTransformerBlock(config, layer_idx) for layer_idx in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            RTransformerBlock(config, layer_idx) for layer_idx in range(config.num_hidden_layers)
+        )
         self.norm = (
             make_layer_norm(config.layer_norm_type, config.hidden_size, config.layer_norm_eps)
             if config.final_layer_norm
@@ -155,15 +159,11 @@ class RTransformerModel(RTransformerPreTrainedModel):
         use_cache = use_cache if use_cache is not None else config.use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False  # a checkpointed block is run twice: it would write its cache twice
-        inputs_embeds = embed_inputs(
-            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
-        )
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
         if cache is not None and not isinstance(cache, RTransformerCache):
-            raise ValueError(
-                f"cache must be the RTransformerCache returned by this model, got {type(cache).__name__}"
-            )
+            raise ValueError(f"cache must be the RTransformerCache returned by this model, got {type(cache).__name__}")
         if use_cache and cache is None:
             cache = RTransformerCache()
         past_length = cache.get_seq_length() if cache is not None else 0
@@ -171,12 +171,14 @@ class RTransformerModel(RTransformerPreTrainedModel):
         token_mask = attention_mask[:, -length:].to(device) if attention_mask is not None else None
 
         def call_layer(_, layer, hidden_states):
-            return layer(
-                hidden_states, mask, token_mask, cache=cache, output_attentions=output_attentions
-            )
+            return layer(hidden_states, mask, token_mask, cache=cache, output_attentions=output_attentions)
 
         fields = run_layers(
-            self.layers, self.embedding_dropout(inputs_embeds), call_layer, output_attentions, output_hidden_states,
+            self.layers,
+            self.embedding_dropout(inputs_embeds),
+            call_layer,
+            output_attentions,
+            output_hidden_states,
             self.norm,
         )
         return BaseModelOutputWithPast(**fields, **cache_field(cache if use_cache else None))

@@ -76,17 +76,21 @@ class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
         """
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
-        inputs_embeds, cache, past_length, use_cache = self.prepare_stack(
-            input_ids, inputs_embeds, cache, use_cache
-        )
+        inputs_embeds, cache, past_length, use_cache = self.prepare_stack(input_ids, inputs_embeds, cache, use_cache)
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
 
         hidden_states = self.dropout(inputs_embeds * self.embed_scale)
         mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
         return self.run_stack(
-            hidden_states, mask, cache, use_cache, output_attentions, output_hidden_states,
-            encoder_hidden_states, encoder_attention_mask,
+            hidden_states,
+            mask,
+            cache,
+            use_cache,
+            output_attentions,
+            output_hidden_states,
+            encoder_hidden_states,
+            encoder_attention_mask,
         )
 
 

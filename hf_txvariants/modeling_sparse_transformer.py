@@ -21,14 +21,14 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.utils import can_return_tuple
 
 from .configuration_sparse_transformer import SparseTransformerConfig
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_attention import all_tokens_real
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import check_right_padding, embed_inputs
 from .txv_mha import cache_past_length
+from .txv_patterns import Causal, Fixed, Local1D, PatternSelfAttention, PerHead, SlidingWindow, Strided
 from .txv_pretrained import TxvModelMixin
 from .txv_transformer_stack import run_layers
-from .txv_patterns import Causal, Fixed, Local1D, PatternSelfAttention, PerHead, SlidingWindow, Strided
 
 
 def layer_patterns(config: SparseTransformerConfig) -> list:
@@ -73,9 +73,7 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, hidden_states, key_padding_mask=None, cache=None, output_attentions=False):
-        attention_output, weights = self.attn(
-            self.ln_attn(hidden_states), key_padding_mask, cache, output_attentions
-        )
+        attention_output, weights = self.attn(self.ln_attn(hidden_states), key_padding_mask, cache, output_attentions)
         hidden_states = hidden_states + self.dropout(attention_output)
         hidden_states = hidden_states + self.mlp(self.ln_mlp(hidden_states))
         return hidden_states, weights
@@ -97,7 +95,9 @@ class SparseTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
         # Paper section 5.2: residual-branch output projections scaled by 1 / sqrt(2N).
         if isinstance(module, (PatternSelfAttention, SparseTransformerMLP)):
             output = module.o_proj if isinstance(module, PatternSelfAttention) else module.fc_out
-            init.normal_(output.weight, 0.0, self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers))
+            init.normal_(
+                output.weight, 0.0, self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers)
+            )
 
 
 class SparseTransformerModel(SparseTransformerPreTrainedModel):
@@ -150,9 +150,7 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
         use_cache = use_cache if use_cache is not None else config.use_cache
-        inputs_embeds = embed_inputs(
-            input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size
-        )
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
         batch, length = inputs_embeds.shape[:2]
         if self.gradient_checkpointing and self.training:
             use_cache = False

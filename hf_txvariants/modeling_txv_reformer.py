@@ -25,7 +25,6 @@ tokens (and, to float rounding, the logits) of `use_cache=False`:
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -35,8 +34,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClass
 from transformers.utils import can_return_tuple
 
 from .configuration_txv_reformer import TxvReformerConfig
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_cache import RowStateCache
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
 from .txv_lsh import (
@@ -148,7 +147,9 @@ class TxvReformerAxialPositionEmbeddings(nn.Module):
         n1, n2 = self.shape
         grid = torch.cat([w.expand(n1, n2, w.shape[-1]) for w in self.weights], dim=-1)  # [n1, n2, dim]
         if self.training and self.dropout > 0:
-            grid = nn.functional.dropout2d(grid.permute(1, 0, 2)[None], p=self.dropout, training=True)[0].permute(1, 0, 2)
+            grid = nn.functional.dropout2d(grid.permute(1, 0, 2)[None], p=self.dropout, training=True)[0].permute(
+                1, 0, 2
+            )
         return grid.reshape(n1 * n2, -1)[position_ids]
 
 
@@ -168,7 +169,9 @@ class TxvReformerEmbeddings(nn.Module):
         self.dropout = config.hidden_dropout_prob
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = (
-            TxvReformerAxialPositionEmbeddings(config) if config.axial_pos_embds else TxvReformerPositionEmbeddings(config)
+            TxvReformerAxialPositionEmbeddings(config)
+            if config.axial_pos_embds
+            else TxvReformerPositionEmbeddings(config)
         )
 
     def forward(self, inputs_embeds, position_ids):
@@ -205,8 +208,18 @@ class TxvReformerLSHSelfAttention(nn.Module):
             padded_length = cache.step["padded_length"]
             num_buckets = self.num_buckets(padded_length)
             output, buckets, weights = lsh_attention_step(
-                query_key, value, cache.layer_buckets(self.layer_idx, num_buckets), key_valid, padded_length, config.num_hashes, num_buckets, config.lsh_attn_chunk_length,
-                config.lsh_num_chunks_before, config.lsh_num_chunks_after, config.hash_seed, output_attentions,
+                query_key,
+                value,
+                cache.layer_buckets(self.layer_idx, num_buckets),
+                key_valid,
+                padded_length,
+                config.num_hashes,
+                num_buckets,
+                config.lsh_attn_chunk_length,
+                config.lsh_num_chunks_before,
+                config.lsh_num_chunks_after,
+                config.hash_seed,
+                output_attentions,
             )
             if buckets is not None:
                 cache.set_buckets(self.layer_idx, buckets, num_buckets)
@@ -249,8 +262,14 @@ class TxvReformerLocalSelfAttention(nn.Module):
         if cache is not None and cache.step["incremental"]:
             key, value = cache.append(self.layer_idx, key, value)
             return local_attention_step(
-                query, key, value, key_valid, cache.step["padded_length"], config.local_attn_chunk_length,
-                config.local_num_chunks_before, output_attentions,
+                query,
+                key,
+                value,
+                key_valid,
+                cache.step["padded_length"],
+                config.local_attn_chunk_length,
+                config.local_num_chunks_before,
+                output_attentions,
             )
         if cache is not None:
             cache.append(self.layer_idx, key[:, :, : cache.step["length"]], value[:, :, : cache.step["length"]])
@@ -390,7 +409,10 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
     def _padding_length(self, length: int) -> int:
         """transformers' rule: pad to a multiple of the chunk lengths' lcm when longer than the smallest chunk."""
         config = self.config
-        smallest = min({"lsh": config.lsh_attn_chunk_length, "local": config.local_attn_chunk_length}[k] for k in config.attn_layers)
+        smallest = min(
+            {"lsh": config.lsh_attn_chunk_length, "local": config.local_attn_chunk_length}[k]
+            for k in config.attn_layers
+        )
         multiple = config.chunk_multiple
         if length % multiple == 0 or length <= smallest:
             return 0
@@ -405,9 +427,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
                 return None  # training recomputes everything; a cache is only built for inference
             cache = TxvReformerCache(self.config.num_hidden_layers)
         if not isinstance(cache, TxvReformerCache):
-            raise ValueError(
-                f"cache must be the TxvReformerCache returned by this model, got {type(cache).__name__}"
-            )
+            raise ValueError(f"cache must be the TxvReformerCache returned by this model, got {type(cache).__name__}")
         if self.training:
             raise ValueError("cache (the generation cache) is for inference: call model.eval() first")
         incremental = cache.seen_tokens > 0
@@ -475,7 +495,9 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(total, device=device)[None].expand(batch, total)
         elif padding:
-            position_ids = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, padding + 1, device=device)], 1)
+            position_ids = torch.cat(
+                [position_ids, position_ids[:, -1:] + torch.arange(1, padding + 1, device=device)], 1
+            )
         hidden = self.embeddings(inputs_embeds, position_ids)
 
         attn_stream, hidden_stream = hidden, hidden
@@ -485,9 +507,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         # layers store their activations (same outputs and gradients, memory no longer flat in depth).
         plain_loop = output_hidden_states or output_attentions or cache is not None or torch.compiler.is_compiling()
         if config.reversible and not plain_loop and not (self.gradient_checkpointing and self.training):
-            blocks = [
-                (lambda x, layer=layer: layer.attention(x, key_valid)[0], layer.feed_forward) for layer in layers
-            ]
+            blocks = [(lambda x, layer=layer: layer.attention(x, key_valid)[0], layer.feed_forward) for layer in layers]
             attn_stream, hidden_stream = reversible_sequence(
                 attn_stream, hidden_stream, blocks, [p for p in layers.parameters()]
             )
@@ -497,11 +517,17 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
                 if cache is not None and index == first_lsh:
                     cache.append_lsh_inputs(attn_stream[:, :length], hidden_stream[:, :length])
                 all_hidden.append(hidden_stream)
-                attn_stream, hidden_stream, weights = layer(attn_stream, hidden_stream, key_valid, output_attentions, cache)
+                attn_stream, hidden_stream, weights = layer(
+                    attn_stream, hidden_stream, key_valid, output_attentions, cache
+                )
                 all_attentions.append(weights)
             all_hidden.append(hidden_stream)
         if cache is not None:
-            real = key_valid[:, :length] if key_valid is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
+            real = (
+                key_valid[:, :length]
+                if key_valid is not None
+                else torch.ones(batch, length, dtype=torch.bool, device=device)
+            )
             cache.key_valid, cache.seen_tokens = real, length
         output = self.encoder.layer_norm(torch.cat([attn_stream, hidden_stream], dim=-1))
         output = nn.functional.dropout(output, p=config.hidden_dropout_prob, training=self.training)[:, :length]
@@ -509,7 +535,8 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
             last_hidden_state=output,
             **cache_field(cache),
             hidden_states=tuple(h if h.shape[1] == length else h[:, :length] for h in all_hidden)
-            if output_hidden_states else None,
+            if output_hidden_states
+            else None,
             attentions=tuple(w[:, :, :length, :length] for w in all_attentions) if output_attentions else None,
         )
 
@@ -517,7 +544,9 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         """Index of the first LSH layer (None without one): the cache keeps the streams entering it."""
         return self.config.attn_layers.index("lsh") if "lsh" in self.config.attn_layers else None
 
-    def _recompute_layers(self, first, streams, key_valid, padded_length, output_attentions, all_hidden, all_attentions):
+    def _recompute_layers(
+        self, first, streams, key_valid, padded_length, output_attentions, all_hidden, all_attentions
+    ):
         """Layers `first`.. over the whole sequence from the streams entering layer `first` (`[B, n, 2 * hidden]`,
         the cached past and the new position), padded to `padded_length` as the full forward pads: padding is masked
         (and hashed into its own bucket), so its content, zeros here, changes no real position. Appends the new
@@ -555,7 +584,12 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
                 streams = cache.append_lsh_inputs(attn_stream, hidden_stream)
                 if cache.step["padded_length"] > self.config.lsh_attn_chunk_length:
                     attn_stream, hidden_stream = self._recompute_layers(
-                        index, streams, key_valid, cache.step["padded_length"], output_attentions, all_hidden,
+                        index,
+                        streams,
+                        key_valid,
+                        cache.step["padded_length"],
+                        output_attentions,
+                        all_hidden,
                         all_attentions,
                     )
                     break

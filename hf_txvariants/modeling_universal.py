@@ -31,15 +31,15 @@ from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutp
 from transformers.utils import can_return_tuple
 
 from .configuration_universal import UniversalTransformerConfig
-from .txv_compat import CACHE_NAME, GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
+from .txv_compat import CACHE_NAME, GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_inputs import embed_inputs
 from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_inputs import embed_inputs
 from .txv_mha import MultiHeadAttention, cross_attention_mask, self_attention_mask
-from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
+from .txv_pretrained import TxvModelMixin
 
 # ---------------------------------------------------------------------------------------------------------- outputs
 
@@ -139,7 +139,12 @@ class UniversalStepCache(RowStateCache):
     def _row_tensors(self) -> dict:
         if self.final is None:
             return {}
-        return {"step_inputs": self.step_inputs, "final": self.final, "positions": self.positions, "key_mask": self.key_mask}
+        return {
+            "step_inputs": self.step_inputs,
+            "final": self.final,
+            "positions": self.positions,
+            "key_mask": self.key_mask,
+        }
 
     @property
     def is_croppable(self) -> bool:
@@ -267,7 +272,10 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
 
         def cross_attention(states):
             attended, weights["cross"] = self.cross_attn(
-                states, cross_attention_mask, key_value_states=encoder_hidden_states, output_attentions=output_attentions
+                states,
+                cross_attention_mask,
+                key_value_states=encoder_hidden_states,
+                output_attentions=output_attentions,
             )
             return self.drop(attended)
 
@@ -394,9 +402,14 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         """`[batch, length]` bool, True for the real new tokens (None when there is no mask)."""
         if attention_mask is None:
             return None
-        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in (
-            length,
-            past + length,
+        if (
+            attention_mask.dim() != 2
+            or attention_mask.shape[0] != batch
+            or attention_mask.shape[1]
+            not in (
+                length,
+                past + length,
+            )
         ):
             raise ValueError(
                 f"attention_mask must be [batch={batch}, length={length}] or [batch, past + length={past + length}]"
@@ -492,7 +505,9 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         real = self._new_positions(attention_mask, batch, length, past, device)
         new_real = real if real is not None else torch.ones(batch, length, dtype=torch.bool, device=device)
         # positions count real tokens only (a left-padded row equals the row alone)
-        offset = cache.key_mask.sum(-1, keepdim=True) if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
+        offset = (
+            cache.key_mask.sum(-1, keepdim=True) if past else torch.zeros(batch, 1, dtype=torch.long, device=device)
+        )
         position_ids = (offset + new_real.long().cumsum(-1) - 1).clamp(min=0)
         key_mask = torch.cat([cache.key_mask, new_real], dim=1) if past else real
         inputs = _StepInputs(

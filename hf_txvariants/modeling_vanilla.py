@@ -8,7 +8,6 @@ schedule (`hf_txvariants.training.callbacks`) live outside this file: it holds m
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -21,8 +20,8 @@ from .txv_compat import accepts_cache_names, model_output
 from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_losses import check_causal_lm_targets, next_token_targets, token_cross_entropy
 from .txv_mha import MultiHeadAttention, self_attention_mask
-from .txv_pretrained import TxvModelMixin
 from .txv_positions import sinusoid_table
+from .txv_pretrained import TxvModelMixin
 from .txv_transformer_stack import TransformerStackMixin
 
 
@@ -111,9 +110,7 @@ class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
         """
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
-        inputs_embeds, cache, past_length, use_cache = self.prepare_stack(
-            input_ids, inputs_embeds, cache, use_cache
-        )
+        inputs_embeds, cache, past_length, use_cache = self.prepare_stack(input_ids, inputs_embeds, cache, use_cache)
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
 
@@ -135,8 +132,15 @@ class VanillaModel(TransformerStackMixin, VanillaPreTrainedModel):
             return hidden_states
 
         return self.run_stack(
-            hidden_states, mask, cache, use_cache, output_attentions, output_hidden_states,
-            encoder_hidden_states, encoder_attention_mask, layer_input,
+            hidden_states,
+            mask,
+            cache,
+            use_cache,
+            output_attentions,
+            output_hidden_states,
+            encoder_hidden_states,
+            encoder_attention_mask,
+            layer_input,
         )
 
 
@@ -151,8 +155,7 @@ class VanillaForCausalLM(CausalLMHeadMixin, VanillaPreTrainedModel, GenerationMi
     def build_heads(self, config: VanillaConfig):
         super().build_heads(config)
         self.future_heads = nn.ModuleList(
-            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-            for _ in range(config.num_future_targets - 1)
+            nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_future_targets - 1)
         )
         self.training_progress = 0.0
 
@@ -165,16 +168,17 @@ class VanillaForCausalLM(CausalLMHeadMixin, VanillaPreTrainedModel, GenerationMi
     def intermediate_layer_weights(self) -> list[float]:
         """Al-Rfou's schedule: the loss of layer l (1-based, l < L) counts while progress < l / (2 L)."""
         layers = self.config.num_hidden_layers
-        return [
-            1.0 if self.training_progress < layer / (2 * layers) else 0.0 for layer in range(1, layers)
-        ]
+        return [1.0 if self.training_progress < layer / (2 * layers) else 0.0 for layer in range(1, layers)]
 
     def needs_layer_outputs(self, has_targets: bool) -> bool:
         """The intermediate losses read the output of every layer."""
         config = self.config
         return (
-            has_targets and self.training and config.intermediate_loss_weight > 0
-            and config.num_hidden_layers > 1 and any(self.intermediate_layer_weights())
+            has_targets
+            and self.training
+            and config.intermediate_loss_weight > 0
+            and config.num_hidden_layers > 1
+            and any(self.intermediate_layer_weights())
         )
 
     def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, shift_labels=None, num_items_in_batch=None):

@@ -58,8 +58,10 @@ _SPLIT_NUMBERS = [(re.compile(r" @\,@ "), ","), (re.compile(r" @\.@ "), ".")]
 
 def _moses():
     if sacremoses is None:
-        raise ImportError("TransfoXLTokenizer needs the sacremoses package (the Moses tokenizer Transformer-XL's "
-                          "vocabulary was built with): pip install sacremoses")
+        raise ImportError(
+            "TransfoXLTokenizer needs the sacremoses package (the Moses tokenizer Transformer-XL's "
+            "vocabulary was built with): pip install sacremoses"
+        )
     return sacremoses
 
 
@@ -90,8 +92,9 @@ def read_legacy_vocabulary(path: str | os.PathLike) -> dict:
     if isinstance(state, PickledObject):  # a pickled tokenizer object rather than its __dict__
         state = state.state
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: expected the pickled attributes of a TransfoXLTokenizer (a dict), found "
-                         f"{type(state).__name__}")
+        raise ValueError(
+            f"{path}: expected the pickled attributes of a TransfoXLTokenizer (a dict), found {type(state).__name__}"
+        )
     idx2sym = state.get("idx2sym")
     if not isinstance(idx2sym, list) or not idx2sym or not all(isinstance(s, str) for s in idx2sym):
         raise ValueError(f"{path}: 'idx2sym' must be a non-empty list of strings (the vocabulary in id order)")
@@ -105,9 +108,13 @@ def read_legacy_vocabulary(path: str | os.PathLike) -> dict:
     if unk_idx is not None and (not isinstance(unk_idx, int) or not 0 <= unk_idx < len(idx2sym)):
         raise ValueError(f"{path}: 'unk_idx' {unk_idx!r} is not an id of the vocabulary")
     lower_case, delimiter = state.get("lower_case"), state.get("delimiter")
-    return {"idx2sym": idx2sym, "sym2idx": sym2idx, "unk_idx": unk_idx,
-            "lower_case": lower_case if isinstance(lower_case, bool) else None,
-            "delimiter": delimiter if isinstance(delimiter, str) else None}
+    return {
+        "idx2sym": idx2sym,
+        "sym2idx": sym2idx,
+        "unk_idx": unk_idx,
+        "lower_case": lower_case if isinstance(lower_case, bool) else None,
+        "delimiter": delimiter if isinstance(delimiter, str) else None,
+    }
 
 
 def _read_vocabulary_text(path: str) -> list[str]:
@@ -188,8 +195,9 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
         self.moses_tokenizer = moses.MosesTokenizer(language)
         self.moses_detokenizer = moses.MosesDetokenizer(language)
 
-        vocabulary = self._read_vocabulary(vocab_json_file, vocab_file, pretrained_vocab_file,
-                                           pretrained_vocab_file_torch)
+        vocabulary = self._read_vocabulary(
+            vocab_json_file, vocab_file, pretrained_vocab_file, pretrained_vocab_file_torch
+        )
         self.idx2sym = vocabulary["idx2sym"]
         self.sym2idx = vocabulary["sym2idx"]
         self.vocab_file = vocab_file
@@ -233,8 +241,10 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
         elif pretrained_vocab_file is not None or pretrained_vocab_file_torch is not None:
             return read_legacy_vocabulary(pretrained_vocab_file or pretrained_vocab_file_torch)
         else:
-            raise ValueError("TransfoXLTokenizer needs a vocabulary: vocab.json, vocab.txt or a legacy vocab.pkl / "
-                             "vocab.bin (none was found)")
+            raise ValueError(
+                "TransfoXLTokenizer needs a vocabulary: vocab.json, vocab.txt or a legacy vocab.pkl / "
+                "vocab.bin (none was found)"
+            )
         sym2idx = {symbol: index for index, symbol in enumerate(symbols)}
         # 4.x's vocab.txt reader: <UNK> before <unk>
         return {"idx2sym": symbols, "sym2idx": sym2idx, "unk_idx": sym2idx.get("<UNK>", sym2idx.get("<unk>"))}
@@ -288,8 +298,13 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
     def moses_pipeline(self, text: str) -> list[str]:
         """Moses punctuation normalisation and tokenization, then number splitting."""
         text = self.moses_punct_normalizer.normalize(text)
-        words = self.moses_tokenizer.tokenize(text, aggressive_dash_splits=self.aggressive_dash_splits,
-                                              return_str=False, escape=False, protected_patterns=self.never_split)
+        words = self.moses_tokenizer.tokenize(
+            text,
+            aggressive_dash_splits=self.aggressive_dash_splits,
+            return_str=False,
+            escape=False,
+            protected_patterns=self.never_split,
+        )
         return tokenize_numbers(words) if self.split_numbers else words
 
     def _tokenize(self, line, add_eos=False, add_double_eos=False):
@@ -312,15 +327,22 @@ class TransfoXLTokenizer(PreTrainedTokenizer):
         text = self.moses_detokenizer.detokenize(tokens)
         return (detokenize_numbers(text) if self.split_numbers else text).strip()
 
-    def _decode(self, token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=None,
-                spaces_between_special_tokens=True, **kwargs):
+    def _decode(
+        self,
+        token_ids,
+        skip_special_tokens=False,
+        clean_up_tokenization_spaces=None,
+        spaces_between_special_tokens=True,
+        **kwargs,
+    ):
         """4.x's decode: added tokens outside the vocabulary are joined with spaces, the rest detokenized."""
         tokens = self.convert_ids_to_tokens(token_ids, skip_special_tokens=skip_special_tokens)
         if isinstance(tokens, str):
             tokens = [tokens]
         special = set(self.all_special_tokens)
         standalone = set(self._added_tokens_encoder) - special | {
-            token for token in self.additional_special_tokens if self.convert_tokens_to_ids(token) >= self.vocab_size}
+            token for token in self.additional_special_tokens if self.convert_tokens_to_ids(token) >= self.vocab_size
+        }
         pieces, run = [], []
         for token in tokens:
             if skip_special_tokens and token in special:

@@ -19,8 +19,8 @@ all positions see the halted ones unchanged (Dehghani et al. 2019, section 2.2).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -215,4 +215,14 @@ class ACTCausalLMOutput(ModelOutput):
     hidden_states: tuple[torch.FloatTensor, ...] | None = None
 
 
-__all__ = ["init_halting_unit", "ACTOutput", "ACTModelOutput", "ACTCausalLMOutput", "add_ponder_cost", "AdaptiveComputationTime", "HaltingUnit", "act_halting_step", "mean_ponder_cost"]
+__all__ = [
+    "init_halting_unit",
+    "ACTOutput",
+    "ACTModelOutput",
+    "ACTCausalLMOutput",
+    "add_ponder_cost",
+    "AdaptiveComputationTime",
+    "HaltingUnit",
+    "act_halting_step",
+    "mean_ponder_cost",
+]

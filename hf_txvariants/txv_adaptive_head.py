@@ -27,8 +27,14 @@ def adaptive_tied_weights_keys(config, embedding_path: str, softmax_path: str = 
 
 
 def adaptive_lm_outputs(
-    crit, hidden_states: torch.Tensor, vocab_size: int, labels=None, logits_to_keep: int = 0,
-    num_items_in_batch=None, shift_labels=None, return_logits: bool = True,
+    crit,
+    hidden_states: torch.Tensor,
+    vocab_size: int,
+    labels=None,
+    logits_to_keep: int = 0,
+    num_items_in_batch=None,
+    shift_labels=None,
+    return_logits: bool = True,
 ):
     """`(logits, losses, loss)`: log-probabilities of the last `logits_to_keep` positions (0: all; None without
     `return_logits`), the per-token NLLs `[batch, length - 1]` (`[batch, length]` with `shift_labels`; 0 where the

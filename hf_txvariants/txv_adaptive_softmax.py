@@ -76,8 +76,9 @@ class AdaptiveEmbedding(nn.Module):
         order = torch.argsort(clusters, stable=True)
         tokens_per_cluster = torch.bincount(clusters, minlength=len(self.bounds)).tolist()
         pieces = zip(self.bounds, self.emb_layers, self.emb_projs, flat_ids[order].split(tokens_per_cluster))
-        projected = torch.cat([nn.functional.linear(layer(ids - start), projection)
-                               for (start, _), layer, projection, ids in pieces])
+        projected = torch.cat(
+            [nn.functional.linear(layer(ids - start), projection) for (start, _), layer, projection, ids in pieces]
+        )
         # in the activation dtype (autocast's for the projection): never a float32 buffer for bf16/fp16 rows
         embeddings = projected.new_empty(projected.shape).index_copy(0, order, projected)
         return embeddings.view(*input_ids.shape, self.d_proj)

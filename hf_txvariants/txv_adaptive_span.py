@@ -67,12 +67,17 @@ def check_span_fields(config):
     """Config-time checks of the adaptive-span fields every XL-family config has (each error names the field):
     `attn_span` (None or >= 1; needed by `adapt_span_enabled`), `adapt_span_ramp` >= 1, `adapt_span_init` in [0, 1],
     `adapt_span_loss` >= 0; the other `adapt_span_*` fields only mean something with `adapt_span_enabled`."""
-    if config.attn_span is not None and (isinstance(config.attn_span, bool) or not isinstance(config.attn_span, int)
-                                         or config.attn_span < 1):
+    if config.attn_span is not None and (
+        isinstance(config.attn_span, bool) or not isinstance(config.attn_span, int) or config.attn_span < 1
+    ):
         raise ValueError(f"attn_span must be None or a positive integer, got {config.attn_span!r}")
     if config.adapt_span_enabled and config.attn_span is None:
         raise ValueError("adapt_span_enabled=True needs attn_span (the largest span S)")
-    if isinstance(config.adapt_span_ramp, bool) or not isinstance(config.adapt_span_ramp, int) or config.adapt_span_ramp < 1:
+    if (
+        isinstance(config.adapt_span_ramp, bool)
+        or not isinstance(config.adapt_span_ramp, int)
+        or config.adapt_span_ramp < 1
+    ):
         raise ValueError(f"adapt_span_ramp must be a positive integer, got {config.adapt_span_ramp!r}")
     if not 0.0 <= config.adapt_span_init <= 1.0:
         raise ValueError(f"adapt_span_init must be in [0, 1] (a fraction of attn_span), got {config.adapt_span_init}")
@@ -91,8 +96,15 @@ class AdaptiveSpan(nn.Module):
     Parameter `current_val` (static): `[H]`, the span fraction (z = S * current_val), as in the original code.
     """
 
-    def __init__(self, num_heads: int, max_span: int, ramp: int, init: float = 0.0, dynamic: bool = False,
-                 hidden_size: int | None = None):
+    def __init__(
+        self,
+        num_heads: int,
+        max_span: int,
+        ramp: int,
+        init: float = 0.0,
+        dynamic: bool = False,
+        hidden_size: int | None = None,
+    ):
         super().__init__()
         if max_span < 1:
             raise ValueError(f"max_span must be >= 1, got {max_span}")

@@ -14,8 +14,8 @@ top left, so it would drop keys when k_len > q_len (a cache, a memory), and eage
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -72,7 +72,7 @@ def attention_forward(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: "torch.Tensor | CausalMask | None",
+    attention_mask: torch.Tensor | CausalMask | None,
     scaling: float,
     dropout: float = 0.0,
     output_attentions: bool = False,

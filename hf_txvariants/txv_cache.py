@@ -113,7 +113,8 @@ class RowStateCache(Cache):
 
     @property
     def is_croppable(self) -> bool:
-        """False unless a subclass says otherwise: a model's own state (a memory, an RNN state) cannot be rolled back."""
+        """False unless a subclass says otherwise: a model's own state (a memory, an RNN state) cannot be rolled
+        back."""
         return False
 
     # One entry per layer (`len(self)`): no state here is a sliding-window, linear-attention or dummy layer
@@ -133,7 +134,7 @@ class MemoryLayer:
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, cache: "MemoryCache", layer_idx: int):
+    def __init__(self, cache: MemoryCache, layer_idx: int):
         self._cache, self.layer_idx = cache, layer_idx
 
     @property
@@ -162,7 +163,7 @@ class KeyValueSlot:
     keys and values the layer used for the last `key.shape[2]` positions of `[memory; segment]`; the memory update
     keeps the part that stays in memory."""
 
-    def __init__(self, cache: "MemoryCache", layer_idx: int):
+    def __init__(self, cache: MemoryCache, layer_idx: int):
         self._cache, self.layer_idx = cache, layer_idx
 
     def lookup(self, weights_token: tuple, memory_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -216,7 +217,8 @@ def is_row_suffix(rows: torch.Tensor, table: torch.Tensor) -> bool:
         and rows.is_contiguous()
         and rows.shape[1:] == table.shape[1:]
         and rows.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
-        and rows.data_ptr() + rows.numel() * rows.element_size() == table.data_ptr() + table.numel() * table.element_size()
+        and rows.data_ptr() + rows.numel() * rows.element_size()
+        == table.data_ptr() + table.numel() * table.element_size()
     )
 
 
@@ -317,7 +319,7 @@ class MemoryCache(RowStateCache):
     @classmethod
     def initial(
         cls, num_layers, mem_len, batch_size, hidden_size, memory_init, dtype, device, model_type=None
-    ) -> "MemoryCache":
+    ) -> MemoryCache:
         """The memory a first segment starts with: `memory_init="zeros"` gives `mem_len` zero vectors that are attended
         to (TF code and transformers' legacy TransfoXL), `"empty"` gives no memory (the original PyTorch code)."""
         cache = cls(num_layers, mem_len, memory_init=memory_init, model_type=model_type)
@@ -327,7 +329,7 @@ class MemoryCache(RowStateCache):
         return cache
 
     @classmethod
-    def from_legacy_mems(cls, mems, mem_len: int) -> "MemoryCache":
+    def from_legacy_mems(cls, mems, mem_len: int) -> MemoryCache:
         """Builds a cache from the legacy `mems` list (one time-major `[length, batch, hidden]` tensor per layer)."""
         if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) and m.dim() == 3 for m in mems):
             raise ValueError("`mems` must be a list with one [memory_length, batch, hidden_size] tensor per layer")
@@ -432,7 +434,9 @@ class MemoryCache(RowStateCache):
         if input_mask is None and memory_all_real:
             return None
         if input_mask is None:
-            input_mask = torch.ones(self.memory_mask.shape[0], query_length, dtype=torch.bool, device=self.memory_mask.device)
+            input_mask = torch.ones(
+                self.memory_mask.shape[0], query_length, dtype=torch.bool, device=self.memory_mask.device
+            )
         return input_mask if self.memory_mask is None else torch.cat([self.memory_mask, input_mask], dim=1)
 
     def update_memories(self, layer_inputs: list[torch.Tensor], input_mask: torch.Tensor | None):
@@ -499,7 +503,7 @@ class MemoryCache(RowStateCache):
             # memory, which a step of an acting agent would pay) nor their cached keys and values are ever attended
             self.memory_mask = self.memory_mask & ~done[:, None]
 
-    def clone(self) -> "MemoryCache":
+    def clone(self) -> MemoryCache:
         copy = MemoryCache(
             self.num_layers,
             self.mem_len,
@@ -577,7 +581,10 @@ torch.utils._pytree.register_pytree_node(
     _unflatten_memory,
     serialized_type_name=f"{__name__}.MemoryCache",
     flatten_with_keys_fn=lambda cache: (
-        [(torch.utils._pytree.GetAttrKey(k), v) for k, v in zip(("memories", "memory_mask"), _flatten_memory(cache)[0])],
+        [
+            (torch.utils._pytree.GetAttrKey(k), v)
+            for k, v in zip(("memories", "memory_mask"), _flatten_memory(cache)[0])
+        ],
         _flatten_memory(cache)[1],
     ),
 )
@@ -591,7 +598,9 @@ def memory_for_input(
         return new_memory()
     if not isinstance(memory, MemoryCache):
         raise ValueError(f"the cache must be the MemoryCache returned by this model, got {type(memory).__name__}")
-    memory.check_compatible(batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers, model_type=model_type)
+    memory.check_compatible(
+        batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers, model_type=model_type
+    )
     return memory
 
 

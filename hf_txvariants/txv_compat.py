@@ -112,8 +112,11 @@ def accepts_cache_names(function):
             # Every name ends here as the one keyword `cache`: past this line no code path knows which was given.
             kwargs["cache"] = pop_cache(kwargs)
             if CACHE_NAME == "cache" and not is_torchdynamo_compiling():  # as transformers' models do from 5.24
-                warnings.warn(f"`{old_names[0]}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
-                              FutureWarning, stacklevel=_caller_stacklevel())
+                warnings.warn(
+                    f"`{old_names[0]}` is deprecated for `{function.__qualname__}`. Use `cache` instead.",
+                    FutureWarning,
+                    stacklevel=_caller_stacklevel(),
+                )
         return function(*args, **kwargs)
 
     parameters = [p.replace(name=CACHE_NAME) if p.name == "cache" else p for p in signature.parameters.values()]
@@ -143,8 +146,11 @@ class GradientCheckpointingLayer(_TransformersCheckpointingLayer):
 
     def __call__(self, *args, **kwargs):
         if (
-            CACHE_NAME != "cache" and self.gradient_checkpointing and self.training
-            and not self._can_checkpoint_with_cache and kwargs.get("cache") is not None
+            CACHE_NAME != "cache"
+            and self.gradient_checkpointing
+            and self.training
+            and not self._can_checkpoint_with_cache
+            and kwargs.get("cache") is not None
         ):
             kwargs["cache"] = None
         return super().__call__(*args, **kwargs)

@@ -91,8 +91,7 @@ def check_field_types(config):
             continue
         value = getattr(config, name)
         if not _matches(value, annotation):
-            raise ValueError(f"{name} must be of type {_type_name(annotation)}, got {value!r} "
-                             f"({type(value).__name__})")
+            raise ValueError(f"{name} must be of type {_type_name(annotation)}, got {value!r} ({type(value).__name__})")
 
 
 def check_positive(config, *names: str):
@@ -142,8 +141,9 @@ def check_left_at_default(config, names, reason: str):
     for name in names:
         value = getattr(config, name)
         if value != defaults[name]:
-            raise ValueError(f"{name}={value!r} would be ignored: {reason}; leave {name} at its default "
-                             f"({defaults[name]!r})")
+            raise ValueError(
+                f"{name}={value!r} would be ignored: {reason}; leave {name} at its default ({defaults[name]!r})"
+            )
 
 
 def read_act_epsilon(config, kwargs: dict):

@@ -164,8 +164,9 @@ def clean_stale_siblings(target: str | os.PathLike) -> list[str]:
             continue
         if match["tag"] == "old" and not target.exists():
             os.replace(sibling, target)
-            done.append(f"restored {target} from {sibling.name} (left by process {match['pid']}, killed while "
-                        "replacing it)")
+            done.append(
+                f"restored {target} from {sibling.name} (left by process {match['pid']}, killed while replacing it)"
+            )
         else:
             shutil.rmtree(sibling, ignore_errors=True)
             done.append(f"removed {sibling} (left by process {match['pid']}, which no longer runs)")
@@ -213,8 +214,9 @@ def atomic_directory(target: str | os.PathLike, keep_existing: bool = True):
     target.parent.mkdir(parents=True, exist_ok=True)
     with explained_write_errors(target), folder_lock(target.with_name(f".{target.name}.txv.lock"), f"writing {target}"):
         clean_stale_siblings(target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.txv-{_host()}-{os.getpid()}-", suffix=".tmp",
-                                        dir=target.parent))
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.txv-{_host()}-{os.getpid()}-", suffix=".tmp", dir=target.parent)
+        )
         _give_default_mode(staging, is_dir=True)
         try:
             yield staging
@@ -290,8 +292,10 @@ def folder_lock(lock_path: str | os.PathLike, holder: str = "", on_stale=None):
             other = _read_holder(handle)
             os.close(handle)
             raise FolderInUseError(
-                errno.EBUSY, f"{lock_path.parent} is in use by {describe_holder(other)}: wait for it to finish or "
-                f"write elsewhere (lock file {lock_path})") from None
+                errno.EBUSY,
+                f"{lock_path.parent} is in use by {describe_holder(other)}: wait for it to finish or "
+                f"write elsewhere (lock file {lock_path})",
+            ) from None
         except BaseException:
             os.close(handle)
             raise

@@ -114,8 +114,10 @@ def check_gate_fields(config):
     """`gate_type` one of GATE_TYPES and `gate_bias` a finite number (config-time checks naming the field)."""
     if config.gate_type not in GATE_TYPES:
         raise ValueError(f"gate_type must be one of {list(GATE_TYPES)}, got {config.gate_type!r}")
-    if isinstance(config.gate_bias, bool) or not isinstance(config.gate_bias, (int, float)) or not math.isfinite(
-        config.gate_bias
+    if (
+        isinstance(config.gate_bias, bool)
+        or not isinstance(config.gate_bias, (int, float))
+        or not math.isfinite(config.gate_bias)
     ):
         raise ValueError(f"gate_bias must be a finite number, got {config.gate_bias!r}")
 

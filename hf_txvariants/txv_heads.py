@@ -121,16 +121,20 @@ class CausalLMHeadMixin(TxvHeadMixin):
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states or self.needs_layer_outputs(
-                labels is not None or shift_labels is not None
-            ),
+            output_hidden_states=output_hidden_states
+            or self.needs_layer_outputs(labels is not None or shift_labels is not None),
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
             **kwargs,
         )
         fields = self.lm_outputs(
-            outputs, labels, logits_to_keep, attention_mask, num_items_in_batch=num_items_in_batch,
-            shift_labels=shift_labels, **head_kwargs,
+            outputs,
+            labels,
+            logits_to_keep,
+            attention_mask,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+            **head_kwargs,
         )
         if not output_hidden_states:
             fields["hidden_states"] = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers.utils.import_utils import is_tracing
@@ -18,9 +18,7 @@ def check_token_ids(token_ids: torch.Tensor, vocab_size: int, name: str = "input
     if token_ids.numel() and not torch.compiler.is_compiling():
         low, high = int(token_ids.min()), int(token_ids.max())
         if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"{name} must be in [0, {vocab_size}) (config.{field}), found values from {low} to {high}"
-            )
+            raise ValueError(f"{name} must be in [0, {vocab_size}) (config.{field}), found values from {low} to {high}")
 
 
 def check_not_empty(shape, name: str = "input_ids"):

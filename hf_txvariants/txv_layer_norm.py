@@ -26,7 +26,7 @@ class AnnotatedLayerNorm(nn.Module):
 
 
 def make_layer_norm(layer_norm_type: str, hidden_size: int, eps: float) -> nn.Module:
-    """"standard" -> nn.LayerNorm, "annotated" -> AnnotatedLayerNorm."""
+    """ "standard" -> nn.LayerNorm, "annotated" -> AnnotatedLayerNorm."""
     if layer_norm_type == "standard":
         return nn.LayerNorm(hidden_size, eps=eps)
     if layer_norm_type == "annotated":

@@ -84,8 +84,9 @@ def masked_lm_loss(
     return token_cross_entropy(logits, labels, num_items_in_batch, ignore_index)
 
 
-def causal_lm_head(lm_head, hidden_states: torch.Tensor, vocab_size: int, labels=None, logits_to_keep: int = 0,
-                   **loss_kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+def causal_lm_head(
+    lm_head, hidden_states: torch.Tensor, vocab_size: int, labels=None, logits_to_keep: int = 0, **loss_kwargs
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`(logits, loss)` of a causal-LM head: with `labels` (or `shift_labels` in `loss_kwargs`) the targets are checked
     and the loss is taken over every position, then the logits are cut to the last `logits_to_keep` (0: all); without
     them only the kept positions are projected and the loss is None."""

@@ -216,8 +216,19 @@ def lsh_attention(
     if length <= chunk_length:
         positions = torch.arange(length, device=query_key.device)[None, None]
         result = chunked_attention(
-            query_key, length_normalise(query_key), value, positions, length, 0, 0, causal, valid, True, dropout,
-            training, output_attentions,
+            query_key,
+            length_normalise(query_key),
+            value,
+            positions,
+            length,
+            0,
+            0,
+            causal,
+            valid,
+            True,
+            dropout,
+            training,
+            output_attentions,
         )
         return (result[0], result[2]) if output_attentions else result[0]
     if length % chunk_length:
@@ -230,7 +241,12 @@ def lsh_attention(
         sorted_index = torch.argsort(sort_keys, dim=-1)
         undo_sort = torch.argsort(sorted_index, dim=-1)
         sorted_positions = sorted_index % length
-    gather = lambda x: torch.gather(x.repeat(1, 1, num_hashes, 1), 2, sorted_positions[..., None].expand(-1, -1, -1, x.shape[-1]))  # noqa: E731
+
+    def gather(x):
+        return torch.gather(
+            x.repeat(1, 1, num_hashes, 1), 2, sorted_positions[..., None].expand(-1, -1, -1, x.shape[-1])
+        )
+
     sorted_qk, sorted_value = gather(query_key), gather(value)
     sorted_valid = None
     if valid is not None:
@@ -288,7 +304,18 @@ def local_attention(
     elif length % chunk_length:
         raise ValueError(f"sequence length {length} must be a multiple of local_attn_chunk_length ({chunk_length})")
     result = chunked_attention(
-        query, key, value, positions, chunk_length, before, after, causal, valid, False, dropout, training,
+        query,
+        key,
+        value,
+        positions,
+        chunk_length,
+        before,
+        after,
+        causal,
+        valid,
+        False,
+        dropout,
+        training,
         output_attentions,
     )
     return (result[0], result[2]) if output_attentions else result[0]
@@ -311,7 +338,9 @@ def _window_weights(probs, key_positions, length):
     """Probabilities over a window `[B, H, R, W]` (rounds already weighted) -> dense `[B, H, 1, length]`."""
     batch, heads = probs.shape[:2]
     dense = probs.new_zeros(batch, heads, length)
-    dense.scatter_add_(-1, key_positions.reshape(batch, heads, -1).clamp(max=length - 1), probs.reshape(batch, heads, -1))
+    dense.scatter_add_(
+        -1, key_positions.reshape(batch, heads, -1).clamp(max=length - 1), probs.reshape(batch, heads, -1)
+    )
     return dense[:, :, None]
 
 
@@ -343,8 +372,13 @@ def lsh_attention_step(
         window = lambda x: x[:, :, None]  # noqa: E731
         key_positions = positions.view(1, 1, 1, -1).expand(batch, heads, 1, length)
         output, _, probs = _attend_window(
-            query[:, :, None], window(length_normalise(query_key)), window(value), key_positions,
-            key_valid[:, None, None, :].expand(batch, heads, 1, length), t, True,
+            query[:, :, None],
+            window(length_normalise(query_key)),
+            window(value),
+            key_positions,
+            key_valid[:, None, None, :].expand(batch, heads, 1, length),
+            t,
+            True,
         )
         weights = _window_weights(probs, key_positions, length) if output_attentions else None
         return output, None, weights
@@ -364,24 +398,36 @@ def lsh_attention_step(
     sort_keys = sort_buckets * padded_length + all_positions
     sorted_positions = torch.argsort(sort_keys, dim=-1).flatten(2)  # [B, H, R * Lp]
     total_chunks = num_hashes * padded_length // chunk_length
-    chunk = torch.div(torch.arange(num_hashes, device=rank.device) * padded_length + rank, chunk_length, rounding_mode="floor")
+    chunk = torch.div(
+        torch.arange(num_hashes, device=rank.device) * padded_length + rank, chunk_length, rounding_mode="floor"
+    )
     offsets = torch.arange(-before, after + 1, device=rank.device)
     window_chunks = torch.remainder(chunk[..., None] + offsets, total_chunks)  # [B, H, R, before + 1 + after]
     window_index = (window_chunks[..., None] * chunk_length + torch.arange(chunk_length, device=rank.device)).flatten(3)
     key_positions = torch.gather(sorted_positions[:, :, None].expand(-1, -1, num_hashes, -1), 3, window_index)
     gather_positions = key_positions.clamp(max=t)  # entries past the sequence are padding, masked below
     pick = lambda x: torch.gather(  # noqa: E731
-        x[:, :, None].expand(-1, -1, num_hashes, -1, -1), 3,
+        x[:, :, None].expand(-1, -1, num_hashes, -1, -1),
+        3,
         gather_positions[..., None].expand(-1, -1, -1, -1, x.shape[-1]),
     )
     valid = nn.functional.pad(key_valid, (0, padded_length - length), value=False)
     window_valid = torch.gather(valid[:, None, None].expand(-1, heads, num_hashes, -1), 3, key_positions)
     output, logits, probs = _attend_window(
-        query[:, :, None].expand(-1, -1, num_hashes, -1), pick(length_normalise(query_key)), pick(value),
-        key_positions, window_valid, t, True,
+        query[:, :, None].expand(-1, -1, num_hashes, -1),
+        pick(length_normalise(query_key)),
+        pick(value),
+        key_positions,
+        window_valid,
+        t,
+        True,
     )
     round_weights = torch.exp(logits - torch.logsumexp(logits, dim=2, keepdim=True))  # [B, H, R]
-    combined = output[:, :, :1] if num_hashes == 1 else (output * round_weights[..., None]).sum(2, keepdim=True).to(output.dtype)
+    combined = (
+        output[:, :, :1]
+        if num_hashes == 1
+        else (output * round_weights[..., None]).sum(2, keepdim=True).to(output.dtype)
+    )
     weights = None
     if output_attentions:
         weights = _window_weights(probs * round_weights[..., None], gather_positions, length)

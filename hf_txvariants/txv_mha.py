@@ -139,7 +139,7 @@ def self_attention_mask(
     dtype: torch.dtype,
     device,
     fused: bool = False,
-) -> "torch.Tensor | CausalMask | None":
+) -> torch.Tensor | CausalMask | None:
     """Additive `[batch or 1, 1, q_len, past_length + q_len]` mask: causal (query i at position past_length + i)
     and padding. `attention_mask` is `[batch, past_length + q_len]` (or `[batch, q_len]`, the past then counts as
     real) with 1 = token, 0 = padding. None when nothing is masked.
@@ -154,7 +154,9 @@ def self_attention_mask(
     if causal:
         allowed = causal_allowed(query_length, past_length, device)[None, None]
     if attention_mask is not None:
-        key_valid = key_padding_mask(attention_mask, batch, query_length, past_length).to(device=device, dtype=torch.bool)
+        key_valid = key_padding_mask(attention_mask, batch, query_length, past_length).to(
+            device=device, dtype=torch.bool
+        )
         allowed = key_valid[:, None, None, :] if allowed is None else allowed & key_valid[:, None, None, :]
     if allowed is None:
         return None

@@ -45,7 +45,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-
 from transformers.utils.import_utils import is_tracing
 
 from .txv_attention import additive_mask, attention_function, eager_attention_forward
@@ -65,11 +64,11 @@ class AttentionPattern:
     def allowed(self, q_idx: torch.Tensor, kv_idx: torch.Tensor, head: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
-    def factors(self) -> list["AttentionPattern"]:
+    def factors(self) -> list[AttentionPattern]:
         """The parts a factorised pattern is made of (itself for a simple one)."""
         return [self]
 
-    def tilings(self) -> list["Tiling"] | None:
+    def tilings(self) -> list[Tiling] | None:
         """Tilings whose tiles together hold every (query, key) pair the pattern allows (None: not tileable)."""
         return None
 
@@ -131,7 +130,10 @@ class FixedBlock(AttentionPattern):
     causal_in_tiles = True
 
     def allowed(self, q_idx, kv_idx, head=None):
-        return (kv_idx <= q_idx) & (torch.div(kv_idx, self.stride, rounding_mode="floor") == torch.div(q_idx, self.stride, rounding_mode="floor"))
+        return (kv_idx <= q_idx) & (
+            torch.div(kv_idx, self.stride, rounding_mode="floor")
+            == torch.div(q_idx, self.stride, rounding_mode="floor")
+        )
 
     def tilings(self):
         return [Blocks(self.stride)]
@@ -224,7 +226,10 @@ class Local2D(AttentionPattern):
         bh, bw = self.query_shape
         block, inside = torch.div(index, bh * bw, rounding_mode="floor"), torch.remainder(index, bh * bw)
         blocks_per_row = self.width // bw
-        block_row, block_col = torch.div(block, blocks_per_row, rounding_mode="floor"), torch.remainder(block, blocks_per_row)
+        block_row, block_col = (
+            torch.div(block, blocks_per_row, rounding_mode="floor"),
+            torch.remainder(block, blocks_per_row),
+        )
         row = block_row * bh + torch.div(inside, bw, rounding_mode="floor")
         col = block_col * bw + torch.remainder(inside, bw)
         return row, col
@@ -283,7 +288,9 @@ def from_block_raster(x: torch.Tensor, height: int, width: int, query_shape) -> 
 
 
 # ------------------------------------------------------------------------------------------------------ dense
-def dense_allowed(pattern: AttentionPattern, q_len: int, k_len: int, device=None, q_offset: int = 0, num_heads: int = 1):
+def dense_allowed(
+    pattern: AttentionPattern, q_len: int, k_len: int, device=None, q_offset: int = 0, num_heads: int = 1
+):
     """`[num_heads or 1, q_len, k_len]` bool; query i has absolute position q_offset + i."""
     q_idx = torch.arange(q_len, device=device)[:, None] + q_offset
     kv_idx = torch.arange(k_len, device=device)[None, :]
@@ -302,8 +309,8 @@ def _pad_length(x: torch.Tensor, length: int) -> torch.Tensor:
 class Tiling:
     """A layout of a sequence in tiles: `tile_queries` / `tile_keys` turn `[B, H, L, D]` into `[B, H, T, tq, D]` /
     `[B, H, T, tk, D]` (reshapes and slices, padded with zeros at the end), `query_positions` / `key_positions` give the
-    absolute position of every slot (`[T, tq]`, `[T, tk]`; out-of-sequence slots are < 0 or >= L), and `covers(q, k)` says whether
-    key k sits in a tile of query q."""
+    absolute position of every slot (`[T, tq]`, `[T, tk]`; out-of-sequence slots are < 0 or >= L), and
+    `covers(q, k)` says whether key k sits in a tile of query q."""
 
     def size(self, length: int) -> int:
         return length
@@ -334,7 +341,6 @@ class Tiling:
 class WholeSequence(Tiling):
     """One tile: every query with every key (plain causal attention)."""
 
-
     def covers(self, q_idx, kv_idx):
         return torch.ones_like(q_idx - kv_idx, dtype=torch.bool)
 
@@ -349,7 +355,9 @@ class Blocks(Tiling):
         return self.block
 
     def covers(self, q_idx, kv_idx):
-        return torch.div(q_idx, self.block, rounding_mode="floor") == torch.div(kv_idx, self.block, rounding_mode="floor")
+        return torch.div(q_idx, self.block, rounding_mode="floor") == torch.div(
+            kv_idx, self.block, rounding_mode="floor"
+        )
 
 
 @dataclass(frozen=True)
@@ -577,7 +585,9 @@ def _single_tiling_attention(
     tiled_query = tiling.tile_queries(query)
     tiles, tile_length = tiled_query.shape[2:4]
     tiled_query, tiled_key, tiled_value = (
-        _sdpa_layout(tiled_query), _sdpa_layout(tiling.tile_keys(key)), _sdpa_layout(tiling.tile_keys(value))
+        _sdpa_layout(tiled_query),
+        _sdpa_layout(tiling.tile_keys(key)),
+        _sdpa_layout(tiling.tile_keys(value)),
     )
     sdpa = nn.functional.scaled_dot_product_attention
     if plain_causal and key_padding_mask is None:
@@ -669,7 +679,9 @@ def _group_pieces(number, mask, dtype):
         if prefix:
             pieces.append(_Piece(number, rows, slice(0, prefix)))
         if end > prefix:
-            pieces.append(_Piece(number, rows, slice(prefix, end), additive_mask(part[None, None, :, prefix:end], dtype)))
+            pieces.append(
+                _Piece(number, rows, slice(prefix, end), additive_mask(part[None, None, :, prefix:end], dtype))
+            )
     return pieces
 
 
@@ -721,8 +733,13 @@ class _FusedUnion(torch.autograd.Function):
             query, key, value = tiles[3 * piece.tiling : 3 * piece.tiling + 3]
             rows, keys = piece.rows, piece.keys
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query[:, :, rows], key[:, :, keys], value[:, :, keys], 0.0, piece.causal,
-                attn_mask=_batched_bias(piece.bias, query.shape[0]), scale=scaling,
+                query[:, :, rows],
+                key[:, :, keys],
+                value[:, :, keys],
+                0.0,
+                piece.causal,
+                attn_mask=_batched_bias(piece.bias, query.shape[0]),
+                scale=scaling,
             )
             _merge_into(tiled_output[piece.tiling][:, :, rows], tiled_lse[piece.tiling][:, :, rows], out, lse.float())
         # The tilings' results in query order, combined.
@@ -751,8 +768,16 @@ class _FusedUnion(torch.autograd.Function):
             grad_out, out, lse = (x[:, :, piece.rows] for x in layouts[piece.tiling])
             rows, keys = piece.rows, piece.keys
             grad_query, grad_key, grad_value = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad_out, query[:, :, rows], key[:, :, keys], value[:, :, keys], out, lse[..., 0], 0.0, piece.causal,
-                attn_mask=_batched_bias(piece.bias, query.shape[0]), scale=ctx.scaling,
+                grad_out,
+                query[:, :, rows],
+                key[:, :, keys],
+                value[:, :, keys],
+                out,
+                lse[..., 0],
+                0.0,
+                piece.causal,
+                attn_mask=_batched_bias(piece.bias, query.shape[0]),
+                scale=ctx.scaling,
             )
             grads[3 * piece.tiling][:, :, rows] += grad_query
             grads[3 * piece.tiling + 1][:, :, keys] += grad_key
@@ -903,7 +928,8 @@ def gathered_attention(
 ):
     """Block-sparse attention by gathering, the fallback for patterns without tilings (every pattern defined here has
     them; a pattern of your own may not): each query block gathers the union of the keys its queries may see.
-    `query [B, H, Lq, D]`, `key`/`value [B, H, Lk, D]`, `key_padding_mask [B, Lk]` bool (True = real). Returns `[B, Lq, H, D]` (and no weights)."""
+    `query [B, H, Lq, D]`, `key`/`value [B, H, Lk, D]`, `key_padding_mask [B, Lk]` bool (True = real). Returns
+    `[B, Lq, H, D]` (and no weights)."""
     if pattern.per_head:
         heads = query.shape[1]
         output = query.new_empty(query.shape[0], query.shape[2], heads, value.shape[-1])
@@ -911,8 +937,16 @@ def gathered_attention(
             group = list(range(number, heads, len(pattern.parts)))
             if group:
                 output[:, :, group] = gathered_attention(
-                    query[:, group], key[:, group], value[:, group], part, scaling, block_size,
-                    key_padding_mask, dropout, training, q_offset,
+                    query[:, group],
+                    key[:, group],
+                    value[:, group],
+                    part,
+                    scaling,
+                    block_size,
+                    key_padding_mask,
+                    dropout,
+                    training,
+                    q_offset,
                 )
         return output
     batch, heads, q_len, dim = query.shape
@@ -994,7 +1028,9 @@ def pattern_attention(
         implementation = "eager"
     if implementation == "blocked":
         if pattern.tilings() is not None or (pattern.per_head and all(p.tilings() for p in pattern.parts)):
-            return tiled_attention(query, key, value, pattern, scaling, key_padding_mask, dropout, module.training), None
+            return tiled_attention(
+                query, key, value, pattern, scaling, key_padding_mask, dropout, module.training
+            ), None
         output = gathered_attention(
             query, key, value, pattern, scaling, block_size, key_padding_mask, dropout, module.training, q_offset
         )
@@ -1008,7 +1044,12 @@ def pattern_attention(
         allowed = allowed & key_padding_mask[:, None, None, :]
     function = eager_attention_forward if implementation == "eager" else attention_function(implementation)
     output, weights = function(
-        module, query, key, value, additive_mask(allowed, query.dtype), scaling=scaling,
+        module,
+        query,
+        key,
+        value,
+        additive_mask(allowed, query.dtype),
+        scaling=scaling,
         dropout=dropout if module.training else 0.0,
     )
     sees_a_key = allowed.any(-1).transpose(1, 2)[..., None]  # [B or 1, Lq, H or 1, 1]: rows with no key give zeros

@@ -94,8 +94,10 @@ def explain_loading_error(model_class, source, error: Exception) -> Exception | 
             try:
                 safetensors_header(path)
             except ValueError as reason:
-                return OSError(f"{path} cannot be read ({reason}; safetensors: {str(error).splitlines()[0]}): the "
-                               "weights file is truncated or damaged")
+                return OSError(
+                    f"{path} cannot be read ({reason}; safetensors: {str(error).splitlines()[0]}): the "
+                    "weights file is truncated or damaged"
+                )
         return None
     if not (isinstance(error, RuntimeError) and "ignore_mismatched_sizes" in str(error)):
         return None
@@ -118,18 +120,25 @@ def explain_loading_error(model_class, source, error: Exception) -> Exception | 
 
     def fields_of(shape, wanted):  # the config's integer fields equal to a size that differs
         sizes = {value for got, value in zip(shape, wanted) if got != value} or set(wanted)
-        return sorted(field for field, value in config.to_dict().items()
-                      if type(value) is int and value in sizes and not field.endswith("_id"))
+        return sorted(
+            field
+            for field, value in config.to_dict().items()
+            if type(value) is int and value in sizes and not field.endswith("_id")
+        )
 
     # the first tensor whose size is a config field (others are derived: vocab_size minus a cutoff, ...)
     name, key, shape, wanted = next((m for m in mismatches if fields_of(m[2], m[3])), mismatches[0])
     fields = fields_of(shape, wanted)
-    said = [f"{field} = {getattr(config, field)}" + ("" if field in stored else " (not in config.json: the default)")
-            for field in fields]
+    said = [
+        f"{field} = {getattr(config, field)}" + ("" if field in stored else " (not in config.json: the default)")
+        for field in fields
+    ]
     return ValueError(
         f"{folder / 'config.json'} does not match the weights in {name}: {key} is {list(shape)} there, "
-        f"{list(wanted)} from the config" + (f" ({', '.join(said)})" if said else "")
-        + f"; {len(mismatches)} tensor(s) differ. Fix config.json or use the config saved with these weights.")
+        f"{list(wanted)} from the config"
+        + (f" ({', '.join(said)})" if said else "")
+        + f"; {len(mismatches)} tensor(s) differ. Fix config.json or use the config saved with these weights."
+    )
 
 
 class TxvModelMixin:

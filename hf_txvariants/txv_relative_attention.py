@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .txv_attention import additive_mask, get_attention_function
@@ -181,7 +180,9 @@ class RelativePositionAttention(nn.Module):
                 block_bias = additive_mask(block_of(allowed, queries, keys), query.dtype, block_bias)
             else:  # one pass over the scores: the mask's finfo.min absorbs any finite score
                 block_bias = block_bias + block_of(mask, queries, keys)
-            block_attention = biased_attention_with_bias_gradient if cpu_sdpa and block_bias.requires_grad else attention
+            block_attention = (
+                biased_attention_with_bias_gradient if cpu_sdpa and block_bias.requires_grad else attention
+            )
             output, weights = block_attention(
                 self,
                 content_query[:, :, queries],

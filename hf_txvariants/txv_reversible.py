@@ -14,7 +14,7 @@ gradients equal those of the ordinary (stored-activation) computation.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -100,7 +100,9 @@ def reversible_sequence(
     """Runs `y1 = x1 + F(x2); y2 = x2 + G(y1)` for every `(F, G)` in `blocks`, storing no activation when gradients
     are needed. `parameters`: every parameter F and G use (their gradients come from the recomputation; they are
     returned through autograd, so optimisers, hooks and gradient accumulation work as usual)."""
-    if not torch.is_grad_enabled() or not (x1.requires_grad or x2.requires_grad or any(p.requires_grad for p in parameters)):
+    if not torch.is_grad_enabled() or not (
+        x1.requires_grad or x2.requires_grad or any(p.requires_grad for p in parameters)
+    ):
         for f, g in blocks:
             x1 = x1 + f(x2)
             x2 = x2 + g(x1)

@@ -24,6 +24,7 @@ This is the project's one safe reader, with one allow-list per format: the origi
 Supported containers: torch.save's zip format (torch >= 1.6), its legacy format (torch < 1.6, what the
 2019 code wrote), and plain pickles (Python 2 protocol 2 ``cache.pkl``, transformers' ``vocab.pkl``).
 """
+
 from __future__ import annotations
 
 import collections
@@ -68,17 +69,31 @@ def _bounded(constructor):
     def build(*args, **kwargs):
         for value in (*args, *kwargs.values()):
             if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CONSTRUCTOR_BYTES:
-                raise UnsafePickleError(f"refusing {constructor.__name__}({value}): more than "
-                                        f"{MAX_CONSTRUCTOR_BYTES} bytes from one number in the pickle")
+                raise UnsafePickleError(
+                    f"refusing {constructor.__name__}({value}): more than "
+                    f"{MAX_CONSTRUCTOR_BYTES} bytes from one number in the pickle"
+                )
         return constructor(*args, **kwargs)
 
     build.__name__ = constructor.__name__
     return build
 
 
-_BUILTINS = {"set": set, "frozenset": frozenset, "list": list, "dict": dict, "tuple": tuple, "int": int,
-             "float": float, "bool": bool, "str": str, "bytes": _bounded(bytes), "bytearray": _bounded(bytearray),
-             "slice": slice, "complex": complex}
+_BUILTINS = {
+    "set": set,
+    "frozenset": frozenset,
+    "list": list,
+    "dict": dict,
+    "tuple": tuple,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "bytes": _bounded(bytes),
+    "bytearray": _bounded(bytearray),
+    "slice": slice,
+    "complex": complex,
+}
 
 
 class PickledObject:
@@ -149,9 +164,17 @@ class _StubClass:
 # The class names the original code pickles. Module prefixes vary with how train.py was launched.
 MODULE_CLASSES = {
     "mem_transformer": {
-        "MemTransformerLM", "AdaptiveEmbedding", "PositionalEmbedding", "PositionwiseFF",
-        "RelPartialLearnableDecoderLayer", "RelPartialLearnableMultiHeadAttn", "RelLearnableDecoderLayer",
-        "RelLearnableMultiHeadAttn", "RelMultiHeadAttn", "DecoderLayer", "MultiHeadAttn",
+        "MemTransformerLM",
+        "AdaptiveEmbedding",
+        "PositionalEmbedding",
+        "PositionwiseFF",
+        "RelPartialLearnableDecoderLayer",
+        "RelPartialLearnableMultiHeadAttn",
+        "RelLearnableDecoderLayer",
+        "RelLearnableMultiHeadAttn",
+        "RelMultiHeadAttn",
+        "DecoderLayer",
+        "MultiHeadAttn",
     },
     "proj_adaptive_softmax": {"ProjectedAdaptiveLogSoftmax"},
     "log_uniform_sampler": {"LogUniformSampler"},
@@ -178,16 +201,33 @@ TRANSFO_XL_TOKENIZER_CLASSES = {
 }
 
 _STORAGE_DTYPES = {
-    "FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+    "FloatStorage": torch.float32,
+    "DoubleStorage": torch.float64,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
     "BoolStorage": torch.bool,
 }
 _TORCH_DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "float64": torch.float64, "double": torch.float64,
-    "float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64,
-    "long": torch.int64, "int32": torch.int32, "int": torch.int32, "int16": torch.int16, "int8": torch.int8,
-    "uint8": torch.uint8, "bool": torch.bool,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "long": torch.int64,
+    "int32": torch.int32,
+    "int": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
 }
 
 
@@ -220,8 +260,9 @@ def check_view_bounds(size, stride, offset, storage_numel, key="?"):
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise UnsafePickleError(f"storage {key}: tensor size, stride and offset must be integers")
     if offset < 0 or any(v < 0 for v in size) or any(v < 0 for v in stride) or len(size) != len(stride):
-        raise UnsafePickleError(f"storage {key}: negative or mismatched tensor size {list(size)} / stride "
-                                f"{list(stride)} / offset {offset}")
+        raise UnsafePickleError(
+            f"storage {key}: negative or mismatched tensor size {list(size)} / stride {list(stride)} / offset {offset}"
+        )
     numel = 1
     for v in size:
         numel *= v
@@ -229,8 +270,10 @@ def check_view_bounds(size, stride, offset, storage_numel, key="?"):
         return
     last = offset + sum((n - 1) * st for n, st in zip(size, stride))
     if last >= storage_numel or numel > storage_numel:
-        raise UnsafePickleError(f"storage {key}: a tensor of size {list(size)}, stride {list(stride)} and offset "
-                                f"{offset} reaches past its storage of {storage_numel} elements")
+        raise UnsafePickleError(
+            f"storage {key}: a tensor of size {list(size)}, stride {list(stride)} and offset "
+            f"{offset} reaches past its storage of {storage_numel} elements"
+        )
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride, *rest):
@@ -270,10 +313,16 @@ def _new_object(cls_name):
 
 # ------------------------------------------------------------------------------------------- opcode scan
 # Argument layout of every opcode: >= 0 fixed size; pickletools' negative codes for the variable ones.
-_ARG_SIZE = {info.code.encode("latin1")[0]: (info.name, info.arg.n if info.arg is not None else 0)
-             for info in pickletools.opcodes}
-_LENGTH_PREFIX = {pickletools.TAKEN_FROM_ARGUMENT1: (1, "<B"), pickletools.TAKEN_FROM_ARGUMENT4: (4, "<i"),
-                  pickletools.TAKEN_FROM_ARGUMENT4U: (4, "<I"), pickletools.TAKEN_FROM_ARGUMENT8U: (8, "<Q")}
+_ARG_SIZE = {
+    info.code.encode("latin1")[0]: (info.name, info.arg.n if info.arg is not None else 0)
+    for info in pickletools.opcodes
+}
+_LENGTH_PREFIX = {
+    pickletools.TAKEN_FROM_ARGUMENT1: (1, "<B"),
+    pickletools.TAKEN_FROM_ARGUMENT4: (4, "<i"),
+    pickletools.TAKEN_FROM_ARGUMENT4U: (4, "<I"),
+    pickletools.TAKEN_FROM_ARGUMENT8U: (8, "<Q"),
+}
 _REFUSED_OPCODES = {"EXT1", "EXT2", "EXT4", "NEXT_BUFFER", "READONLY_BUFFER"}
 # Per opcode byte: the fixed size of its argument (>= 0), or a negative code for what needs a closer look.
 _SHORT, _LONG_BINPUT, _FRAME, _STOP, _LINE, _TWO_LINES, _REFUSE, _UNKNOWN = -1, -6, -7, -10, -11, -12, -13, -14
@@ -324,17 +373,21 @@ def scan_pickle(data, start=0) -> int:
                 (length,) = struct.unpack_from(fmt, data, pos + 1)
                 pos += 1 + size
                 if length < 0 or length > end - pos:
-                    raise UnsafePickleError(f"an argument of {length} bytes at byte {pos - size - 1} is longer than "
-                                            "what is left of the pickle; nothing was executed")
+                    raise UnsafePickleError(
+                        f"an argument of {length} bytes at byte {pos - size - 1} is longer than "
+                        "what is left of the pickle; nothing was executed"
+                    )
                 pos += length
             elif kind == _LONG_BINPUT or kind == _FRAME:
                 size = 4 if kind == _LONG_BINPUT else 8
-                value = int.from_bytes(data[pos + 1:pos + 1 + size], "little")
+                value = int.from_bytes(data[pos + 1 : pos + 1 + size], "little")
                 pos += 1 + size
                 if value > (end if kind == _LONG_BINPUT else end - pos):
                     what = "a memo index" if kind == _LONG_BINPUT else "a frame"
-                    raise UnsafePickleError(f"{what} of {value} at byte {pos - size - 1} is beyond the size of the "
-                                            "pickle; nothing was executed")
+                    raise UnsafePickleError(
+                        f"{what} of {value} at byte {pos - size - 1} is beyond the size of the "
+                        "pickle; nothing was executed"
+                    )
             elif kind == _LINE or kind == _TWO_LINES:
                 op = data[pos]
                 pos += 1
@@ -348,13 +401,17 @@ def scan_pickle(data, start=0) -> int:
                         except ValueError:
                             raise UnsafePickleError(f"a bad memo index at byte {pos - 1}") from None
                         if not 0 <= index <= end:
-                            raise UnsafePickleError(f"a memo index of {index} at byte {pos - 1} is beyond the size "
-                                                    "of the pickle; nothing was executed")
+                            raise UnsafePickleError(
+                                f"a memo index of {index} at byte {pos - 1} is beyond the size "
+                                "of the pickle; nothing was executed"
+                            )
                     pos = newline + 1
             elif kind == _REFUSE:
-                raise UnsafePickleError(f"refusing opcode {_ARG_SIZE[data[pos]][0]} at byte {pos} (extension registry "
-                                        "and out-of-band buffers are never used by the supported files); nothing was "
-                                        "executed")
+                raise UnsafePickleError(
+                    f"refusing opcode {_ARG_SIZE[data[pos]][0]} at byte {pos} (extension registry "
+                    "and out-of-band buffers are never used by the supported files); nothing was "
+                    "executed"
+                )
             else:
                 raise UnsafePickleError(f"unknown pickle opcode {data[pos]:#x} at byte {pos}; nothing was executed")
     except (IndexError, struct.error):
@@ -397,8 +454,11 @@ class _RestrictedUnpickler(pickle.Unpickler):  # the C unpickler, on data that s
         if module == "torch" and name in _TORCH_DTYPES:
             return _TORCH_DTYPES[name]
         # numpy arrays inside a vocabulary cache: recognised, never built
-        if self._numpy_stubs and module in ("numpy.core.multiarray", "numpy._core.multiarray") and name in (
-            "_reconstruct", "scalar"):
+        if (
+            self._numpy_stubs
+            and module in ("numpy.core.multiarray", "numpy._core.multiarray")
+            and name in ("_reconstruct", "scalar")
+        ):
             return _stub_factory
         if self._numpy_stubs and module == "numpy" and name in ("ndarray", "dtype"):
             return _StubClass(qual)
@@ -412,7 +472,8 @@ class _RestrictedUnpickler(pickle.Unpickler):  # the C unpickler, on data that s
             return self._class_cache[key]
         raise UnsafePickleError(
             f"refusing to load global '{qual}': it is not on the allow-list of this converter "
-            f"(the file may be malicious or from an unsupported version); nothing was executed")
+            f"(the file may be malicious or from an unsupported version); nothing was executed"
+        )
 
     def persistent_load(self, pid):
         if isinstance(pid, tuple) and len(pid) == 4 and pid[0] in ("module", b"module"):
@@ -487,17 +548,18 @@ def _unpickle(data, path, classes, start=0, storages=None, numpy_stubs=False, en
     recursion than exists, or that is malformed, is one `UnsafePickleError` naming `path`."""
     try:
         end = scan_pickle(data, start)
-        unpickler = _RestrictedUnpickler(io.BytesIO(data[start:end]), classes, storages, numpy_stubs,
-                                         encoding=encoding)
+        unpickler = _RestrictedUnpickler(io.BytesIO(data[start:end]), classes, storages, numpy_stubs, encoding=encoding)
         return unpickler.load(), end
     except UnsafePickleError as error:
         raise UnsafePickleError(f"{path}: {error}") from None
     except (MemoryError, RecursionError, OverflowError) as error:
-        raise UnsafePickleError(f"{path}: the pickle asks for too much ({type(error).__name__}); "
-                                "nothing was executed") from None
+        raise UnsafePickleError(
+            f"{path}: the pickle asks for too much ({type(error).__name__}); nothing was executed"
+        ) from None
     except Exception as error:  # noqa: BLE001 - a malformed pickle (bad stack, missing memo entry, ...)
-        raise UnsafePickleError(f"{path}: not a readable pickle ({type(error).__name__}: {error}); nothing "
-                                "was executed") from None
+        raise UnsafePickleError(
+            f"{path}: not a readable pickle ({type(error).__name__}: {error}); nothing was executed"
+        ) from None
 
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -537,8 +599,10 @@ def load_torch_file(path, classes=MODULE_CLASSES, load_tensors=True, numpy_stubs
                     if entry.compress_type != zipfile.ZIP_STORED:
                         raise UnsafePickleError(f"{path}: storage {key} is compressed (torch.save never does that)")
                     if entry.file_size < ref.numel * _element_size(ref.dtype):
-                        raise UnsafePickleError(f"{path}: storage {key} holds {entry.file_size} bytes, "
-                                                f"{ref.numel} elements of {ref.dtype} expected")
+                        raise UnsafePickleError(
+                            f"{path}: storage {key} holds {entry.file_size} bytes, "
+                            f"{ref.numel} elements of {ref.dtype} expected"
+                        )
                     ref.tensor = _bytes_to_flat(zf.read(name), ref.dtype, ref.numel)
         return _materialize(obj)
     with open(path, "rb") as f:
@@ -570,9 +634,10 @@ def load_torch_file(path, classes=MODULE_CLASSES, load_tensors=True, numpy_stubs
                     pos += 8
                     nbytes = numel * _element_size(ref.dtype)
                     if numel < 0 or nbytes > len(data) - pos:  # checked before reading: no huge allocation
-                        raise UnsafePickleError(f"{path}: storage {key} declares {numel} elements, more than the "
-                                                "file holds")
-                    ref.tensor = _bytes_to_flat(data[pos:pos + nbytes], ref.dtype, numel)
+                        raise UnsafePickleError(
+                            f"{path}: storage {key} declares {numel} elements, more than the file holds"
+                        )
+                    ref.tensor = _bytes_to_flat(data[pos : pos + nbytes], ref.dtype, numel)
                     pos += nbytes
         return _materialize(obj)
 

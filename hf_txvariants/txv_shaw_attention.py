@@ -59,8 +59,12 @@ class RelationAwareSelfAttention(MultiHeadAttention):
         if self.use_relative_values:
             # Value term: sum_j alpha_ij w^V_{clip(j-i,k)} = sum_r (sum_{j: bucket(i,j)=r} alpha_ij) w^V_r.
             buckets = torch.zeros(
-                batch, self.num_heads, query_length, 2 * self.max_relative_position + 1,
-                dtype=weights.dtype, device=weights.device,
+                batch,
+                self.num_heads,
+                query_length,
+                2 * self.max_relative_position + 1,
+                dtype=weights.dtype,
+                device=weights.device,
             ).scatter_add_(-1, index, weights)
             value_term = torch.matmul(buckets, self.relative_value_embeddings.weight.to(weights.dtype))
             output = output + value_term.transpose(1, 2).to(output.dtype)

@@ -23,7 +23,7 @@ class SpanCacheLayer:
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, cache: "SpanCache", layer_idx: int):
+    def __init__(self, cache: SpanCache, layer_idx: int):
         self._cache, self.layer_idx = cache, layer_idx
 
     @property
@@ -53,8 +53,13 @@ class SpanCache(RowStateCache):
         model_type: the `config.model_type` of the model that made the cache; another type refuses it.
     """
 
-    def __init__(self, num_layers: int, states: list[torch.Tensor] | None = None, seen_tokens: int = 0,
-                 model_type: str | None = None):
+    def __init__(
+        self,
+        num_layers: int,
+        states: list[torch.Tensor] | None = None,
+        seen_tokens: int = 0,
+        model_type: str | None = None,
+    ):
         super().__init__()
         self.num_layers = num_layers
         self.model_type = model_type
@@ -65,8 +70,9 @@ class SpanCache(RowStateCache):
             self.set_states(states)
 
     @classmethod
-    def zeros(cls, lengths: list[int], batch_size: int, hidden_size: int, dtype, device,
-              model_type: str | None = None) -> "SpanCache":
+    def zeros(
+        cls, lengths: list[int], batch_size: int, hidden_size: int, dtype, device, model_type: str | None = None
+    ) -> SpanCache:
         """The cache a first block starts with: `lengths[l]` zero vectors for layer l (attended to)."""
         states = [torch.zeros(batch_size, length, hidden_size, dtype=dtype, device=device) for length in lengths]
         return cls(len(lengths), states, model_type=model_type)
@@ -76,8 +82,10 @@ class SpanCache(RowStateCache):
             raise ValueError(f"the cache has {len(states)} layers of states, expected {self.num_layers}")
         for i, state in enumerate(states):
             if state.dim() != 3 or state.shape[0] != states[0].shape[0] or state.shape[2] != states[0].shape[2]:
-                raise ValueError(f"cache state of layer {i} has shape {tuple(state.shape)}, expected "
-                                 f"[batch={states[0].shape[0]}, length, hidden={states[0].shape[2]}]")
+                raise ValueError(
+                    f"cache state of layer {i} has shape {tuple(state.shape)}, expected "
+                    f"[batch={states[0].shape[0]}, length, hidden={states[0].shape[2]}]"
+                )
         self.states = [state.detach() for state in states]
 
     @property
@@ -118,8 +126,10 @@ class SpanCache(RowStateCache):
         self.states, self.seen_tokens = None, 0
 
     def crop(self, max_length: int):
-        raise NotImplementedError("the adaptive-span cache keeps only the last positions each layer needs: it cannot "
-                                  "be rolled back (assisted decoding is not supported)")
+        raise NotImplementedError(
+            "the adaptive-span cache keeps only the last positions each layer needs: it cannot "
+            "be rolled back (assisted decoding is not supported)"
+        )
 
     def _row_tensors(self) -> dict:
         return {"states": self.states}

@@ -72,7 +72,8 @@ class TransformerStackMixin:
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """The layers over the embedded `hidden_states` with the self-attention `mask`, cross-attending to
         `encoder_hidden_states` (masked by `encoder_attention_mask`) when given, then the final norm.
-        `layer_input(layer_idx, hidden_states)`, when given, is what enters each layer (e.g. plus per-layer positions)."""
+        `layer_input(layer_idx, hidden_states)`, when given, is what enters each layer (e.g. plus per-layer
+        positions)."""
         batch = hidden_states.shape[0]
         cross_mask = None
         if encoder_hidden_states is not None:
@@ -93,14 +94,18 @@ class TransformerStackMixin:
             )
 
         fields = run_layers(
-            self.layers, hidden_states, call_layer, output_attentions, output_hidden_states, self.norm,
-            layer_input, weight_fields=("attentions", "cross_attentions"),
+            self.layers,
+            hidden_states,
+            call_layer,
+            output_attentions,
+            output_hidden_states,
+            self.norm,
+            layer_input,
+            weight_fields=("attentions", "cross_attentions"),
         )
         if encoder_hidden_states is None:
             fields["cross_attentions"] = None
-        return BaseModelOutputWithPastAndCrossAttentions(
-            **fields, **cache_field(cache if use_cache else None)
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(**fields, **cache_field(cache if use_cache else None))
 
 
 def run_layers(
@@ -131,7 +136,9 @@ def run_layers(
     all_hidden.append(hidden_states)
     weights_by_kind = tuple(zip(*all_weights)) if all_weights else ((),) * len(weight_fields)
     fields = {"last_hidden_state": hidden_states, "hidden_states": tuple(all_hidden) if output_hidden_states else None}
-    fields.update({name: weights if output_attentions else None for name, weights in zip(weight_fields, weights_by_kind)})
+    fields.update(
+        {name: weights if output_attentions else None for name, weights in zip(weight_fields, weights_by_kind)}
+    )
     return fields
 
 

@@ -40,7 +40,7 @@ from .txv_relative_attention import relative_position_embeddings
 
 
 def residual_form(config) -> str:
-    """"post_norm" (x = LN(x + y)), "pre_norm" (x = x + y, y from LN(x); transfo-xl's pre_lnorm) or "reordered"
+    """ "post_norm" (x = LN(x + y)), "pre_norm" (x = x + y, y from LN(x); transfo-xl's pre_lnorm) or "reordered"
     (the identity map reordering with a gate, x = g(x, ReLU(y)), y from LN(x))."""
     if config.gate_type == "trxl":
         return "pre_norm" if getattr(config, "pre_lnorm", False) else "post_norm"

@@ -22,7 +22,13 @@ from .txv_gates import GATES, check_gate_fields
 
 MEMORY_INITS = ("zeros", "empty")
 # The adaptive-span settings that mean something only with `adapt_span_enabled` (`attn_span` alone is a hard window).
-ADAPTIVE_SPAN_SETTINGS = ("adapt_span_ramp", "adapt_span_init", "adapt_span_loss", "adapt_span_cache", "adapt_span_dynamic")
+ADAPTIVE_SPAN_SETTINGS = (
+    "adapt_span_ramp",
+    "adapt_span_init",
+    "adapt_span_loss",
+    "adapt_span_cache",
+    "adapt_span_dynamic",
+)
 
 
 class XLFamilyConfig(TxvTransformerConfig):
@@ -68,8 +74,11 @@ class XLFamilyConfig(TxvTransformerConfig):
         check_span_fields(self)
         if not (self.gate_type in GATES and GATES[self.gate_type].has_bias):
             gates_with_bias = [name for name, gate in GATES.items() if gate.has_bias]
-            check_left_at_default(self, ["gate_bias"], f"gate_type={self.gate_type!r} has no gate bias (the "
-                                                       f"{', '.join(gates_with_bias)} gates have one)")
+            check_left_at_default(
+                self,
+                ["gate_bias"],
+                f"gate_type={self.gate_type!r} has no gate bias (the {', '.join(gates_with_bias)} gates have one)",
+            )
         if not self.adapt_span_enabled:
             check_left_at_default(self, ADAPTIVE_SPAN_SETTINGS, "adaptive span is off (adapt_span_enabled=False)")
 

@@ -67,7 +67,8 @@ class XLModelMixin:
     output_class = XLModelOutput
 
     def build_stack(self, config, layer_class):
-        """The parts `XLBackboneMixin` runs: `drop`, `num_hidden_layers` layers of `layer_class` and the final `norm`."""
+        """The parts `XLBackboneMixin` runs: `drop`, `num_hidden_layers` layers of `layer_class` and the final
+        `norm`."""
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(layer_class(config) for _ in range(config.num_hidden_layers))
         self.norm = build_final_norm(config)
@@ -105,9 +106,7 @@ class XLModelMixin:
             input_ids, inputs_embeds, self.get_input_embeddings(), config.vocab_size, config.hidden_size
         )
         memory, options = self.backbone_inputs(cache, **kwargs)
-        backbone = self.run_backbone(
-            inputs_embeds, attention_mask, memory, use_cache, output_attentions, **options
-        )
+        backbone = self.run_backbone(inputs_embeds, attention_mask, memory, use_cache, output_attentions, **options)
         hidden_states = backbone.last_hidden_state
         return head_output(
             self.output_class,
@@ -146,8 +145,13 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
             fields = super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
             return fields if return_logits else {**fields, "logits": None}
         logits, losses, lm_loss = adaptive_lm_outputs(
-            self.crit, outputs.last_hidden_state, self.config.vocab_size, labels, logits_to_keep,
-            return_logits=return_logits, **loss_kwargs,
+            self.crit,
+            outputs.last_hidden_state,
+            self.config.vocab_size,
+            labels,
+            logits_to_keep,
+            return_logits=return_logits,
+            **loss_kwargs,
         )
         loss = None if lm_loss is None else self.add_auxiliary_losses(lm_loss, outputs, attention_mask)
         return {"loss": loss, "logits": logits, "lm_loss": lm_loss, "losses": losses}
@@ -174,4 +178,11 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
         return self.base_model.init_memory(batch_size, dtype, device)
 
 
-__all__ = ["NormedFeedForward", "NormedRelativeAttention", "XLCausalLMHeadMixin", "XLModelMixin", "build_token_embeddings", "init_xl_weights"]
+__all__ = [
+    "NormedFeedForward",
+    "NormedRelativeAttention",
+    "XLCausalLMHeadMixin",
+    "XLModelMixin",
+    "build_token_embeddings",
+    "init_xl_weights",
+]

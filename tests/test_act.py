@@ -107,7 +107,9 @@ def test_padding_positions_halt_at_once():
     torch.testing.assert_close(loss, 1.0 + 0.5 * result.ponder_cost[0, :2].mean())
 
 
-@pytest.mark.parametrize("field,kwargs", [("max_steps", {"max_steps": 0}), ("threshold", {"max_steps": 2, "threshold": 1.5})])
+@pytest.mark.parametrize(
+    "field,kwargs", [("max_steps", {"max_steps": 0}), ("threshold", {"max_steps": 2, "threshold": 1.5})]
+)
 def test_bad_arguments(field, kwargs):
     with pytest.raises(ValueError, match=field):
         AdaptiveComputationTime(hidden_size=4, **kwargs)

@@ -98,8 +98,9 @@ def _config_cases():
 @pytest.mark.parametrize("variant, field, value, words", list(_config_cases()))
 def test_bad_config_field_is_named(variant, field, value, words):
     config_class, _, tiny = VARIANTS[variant]
-    kwargs = {k: v for k, v in tiny.items() if k not in config_class.attribute_map or
-              config_class.attribute_map[k] != field}
+    kwargs = {
+        k: v for k, v in tiny.items() if k not in config_class.attribute_map or config_class.attribute_map[k] != field
+    }
     kwargs[field] = value
     with pytest.raises(ValueError) as error:
         config_class(**kwargs)
@@ -117,13 +118,22 @@ def _forward_cases():
     yield "negative token id", lambda m, v, h: dict(input_ids=ids(2, 5, value=-1)), ["input_ids"]
     yield "3-D input_ids", lambda m, v, h: dict(input_ids=ids(2, 5, 1)), ["input_ids"]
     yield "float input_ids", lambda m, v, h: dict(input_ids=torch.ones(2, 5)), ["input_ids"]
-    yield "input_ids and inputs_embeds", lambda m, v, h: dict(input_ids=ids(2, 5), inputs_embeds=torch.zeros(2, 5, h)), \
-        ["input_ids", "inputs_embeds"]
+    yield (
+        "input_ids and inputs_embeds",
+        lambda m, v, h: dict(input_ids=ids(2, 5), inputs_embeds=torch.zeros(2, 5, h)),
+        ["input_ids", "inputs_embeds"],
+    )
     yield "neither input", lambda m, v, h: dict(), ["input_ids"]
-    yield "inputs_embeds of the wrong width", lambda m, v, h: dict(inputs_embeds=torch.zeros(2, 5, h + 1)), \
-        ["inputs_embeds"]
-    yield "attention_mask of another batch", lambda m, v, h: dict(input_ids=ids(2, 5), attention_mask=torch.ones(3, 5)), \
-        ["attention_mask"]
+    yield (
+        "inputs_embeds of the wrong width",
+        lambda m, v, h: dict(inputs_embeds=torch.zeros(2, 5, h + 1)),
+        ["inputs_embeds"],
+    )
+    yield (
+        "attention_mask of another batch",
+        lambda m, v, h: dict(input_ids=ids(2, 5), attention_mask=torch.ones(3, 5)),
+        ["attention_mask"],
+    )
 
 
 FORWARD_CASES = list(_forward_cases())
@@ -182,10 +192,19 @@ def test_a_foreign_memory_is_a_clear_error(case):
     from hf_txvariants.training import build_config, build_model
 
     torch.manual_seed(0)
-    writer = build_model(build_config("txv_gtrxl" if case == "memory of another variant" else "transfo-xl", 20,
-                                      d_model=16, n_layer=2, n_head=2, mem_len=4))
-    reader = build_model(build_config("transfo-xl", 20, d_model=16, n_layer=3 if "depth" in case else 2, n_head=2,
-                                      mem_len=4))
+    writer = build_model(
+        build_config(
+            "txv_gtrxl" if case == "memory of another variant" else "transfo-xl",
+            20,
+            d_model=16,
+            n_layer=2,
+            n_head=2,
+            mem_len=4,
+        )
+    )
+    reader = build_model(
+        build_config("transfo-xl", 20, d_model=16, n_layer=3 if "depth" in case else 2, n_head=2, mem_len=4)
+    )
     memory = writer(input_ids=torch.ones(2, 5, dtype=torch.long), use_cache=True).cache
     rows = 3 if "batch" in case else 2
     with pytest.raises(ValueError) as error, torch.no_grad():
@@ -200,9 +219,10 @@ def test_bad_generate_input_is_a_clear_error(variant, case):
     if variant not in VARIANTS:
         pytest.skip(f"{variant} is not registered")
     model = _model(variant)
-    prompt = {"empty prompt": torch.ones(1, 0, dtype=torch.long),
-              "prompt token out of range": torch.full((1, 3), model.config.vocab_size)}.get(
-        case, torch.ones(1, 3, dtype=torch.long))
+    prompt = {
+        "empty prompt": torch.ones(1, 0, dtype=torch.long),
+        "prompt token out of range": torch.full((1, 3), model.config.vocab_size),
+    }.get(case, torch.ones(1, 3, dtype=torch.long))
     max_new_tokens = -1 if case == "negative max_new_tokens" else 2
     with pytest.raises(ValueError) as error:
         model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
@@ -275,9 +295,17 @@ def _break_model(kind, saved, tmp_path):
     raise AssertionError(kind)
 
 
-MODEL_BREAKS = ["missing folder", "no config.json", "config.json not JSON", "config field of the wrong type",
-                "unknown model_type", "truncated safetensors", "empty safetensors", "malicious pytorch_model.bin",
-                "torn pytorch_model.bin"]
+MODEL_BREAKS = [
+    "missing folder",
+    "no config.json",
+    "config.json not JSON",
+    "config field of the wrong type",
+    "unknown model_type",
+    "truncated safetensors",
+    "empty safetensors",
+    "malicious pytorch_model.bin",
+    "torn pytorch_model.bin",
+]
 
 
 @pytest.mark.parametrize("kind", MODEL_BREAKS)
@@ -334,9 +362,31 @@ TRAIN_CASES = [
 @pytest.mark.parametrize("flags, words", TRAIN_CASES, ids=[" ".join(c[0]) for c in TRAIN_CASES])
 def test_bad_txv_train_flag_is_one_line(flags, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    err = _cli_error(capsys, ["train", "--output-dir", str(tmp_path / "run"), "--max-chars", "20000", "--batch-size",
-                              "2", "--eval-batch-size", "2", "--seg-len", "8", "--d-model", "16", "--n-layer", "1",
-                              "--max-steps", "1", "--no-progress", "--no-tensorboard"] + flags)
+    err = _cli_error(
+        capsys,
+        [
+            "train",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--max-chars",
+            "20000",
+            "--batch-size",
+            "2",
+            "--eval-batch-size",
+            "2",
+            "--seg-len",
+            "8",
+            "--d-model",
+            "16",
+            "--n-layer",
+            "1",
+            "--max-steps",
+            "1",
+            "--no-progress",
+            "--no-tensorboard",
+        ]
+        + flags,
+    )
     _assert_clear(err, *words)
     assert not (tmp_path / "run" / "model").exists()  # nothing half-written
 
@@ -385,8 +435,9 @@ def test_txv_push_errors_are_one_line(saved, tmp_path, capsys, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    _assert_clear(_cli_error(capsys, ["push", "--model", str(saved), "--repo-id", "me/m", "--card", "nope.md"]),
-                  "nope.md")
+    _assert_clear(
+        _cli_error(capsys, ["push", "--model", str(saved), "--repo-id", "me/m", "--card", "nope.md"]), "nope.md"
+    )
     _assert_clear(_cli_error(capsys, ["push", "--model", str(tmp_path / "none"), "--repo-id", "me/m"]), "none")
 
 
@@ -461,10 +512,19 @@ class _HugeBytes:
         return (bytes, (10**13,))
 
 
-CONVERSION_CASES = ["tf: missing checkpoint", "tf: missing corpus-info", "tf: corpus-info not JSON",
-                    "tf: vocab not a pickle", "tf: unsafe vocab pickle", "tf: output exists",
-                    "tf: read-only output folder", "pytorch: missing checkpoint", "pytorch: not a torch file",
-                    "pytorch: huge bytes() in the pickle", "pytorch: a state dict, not a module"]
+CONVERSION_CASES = [
+    "tf: missing checkpoint",
+    "tf: missing corpus-info",
+    "tf: corpus-info not JSON",
+    "tf: vocab not a pickle",
+    "tf: unsafe vocab pickle",
+    "tf: output exists",
+    "tf: read-only output folder",
+    "pytorch: missing checkpoint",
+    "pytorch: not a torch file",
+    "pytorch: huge bytes() in the pickle",
+    "pytorch: a state dict, not a module",
+]
 
 
 @pytest.mark.parametrize("kind", CONVERSION_CASES)
@@ -487,8 +547,19 @@ def test_txv_convert_runs_the_converters(tmp_path, capsys):
 
 def test_the_run_has_at_least_100_bad_inputs():
     """The issue's bar: at least 100 different bad inputs in this module."""
-    cases = (len(list(_config_cases())) + len(FORWARD_CASES) * len(TEXT_VARIANTS) + 2 * len(TEXT_VARIANTS)
-             + 3 * 3 + 3 + 2 * len(MODEL_BREAKS) + len(TRAIN_CASES) + len(EVAL_CASES) + 5 + 2 + len(CONVERSION_CASES))
+    cases = (
+        len(list(_config_cases()))
+        + len(FORWARD_CASES) * len(TEXT_VARIANTS)
+        + 2 * len(TEXT_VARIANTS)
+        + 3 * 3
+        + 3
+        + 2 * len(MODEL_BREAKS)
+        + len(TRAIN_CASES)
+        + len(EVAL_CASES)
+        + 5
+        + 2
+        + len(CONVERSION_CASES)
+    )
     assert cases >= 100, cases
 
 
@@ -499,8 +570,9 @@ def test_from_pretrained_names_a_damaged_weights_file_or_the_config_field(tmp_pa
     `ignore_mismatched_sizes` to `False` ... look at the above report"): one error naming the file and the field."""
     import shutil
 
-    from tiny_configs import model_class, tiny_config
     from transformers import AutoModelForCausalLM
+
+    from tiny_configs import model_class, tiny_config
 
     good = tmp_path / "good"
     model_class(model_type, "AutoModelForCausalLM")(tiny_config(model_type)).save_pretrained(good)
@@ -516,12 +588,14 @@ def test_from_pretrained_names_a_damaged_weights_file_or_the_config_field(tmp_pa
             config = json.loads((folder / "config.json").read_text())
             config.pop(field) if value is None else config.__setitem__(field, value)
             (folder / "config.json").write_text(json.dumps(config))
+
         return change
 
     weights = "model.safetensors"
     truncated = damaged("truncated", lambda f: (f / weights).write_bytes((f / weights).read_bytes()[:500]))
-    absurd = damaged("absurd", lambda f: (f / weights).write_bytes((10**15).to_bytes(8, "little")
-                                                                  + (f / weights).read_bytes()[8:]))
+    absurd = damaged(
+        "absurd", lambda f: (f / weights).write_bytes((10**15).to_bytes(8, "little") + (f / weights).read_bytes()[8:])
+    )
     for folder in (truncated, absurd):
         with pytest.raises(OSError, match=f"{folder / weights} cannot be read .*truncated or damaged"):
             AutoModelForCausalLM.from_pretrained(folder)

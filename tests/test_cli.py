@@ -65,10 +65,12 @@ def test_help_version_and_a_bad_command_import_neither_torch_nor_the_models(argv
     import subprocess
     import sys
 
-    probe = ("import sys, hf_txvariants_launcher as launcher\n"
-             f"try:\n    launcher.main({argv!r})\nexcept SystemExit as exit:\n    status = exit.code\n"
-             "heavy = [m for m in ('torch', 'transformers', 'hf_txvariants') if m in sys.modules]\n"
-             "print('STATUS', status, 'HEAVY', heavy)")
+    probe = (
+        "import sys, hf_txvariants_launcher as launcher\n"
+        f"try:\n    launcher.main({argv!r})\nexcept SystemExit as exit:\n    status = exit.code\n"
+        "heavy = [m for m in ('torch', 'transformers', 'hf_txvariants') if m in sys.modules]\n"
+        "print('STATUS', status, 'HEAVY', heavy)"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip().splitlines()[-1] == f"STATUS {status} HEAVY []", result.stdout + result.stderr
     if status == 2:  # one line naming the problem, as every txv error

@@ -12,13 +12,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tiny_configs import TINY_CONFIGS
 from transformers.dynamic_module_utils import get_class_from_dynamic_module, get_relative_import_files
 
 import hf_txvariants as txv
 from hf_txvariants.txv_config import PAPER_NAMES, TxvConfig, TxvTransformerConfig
 from hf_txvariants.txv_gates import GATES
 from hf_txvariants.txv_xl_config import ADAPTIVE_SPAN_SETTINGS, XLFamilyConfig
+from tiny_configs import TINY_CONFIGS
 
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "config_defaults.json").read_text())
 CONFIG_CLASSES = {
@@ -27,7 +27,9 @@ CONFIG_CLASSES = {
     if isinstance(obj, type) and obj.__module__.startswith("hf_txvariants.configuration_")
 }
 XL_CONFIGS = [c for _, c in sorted(CONFIG_CLASSES.items()) if issubclass(c, XLFamilyConfig)]
-GATES_WITHOUT_BIAS = ["trxl", "trxl_i"] + [name for name, gate in GATES.items() if not gate.has_bias and name != "residual"]
+GATES_WITHOUT_BIAS = ["trxl", "trxl_i"] + [
+    name for name, gate in GATES.items() if not gate.has_bias and name != "residual"
+]
 GATES_WITH_BIAS = [name for name, gate in GATES.items() if gate.has_bias]
 
 
@@ -85,10 +87,14 @@ def test_no_config_repeats_a_base_field_with_the_base_default(model_type):
     own = {field.name: field for field in dataclasses.fields(config_class)}
     for name in config_class.__dict__.get("__annotations__", {}):
         if name in inherited:
-            assert (own[name].default, str(own[name].type)) != (inherited[name].default, str(inherited[name].type)), name
+            assert (own[name].default, str(own[name].type)) != (inherited[name].default, str(inherited[name].type)), (
+                name
+            )
 
 
-@pytest.mark.parametrize("model_type", sorted(m for m, c in CONFIG_CLASSES.items() if issubclass(c, TxvTransformerConfig)))
+@pytest.mark.parametrize(
+    "model_type", sorted(m for m, c in CONFIG_CLASSES.items() if issubclass(c, TxvTransformerConfig))
+)
 def test_every_transformer_config_accepts_the_papers_names(model_type):
     config_class = CONFIG_CLASSES[model_type]
     assert PAPER_NAMES.items() <= config_class.attribute_map.items()
@@ -113,8 +119,13 @@ def test_gate_bias_with_a_biased_gate_is_kept(config_class, gate_type):
     assert _tiny(config_class, gate_type=gate_type, gate_bias=0.5).gate_bias == 0.5
 
 
-SPAN_SETTINGS = {"adapt_span_ramp": 3, "adapt_span_init": 0.25, "adapt_span_loss": 0.0, "adapt_span_cache": False,
-                 "adapt_span_dynamic": True}
+SPAN_SETTINGS = {
+    "adapt_span_ramp": 3,
+    "adapt_span_init": 0.25,
+    "adapt_span_loss": 0.0,
+    "adapt_span_cache": False,
+    "adapt_span_dynamic": True,
+}
 
 
 def test_span_settings_cover_every_adapt_span_field():

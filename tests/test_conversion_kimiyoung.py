@@ -1,6 +1,6 @@
 """Conversion of the original kimiyoung/transformer-xl checkpoints (issue 3), on fixtures in the exact original
 formats made by the original code (tests/fixtures/kimiyoung/make_*_fixtures.py). Offline, CPU, no TensorFlow."""
-import io
+
 import json
 import os
 import pickle
@@ -32,13 +32,18 @@ TOL = 1e-5
 
 def _tf(name):
     d = os.path.join(FIX, f"tf_{name}")
-    return os.path.join(d, "model.ckpt-7"), os.path.join(d, "corpus-info.json"), np.load(os.path.join(d, "reference.npz"))
+    return (
+        os.path.join(d, "model.ckpt-7"),
+        os.path.join(d, "corpus-info.json"),
+        np.load(os.path.join(d, "reference.npz")),
+    )
 
 
 def _run_model(out, ref):
     """Run the converted model segment by segment with memory; max abs diff of per-token nll and memories."""
-    import hf_txvariants  # noqa: F401
     from transformers import AutoModelForCausalLM
+
+    import hf_txvariants  # noqa: F401
 
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     past, worst = None, 0.0
@@ -106,7 +111,8 @@ def test_tf_infer_config():
         assert cfg["n_layer"] == 2 and cfg["d_model"] == 16 and cfg["n_head"] == 2 and cfg["d_head"] == 8
         assert cfg["layer_norm_epsilon"] == 1e-12 and cfg["memory_init"] == "zeros" and cfg["same_length_extra_key"]
         assert {k: cfg[k] for k in ("cutoffs", "div_val", "untie_r", "tie_projs")} == {
-            k: exp[k] for k in ("cutoffs", "div_val", "untie_r", "tie_projs")}
+            k: exp[k] for k in ("cutoffs", "div_val", "untie_r", "tie_projs")
+        }
         assert notes["proj_same_dim"] == exp["proj_same_dim"]
 
 
@@ -129,9 +135,23 @@ def test_tf_naive_reference_parity(name):
 def test_tf_convert_cli_matches_original(name, tmp_path, capsys):
     prefix, info, ref = _tf(name)
     out = tmp_path / "out"
-    rc = ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--output", str(out), "--no-progress",
-                   "--mem-len", str(int(ref["mem_len"])), "--clamp-len", str(int(ref["clamp_len"])),
-                   "--same-length", str(bool(ref["same_length"]))])
+    rc = ktf.main(
+        [
+            "--checkpoint",
+            prefix,
+            "--corpus-info",
+            info,
+            "--output",
+            str(out),
+            "--no-progress",
+            "--mem-len",
+            str(int(ref["mem_len"])),
+            "--clamp-len",
+            str(int(ref["clamp_len"])),
+            "--same-length",
+            str(bool(ref["same_length"])),
+        ]
+    )
     assert rc == 0
     assert {"config.json", "model.safetensors", "generation_config.json"} <= set(os.listdir(out))
     assert "Inferred Transformer-XL config" in capsys.readouterr().err
@@ -144,11 +164,25 @@ def test_tf_preset_writes_paper_settings_and_tokenizer(tmp_path):
 
     prefix, info, _ = _tf("wt103")
     # the wt103 fixture vocabulary has 14 symbols; the checkpoint 40: the mismatch is refused...
-    rc = ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--output", str(tmp_path / "bad"), "--no-progress",
-                   "--vocab", os.path.join(FIX, "vocab", "wt103.cache.pkl")])
+    rc = ktf.main(
+        [
+            "--checkpoint",
+            prefix,
+            "--corpus-info",
+            info,
+            "--output",
+            str(tmp_path / "bad"),
+            "--no-progress",
+            "--vocab",
+            os.path.join(FIX, "vocab", "wt103.cache.pkl"),
+        ]
+    )
     assert rc == 2 and not (tmp_path / "bad").exists()
     # ...and without a vocabulary the preset (from corpus-info's dataset) sets the paper's evaluation
-    assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--output", str(tmp_path / "ok"), "--no-progress"]) == 0
+    assert (
+        ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--output", str(tmp_path / "ok"), "--no-progress"])
+        == 0
+    )
     cfg = json.load(open(tmp_path / "ok" / "config.json"))
     gen = json.load(open(tmp_path / "ok" / "generation_config.json"))
     assert (cfg["mem_len"], cfg["clamp_len"], cfg["same_length"]) == (1600, 1000, True)
@@ -162,7 +196,9 @@ def test_shape_check_names_the_offender():
     cfg, _ = ktf.infer_config(r, ktf.read_corpus_info(info))
     sd, src = ktf.convert_state(r, cfg, show_progress=False)
     sd["transformer.layers.1.pos_ff.CoreNet.0.weight"] = torch.zeros(31, 16)
-    with pytest.raises(ConversionError, match=r"transformer/layer_1/ff/layer_1/kernel -> transformer\.layers\.1\.pos_ff"):
+    with pytest.raises(
+        ConversionError, match=r"transformer/layer_1/ff/layer_1/kernel -> transformer\.layers\.1\.pos_ff"
+    ):
         check_shapes(sd, src, expected_shapes(dict(cfg, mem_len=0)))
     bad = ktf.read_corpus_info(info)
     bad["cutoffs"] = [0, 12, 20, 40]
@@ -182,7 +218,10 @@ def test_failed_conversion_leaves_no_folder(tmp_path, monkeypatch):
 
     monkeypatch.setattr(common, "write_model", boom)
     monkeypatch.setattr(ktf, "finish_output", lambda tmp, *a, **k: boom(tmp))
-    assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--output", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert (
+        ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--output", str(tmp_path / "out"), "--no-progress"])
+        == 2
+    )
     assert os.listdir(tmp_path) == []
 
 
@@ -223,12 +262,15 @@ def test_pytorch_refuses_other_attn_types(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- vocabularies
-@pytest.mark.parametrize("name,text,symbols", [
-    ("wt103", "the game of Zürich unseen\nthe", ["the", "game", "of", "Zürich", "<unk>", "<eos>", "the"]),
-    ("lm1b", "the Zürich said xyz", ["the", "Zürich", "said", "<UNK>"]),
-    ("text8", "a term", ["a", "_", "t", "e", "r", "m"]),
-    ("enwik8", "<t>Ü\n&", ["60", "116", "62", "195", "156", "38"]),
-])
+@pytest.mark.parametrize(
+    "name,text,symbols",
+    [
+        ("wt103", "the game of Zürich unseen\nthe", ["the", "game", "of", "Zürich", "<unk>", "<eos>", "the"]),
+        ("lm1b", "the Zürich said xyz", ["the", "Zürich", "said", "<UNK>"]),
+        ("text8", "a term", ["a", "_", "t", "e", "r", "m"]),
+        ("enwik8", "<t>Ü\n&", ["60", "116", "62", "195", "156", "38"]),
+    ],
+)
 def test_cache_pkl_to_tokenizer(name, text, symbols, tmp_path, monkeypatch):
     tok, info = convert_vocab(os.path.join(FIX, "vocab", f"{name}.cache.pkl"))
     ids = tok(text)["input_ids"]
@@ -258,12 +300,19 @@ def _trap_pickle(marker, module=b"os", name=b"system"):
 def _nested_trap(marker):
     """A Corpus whose Vocab state hides the trap (the call would run while unpickling the state)."""
     cmd = f"touch {marker}".encode()
-    return (b"\x80\x02cdata_utils\nCorpus\n)\x81}U\x05vocabcposix\nsystem\n(U" + bytes([len(cmd)]) + cmd
-            + b"tRsb.")
+    return b"\x80\x02cdata_utils\nCorpus\n)\x81}U\x05vocabcposix\nsystem\n(U" + bytes([len(cmd)]) + cmd + b"tRsb."
 
 
-@pytest.mark.parametrize("module,name", [(b"os", b"system"), (b"posix", b"system"), (b"builtins", b"eval"),
-                                         (b"subprocess", b"call"), (b"__builtin__", b"exec")])
+@pytest.mark.parametrize(
+    "module,name",
+    [
+        (b"os", b"system"),
+        (b"posix", b"system"),
+        (b"builtins", b"eval"),
+        (b"subprocess", b"call"),
+        (b"__builtin__", b"exec"),
+    ],
+)
 def test_booby_trapped_cache_pkl_is_refused(tmp_path, module, name):
     marker = tmp_path / "pwned"
     p = tmp_path / "cache.pkl"
@@ -315,16 +364,47 @@ def test_zip_with_a_trap_in_data_pkl(tmp_path):
 def test_evaluate_helper_reproduces_reference_loss(tmp_path, capsys):
     prefix, info, ref = _tf("wt103")
     out = tmp_path / "m"
-    assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--output", str(out), "--no-progress",
-                     "--mem-len", str(int(ref["mem_len"])), "--clamp-len", str(int(ref["clamp_len"])),
-                     "--same-length", "true"]) == 0
+    assert (
+        ktf.main(
+            [
+                "--checkpoint",
+                prefix,
+                "--corpus-info",
+                info,
+                "--output",
+                str(out),
+                "--no-progress",
+                "--mem-len",
+                str(int(ref["mem_len"])),
+                "--clamp-len",
+                str(int(ref["clamp_len"])),
+                "--same-length",
+                "true",
+            ]
+        )
+        == 0
+    )
     # the original batchify: row b of the [bsz, steps] stream is a contiguous slice of the token file
     rows = [np.concatenate([ref["inputs"][:, :, b].reshape(-1), ref["targets"][-1, -1:, b]]) for b in range(2)]
     ids = tmp_path / "ids.txt"
     ids.write_text(" ".join(str(int(t)) for t in np.concatenate(rows)))
     capsys.readouterr()
-    assert conv_eval.main(["--model", str(out), "--ids", str(ids), "--batch-size", "2",
-                           "--tgt-len", str(int(ref["tgt_len"])), "--no-progress"]) == 0
+    assert (
+        conv_eval.main(
+            [
+                "--model",
+                str(out),
+                "--ids",
+                str(ids),
+                "--batch-size",
+                "2",
+                "--tgt-len",
+                str(int(ref["tgt_len"])),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out_lines = capsys.readouterr().out.splitlines()
     res = json.loads(out_lines[0])
     assert abs(res["loss"] - float(ref["nll"].mean())) < TOL
@@ -343,8 +423,24 @@ def test_tf_convert_with_vocab_end_to_end(tmp_path):
     (tmp_path / "cache.pkl").write_bytes(w.finish())
     prefix, info, _ = _tf("wt103")
     out = tmp_path / "out"
-    assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--vocab", str(tmp_path / "cache.pkl"),
-                     "--output", str(out), "--no-progress", "--mem-len", "8"]) == 0
+    assert (
+        ktf.main(
+            [
+                "--checkpoint",
+                prefix,
+                "--corpus-info",
+                info,
+                "--vocab",
+                str(tmp_path / "cache.pkl"),
+                "--output",
+                str(out),
+                "--no-progress",
+                "--mem-len",
+                "8",
+            ]
+        )
+        == 0
+    )
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.eos_token_id == 0 and tok.eos_token_id == 0
@@ -396,8 +492,9 @@ def test_safe_pickle_checks_storage_bounds_before_building_tensors(tmp_path):
     with pytest.raises(UnsafePickleError, match="reaches past its storage of 4 elements"):
         load_torch_file(grown, classes={})
     # offset 3 with size (2,) ends one element past the storage
-    shifted = _rewrite_torch_zip(good, tmp_path / "shifted.pt",
-                                 lambda d: d.replace(b"K\x00K\x04\x85", b"K\x03K\x02\x85", 1))
+    shifted = _rewrite_torch_zip(
+        good, tmp_path / "shifted.pt", lambda d: d.replace(b"K\x00K\x04\x85", b"K\x03K\x02\x85", 1)
+    )
     with pytest.raises(UnsafePickleError, match="reaches past its storage"):
         load_torch_file(shifted, classes={})
     # a compressed archive could declare more bytes than the file holds
@@ -439,8 +536,12 @@ def test_tf_convert_with_the_index_file_as_vocab_is_one_line_naming_it(tmp_path,
     truncated.write_bytes(writer.finish()[:-2])
     for vocab, expected in [(f"{prefix}.index", "unknown pickle opcode"), (str(truncated), "ends before its STOP")]:
         out = tmp_path / "out"
-        assert ktf.main(["--checkpoint", prefix, "--corpus-info", info, "--vocab", vocab, "--output", str(out),
-                         "--no-progress"]) == 2
+        assert (
+            ktf.main(
+                ["--checkpoint", prefix, "--corpus-info", info, "--vocab", vocab, "--output", str(out), "--no-progress"]
+            )
+            == 2
+        )
         err = capsys.readouterr().err  # (the inferred config is printed first)
         last = err.strip().splitlines()[-1]
         assert "Traceback" not in err and last.startswith("error: ") and vocab in last and expected in last, err

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
 from test_mixed_precision import (
     PRECISIONS,
     VARIANTS,
@@ -17,7 +19,6 @@ from test_mixed_precision import (
     check_mixed_precision_training,
     loss_and_gradients,
 )
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -35,8 +36,14 @@ def test_trains_in_mixed_precision_on_cuda(variant, attn_implementation, precisi
 def test_transfo_xl_wt103_style_div_val_4_under_autocast(variant, attn_implementation, precision):
     """The paper's wt103 head (div_val 4, three tail clusters) crashed in the adaptive input under autocast."""
     check_mixed_precision_training(
-        variant, precision, "cuda", attn_implementation=attn_implementation,
-        vocab_size=80, cutoffs=[10, 20, 40], div_val=4, d_embed=64,
+        variant,
+        precision,
+        "cuda",
+        attn_implementation=attn_implementation,
+        vocab_size=80,
+        cutoffs=[10, 20, 40],
+        div_val=4,
+        d_embed=64,
     )
 
 

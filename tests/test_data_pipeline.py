@@ -22,8 +22,22 @@ from hf_txvariants.training.data import DataError, open_text_source, text_blocks
 from hf_txvariants.training.models import ModelError
 from hf_txvariants.training.token_cache import plan_corpus
 
-TINY = dict(d_model=32, n_layer=2, n_head=2, seg_len=16, mem_len=16, batch_size=4, eval_every=0, eval_batch_size=2,
-            eval_segments=2, warmup_steps=1, lr=3e-3, max_steps=2, progress=False, tensorboard=False)
+TINY = dict(
+    d_model=32,
+    n_layer=2,
+    n_head=2,
+    seg_len=16,
+    mem_len=16,
+    batch_size=4,
+    eval_every=0,
+    eval_batch_size=2,
+    eval_segments=2,
+    warmup_steps=1,
+    lr=3e-3,
+    max_steps=2,
+    progress=False,
+    tensorboard=False,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -106,14 +120,21 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes_and_load_without_the_plugin(tmp_p
     assert len(tokenizer) == 258 and (tokenizer.eos_token_id, tokenizer.pad_token_id) == (256, 257)
     tokenizer.save_pretrained(tmp_path / "byte")
     (tmp_path / "text.txt").write_text(text, encoding="utf-8", newline="")
-    check = ("import sys; from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(sys.argv[1]); "
-             "text = open(sys.argv[2], encoding='utf-8', newline='').read(); ids = t(text)['input_ids']; "
-             "assert ids == list(text.encode()), ids; assert t.decode(ids) == text; "
-             "assert not any(m.startswith('hf_txvariants') for m in sys.modules); print('ok')")
+    check = (
+        "import sys; from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+        "text = open(sys.argv[2], encoding='utf-8', newline='').read(); ids = t(text)['input_ids']; "
+        "assert ids == list(text.encode()), ids; assert t.decode(ids) == text; "
+        "assert not any(m.startswith('hf_txvariants') for m in sys.modules); print('ok')"
+    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH="")
-    result = subprocess.run([sys.executable, "-c", check, str(tmp_path / "byte"), str(tmp_path / "text.txt")],
-                            capture_output=True, text=True,
-                            env=env, cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", check, str(tmp_path / "byte"), str(tmp_path / "text.txt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
@@ -124,8 +145,14 @@ def test_word_vocabulary_and_ids_match_the_original_vocab(tmp_path):
         reference = ReferenceVocab(special=["<eos>", "<unk>"], min_freq=min_freq, max_size=max_size)
         reference.count_file(train_file)
         reference.build_vocab()
-        args = _args(tmp_path, data=str(train_file), valid_data=str(valid_file), tokenizer="word",
-                     vocab_min_freq=min_freq, vocab_max_size=max_size)
+        args = _args(
+            tmp_path,
+            data=str(train_file),
+            valid_data=str(valid_file),
+            tokenizer="word",
+            vocab_min_freq=min_freq,
+            vocab_max_size=max_size,
+        )
         corpus = plan_corpus(args).prepare()
         assert corpus.tokenizer.idx2sym == reference.idx2sym, (min_freq, max_size)
         assert corpus.train_ids.tolist() == reference.encode_file(train_file)
@@ -167,8 +194,12 @@ def _tiny_bpe_folder(folder: Path, text: str) -> Path:
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator([text], trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
-                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=320, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>").save_pretrained(folder)
     return folder
 
@@ -182,8 +213,7 @@ def test_a_saved_bpe_tokenizer_folder_trains_with_the_trainer_path(tmp_path):
     folder = _tiny_bpe_folder(tmp_path / "bpe", default_corpus()[:50_000])
     text_file = tmp_path / "text.txt"
     text_file.write_text(default_corpus()[50_000:70_000])
-    args = _args(tmp_path, data=str(text_file), tokenizer=str(folder), save_model=True,
-                 **{**TINY, "max_steps": 2})
+    args = _args(tmp_path, data=str(text_file), tokenizer=str(folder), save_model=True, **{**TINY, "max_steps": 2})
     corpus = plan_corpus(args).prepare()
     bpe = AutoTokenizer.from_pretrained(folder)
     start, stop = plan_corpus(args).train.bounds()
@@ -196,14 +226,21 @@ def test_a_saved_bpe_tokenizer_folder_trains_with_the_trainer_path(tmp_path):
 # --------------------------------------------------------------------------------------------------------------------
 # end to end
 def test_word_level_training_with_an_adaptive_softmax(tmp_path):
-    args = _args(tmp_path, tokenizer="word", vocab_max_size=300, max_chars=40_000,
-                 extra_config={"cutoffs": [50, 150], "div_val": 2}, **TINY)
+    args = _args(
+        tmp_path,
+        tokenizer="word",
+        vocab_max_size=300,
+        max_chars=40_000,
+        extra_config={"cutoffs": [50, 150], "div_val": 2},
+        **TINY,
+    )
     result = train(args)
     assert result["config"].vocab_size == len(result["tokenizer"]) == 302  # <eos>, <unk>, 300 words
     assert type(result["tokenizer"]).__name__ == "TransfoXLTokenizer"
     assert result["config"].cutoffs == [50, 150] and np.isfinite(result["eval"][-1]["bpc"])
-    too_large = _args(tmp_path, tokenizer="word", vocab_max_size=300, max_chars=40_000,
-                      extra_config={"cutoffs": [50, 400]}, **TINY)
+    too_large = _args(
+        tmp_path, tokenizer="word", vocab_max_size=300, max_chars=40_000, extra_config={"cutoffs": [50, 400]}, **TINY
+    )
     with pytest.raises(ModelError, match=r"cutoffs must be below vocab_size \(302\), got \[50, 400\]"):
         train(too_large)
 
@@ -295,10 +332,12 @@ def _parquet_dataset(folder: Path) -> Path:
     import datasets
 
     folder.mkdir()
-    datasets.Dataset.from_dict({"text": [" = Title = \n", "", " first line of text \n", "second line\n"] * 40,
-                                "id": list(range(160))}).to_parquet(str(folder / "train.parquet"))
+    datasets.Dataset.from_dict(
+        {"text": [" = Title = \n", "", " first line of text \n", "second line\n"] * 40, "id": list(range(160))}
+    ).to_parquet(str(folder / "train.parquet"))
     datasets.Dataset.from_dict({"text": ["valid words here\n", ""] * 30, "id": list(range(60))}).to_parquet(
-        str(folder / "validation.parquet"))
+        str(folder / "validation.parquet")
+    )
     return folder
 
 
@@ -316,8 +355,11 @@ def test_a_dataset_folder_with_splits_and_columns(tmp_path):
     source = open_text_source(str(folder), split="validation", split_flag="--valid-split")
     assert "".join(text_blocks(source)).startswith("valid words here\n\nvalid words here\n")
 
-    with pytest.raises(DataError, match=r"has no split 'test' \(its splits: train, validation\); choose one with "
-                                        r"--valid-split"):
+    with pytest.raises(
+        DataError,
+        match=r"has no split 'test' \(its splits: train, validation\); choose one with "
+        r"--valid-split",
+    ):
         plan_corpus(_args(tmp_path, data=str(folder), valid_split="test"))
     with pytest.raises(DataError, match=r"no column 'content' \(columns: text, id\); choose one with --text-column"):
         plan_corpus(_args(tmp_path, data=str(folder), text_column="content"))
@@ -328,8 +370,12 @@ def test_a_dataset_folder_with_splits_and_columns(tmp_path):
 def test_a_saved_dataset_dict_and_a_hub_name_offline(tmp_path):
     import datasets
 
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b c"] * 50}),
-                          "dev": datasets.Dataset.from_dict({"text": ["a b"] * 50})}).save_to_disk(str(tmp_path / "dd"))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["a b c"] * 50}),
+            "dev": datasets.Dataset.from_dict({"text": ["a b"] * 50}),
+        }
+    ).save_to_disk(str(tmp_path / "dd"))
     corpus = plan_corpus(_args(tmp_path, data=str(tmp_path / "dd"), valid_split="dev", tokenizer="byte")).prepare()
     assert bytes(np.asarray(corpus.valid_ids, dtype=np.uint8)) == b"a b\n" * 50
     with pytest.raises(DataError, match=r"has no split 'validation' \(its splits: train, dev\)"):

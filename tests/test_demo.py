@@ -13,9 +13,31 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_txvariants.cli import main
 
-FAST = ["--steps", "4", "--max-chars", "40000", "--eval-chars", "300", "--d-model", "32", "--n-layer", "2",
-        "--n-head", "2", "--seg-len", "16", "--mem-len", "16", "--batch-size", "4", "--sample-chars", "20",
-        "--no-progress", "--threads", "1"]
+FAST = [
+    "--steps",
+    "4",
+    "--max-chars",
+    "40000",
+    "--eval-chars",
+    "300",
+    "--d-model",
+    "32",
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--seg-len",
+    "16",
+    "--mem-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--sample-chars",
+    "20",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +47,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
 
 
 @pytest.mark.slow
@@ -54,8 +75,22 @@ def test_fast_demo(tmp_path, capsys):
     assert main(["eval", "--model", str(out / "transfo-xl" / "model"), "--max-chars", "600", "--seg-len", "16"]) == 0
     with_memory = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert with_memory["tokens"] == 592 and math.isfinite(with_memory["bpc"])
-    assert main(["eval", "--model", str(out / "baseline" / "model"), "--max-chars", "600", "--window", "32",
-                 "--batch-size", "8"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(out / "baseline" / "model"),
+                "--max-chars",
+                "600",
+                "--window",
+                "32",
+                "--batch-size",
+                "8",
+            ]
+        )
+        == 0
+    )
     window = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert window["tokens"] == 599 and math.isfinite(window["bpc"])
 

@@ -23,7 +23,6 @@ from hf_txvariants.training.distributed import (
     resolve_mixed_precision,
 )
 from hf_txvariants.training.models import ModelError, init_memory, lm_forward
-
 from test_training import TINY_FLAGS, _env, _error_line, _free_port, _losses, _train_in_one_process
 
 # under `pytest -n 2 --dist loadgroup` every test here runs on one worker, one after the other: the two-process launches
@@ -34,23 +33,34 @@ ROOT = Path(__file__).resolve().parents[1]
 FSDP_YAML = ROOT / "examples" / "accelerate_configs" / "fsdp.yaml"
 ACCELERATE = Path(sys.executable).with_name("accelerate")
 # what `accelerate launch --config_file fsdp.yaml` exports (the slow tests below run the launcher itself)
-FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
-            "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT", "FSDP_RESHARD_AFTER_FORWARD": "true",
-            "FSDP_OFFLOAD_PARAMS": "false", "ACCELERATE_MIXED_PRECISION": "bf16", "LOCAL_RANK": "0"}
+FSDP_ENV = {
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "2",
+    "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+    "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT",
+    "FSDP_RESHARD_AFTER_FORWARD": "true",
+    "FSDP_OFFLOAD_PARAMS": "false",
+    "ACCELERATE_MIXED_PRECISION": "bf16",
+    "LOCAL_RANK": "0",
+}
 
 
 # --- device per rank -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("processes, gpus, force_cpu, cpu, note", [
-    (1, 0, False, True, False),   # no GPU
-    (2, 0, False, True, False),   # CPU processes, gloo
-    (1, 1, False, False, False),  # one process, one GPU
-    (2, 2, False, False, False),  # one GPU each
-    (2, 8, False, False, False),
-    (2, 1, False, True, True),    # two ranks would share the GPU (NCCL: "Duplicate GPU detected"): CPU for all
-    (4, 2, False, True, True),
-    (2, 2, True, True, False),    # --cpu
-])
+
+@pytest.mark.parametrize(
+    "processes, gpus, force_cpu, cpu, note",
+    [
+        (1, 0, False, True, False),  # no GPU
+        (2, 0, False, True, False),  # CPU processes, gloo
+        (1, 1, False, False, False),  # one process, one GPU
+        (2, 2, False, False, False),  # one GPU each
+        (2, 8, False, False, False),
+        (2, 1, False, True, True),  # two ranks would share the GPU (NCCL: "Duplicate GPU detected"): CPU for all
+        (4, 2, False, True, True),
+        (2, 2, True, True, False),  # --cpu
+    ],
+)
 def test_each_process_gets_its_own_gpu_or_the_cpu(processes, gpus, force_cpu, cpu, note):
     choice = choose_device(processes, gpus, force_cpu)
     assert choice.cpu == cpu
@@ -72,26 +82,31 @@ def test_device_choice_reads_the_launcher_environment(monkeypatch):
 
 # --- what the Accelerate config asks for -----------------------------------------------------------------------------
 
+
 def test_fsdp_settings_come_from_the_launcher_environment():
     assert fsdp_settings_from_environment({}) is None
     assert fsdp_settings_from_environment(dict(FSDP_ENV, ACCELERATE_USE_FSDP="false")) is None
     assert fsdp_settings_from_environment(FSDP_ENV) == FsdpSettings(reshard_after_forward=True, wrap_classes=None)
-    settings = fsdp_settings_from_environment(dict(FSDP_ENV, FSDP_RESHARD_AFTER_FORWARD="false",
-                                                   FSDP_TRANSFORMER_CLS_TO_WRAP="TransfoXLLayer, Other"))
+    settings = fsdp_settings_from_environment(
+        dict(FSDP_ENV, FSDP_RESHARD_AFTER_FORWARD="false", FSDP_TRANSFORMER_CLS_TO_WRAP="TransfoXLLayer, Other")
+    )
     assert settings == FsdpSettings(reshard_after_forward=False, wrap_classes=("TransfoXLLayer", "Other"))
     assert fsdp_settings_from_environment(dict(FSDP_ENV, FSDP_AUTO_WRAP_POLICY="NO_WRAP")).wrap_classes == ()
     with pytest.raises(ModelError, match="not started by `accelerate launch` or torchrun"):
         fsdp_settings_from_environment({k: v for k, v in FSDP_ENV.items() if k != "LOCAL_RANK"})
 
 
-@pytest.mark.parametrize("setting, value, message", [
-    ("FSDP_VERSION", "1", "fsdp_version 1"),
-    ("FSDP_OFFLOAD_PARAMS", "true", "fsdp_offload_params"),
-    ("FSDP_ACTIVATION_CHECKPOINTING", "true", "fsdp_activation_checkpointing"),
-    ("FSDP_CPU_RAM_EFFICIENT_LOADING", "true", "fsdp_cpu_ram_efficient_loading"),
-    ("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT", "FULL_STATE_DICT"),
-    ("FSDP_AUTO_WRAP_POLICY", "SIZE_BASED_WRAP", "SIZE_BASED_WRAP"),
-])
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("FSDP_VERSION", "1", "fsdp_version 1"),
+        ("FSDP_OFFLOAD_PARAMS", "true", "fsdp_offload_params"),
+        ("FSDP_ACTIVATION_CHECKPOINTING", "true", "fsdp_activation_checkpointing"),
+        ("FSDP_CPU_RAM_EFFICIENT_LOADING", "true", "fsdp_cpu_ram_efficient_loading"),
+        ("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT", "FULL_STATE_DICT"),
+        ("FSDP_AUTO_WRAP_POLICY", "SIZE_BASED_WRAP", "SIZE_BASED_WRAP"),
+    ],
+)
 def test_fsdp_settings_the_loop_cannot_honour_are_refused(setting, value, message):
     with pytest.raises(ModelError, match=message) as error:
         fsdp_settings_from_environment(dict(FSDP_ENV, **{setting: value}))
@@ -134,6 +149,7 @@ def test_trainer_path_refuses_an_fsdp_config(tmp_path, monkeypatch, capsys):
 
 
 # --- the bf16 policy, in one process (a 1-rank gloo group) -----------------------------------------------------------
+
 
 @pytest.fixture
 def one_rank_group(tmp_path):
@@ -216,18 +232,39 @@ def test_reversible_layers_are_refused_under_fsdp(one_rank_group):
 
 # --- two CPU processes under the real launcher ---------------------------------------------------------------------
 
-SHARD_LINE = re.compile(r"rank (\d)/2 on cpu\S* holds ([\d,]+) of ([\d,]+) parameter elements \S+; "
-                        r"compute (b?float\d+), gradients reduced in (b?float\d+)")
+SHARD_LINE = re.compile(
+    r"rank (\d)/2 on cpu\S* holds ([\d,]+) of ([\d,]+) parameter elements \S+; "
+    r"compute (b?float\d+), gradients reduced in (b?float\d+)"
+)
 
 
 def _launch_fsdp(output_dir, flags):
     run = subprocess.run(
-        [str(ACCELERATE), "launch", "--config_file", str(FSDP_YAML), "--main_process_port", str(_free_port()),
-         "-m", "hf_txvariants.cli", "train", "--output-dir", str(output_dir)] + flags,
-        env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+        [
+            str(ACCELERATE),
+            "launch",
+            "--config_file",
+            str(FSDP_YAML),
+            "--main_process_port",
+            str(_free_port()),
+            "-m",
+            "hf_txvariants.cli",
+            "train",
+            "--output-dir",
+            str(output_dir),
+        ]
+        + flags,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    shards = {int(m[1]): (int(m[2].replace(",", "")), int(m[3].replace(",", "")), m[4], m[5])
-              for m in SHARD_LINE.finditer(run.stderr)}
+    shards = {
+        int(m[1]): (int(m[2].replace(",", "")), int(m[3].replace(",", "")), m[4], m[5])
+        for m in SHARD_LINE.finditer(run.stderr)
+    }
     assert sorted(shards) == [0, 1], run.stderr[-3000:]
     return shards
 
@@ -268,8 +305,10 @@ def test_fsdp_config_shards_over_two_cpu_processes_and_gives_the_loss_curve_of_o
 
     # resuming from the step-3 shards replays steps 4-6 of the two-process run
     two = _losses(tmp_path / "two")
-    _launch_fsdp(tmp_path / "two", flags + ["--mixed-precision", "no", "--resume",
-                                            str(tmp_path / "two" / "checkpoints" / "step-3")])
+    _launch_fsdp(
+        tmp_path / "two",
+        flags + ["--mixed-precision", "no", "--resume", str(tmp_path / "two" / "checkpoints" / "step-3")],
+    )
     resumed = _losses(tmp_path / "two")
     assert list(resumed) == list(range(1, 7))
     for step in resumed:

@@ -65,7 +65,9 @@ TINY = dict(vocab_size=29, hidden_size=16, num_hidden_layers=2, num_attention_he
 
 
 @pytest.mark.parametrize(
-    "config", [VanillaConfig(**TINY, max_position_embeddings=32), RTransformerConfig(**TINY)], ids=["vanilla", "r_transformer"]
+    "config",
+    [VanillaConfig(**TINY, max_position_embeddings=32), RTransformerConfig(**TINY)],
+    ids=["vanilla", "r_transformer"],
 )
 def test_models_reach_fused_causal_kernel(config, monkeypatch):
     torch.manual_seed(0)

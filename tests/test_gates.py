@@ -89,13 +89,22 @@ def test_sigmoid_tanh_gate():
     load(gate.u_g, U)
     wy, uy = matvec(W, Y), matvec(U, Y)
     assert wy == [-2.75, 1.75] and uy == [4.25, -5.5]
-    assert_matches(apply(gate), [1.0 + sigmoid(-2.75 - 2.0) * math.tanh(4.25), -2.0 + sigmoid(1.75 - 1.0) * math.tanh(-5.5)])
+    assert_matches(
+        apply(gate), [1.0 + sigmoid(-2.75 - 2.0) * math.tanh(4.25), -2.0 + sigmoid(1.75 - 1.0) * math.tanh(-5.5)]
+    )
 
 
 def test_gru_gate():
     # r = sigma(W_r y + U_r x); z = sigma(W_z y + U_z x - b_g); h = tanh(W_g y + U_g (r * x)); g = (1 - z) x + z h
     gate = GRUGate(2)
-    for linear, matrix in [(gate.w_r, W), (gate.u_r, U), (gate.w_z, W2), (gate.u_z, U2), (gate.w_g, W3), (gate.u_g, U3)]:
+    for linear, matrix in [
+        (gate.w_r, W),
+        (gate.u_r, U),
+        (gate.w_z, W2),
+        (gate.u_z, U2),
+        (gate.w_g, W3),
+        (gate.u_g, U3),
+    ]:
         load(linear, matrix)
     r = [sigmoid(a + b) for a, b in zip(matvec(W, Y), matvec(U, X))]
     z = [sigmoid(a + b - bias) for a, b, bias in zip(matvec(W2, Y), matvec(U2, X), B_G)]

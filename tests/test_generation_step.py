@@ -68,8 +68,13 @@ def test_generate_past_mem_len_equals_recomputing_from_scratch(name):
     prompt = _ids(2, 4)
     new_tokens = 3 * model.config.mem_len  # far past mem_len: the memory is trimmed at every step
     output = model.generate(
-        prompt, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
-        output_logits=True, return_dict_in_generate=True,
+        prompt,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     with torch.no_grad():
         recomputed = model(output.sequences[:, :-1]).logits[:, prompt.shape[1] - 1 :]
@@ -181,12 +186,16 @@ def test_one_query_attention_equals_the_last_query_of_the_block_path(implementat
     table = relative_position_embeddings(key_length, hidden_size, 0, torch.float32, "cpu")
     two = attention(segment, table, allowed, memory=memory, attention_bias=span_bias, key_window=window)[0][:, 1:]
     one = attention(
-        segment[:, 1:], table, allowed[..., 1:, :], memory=torch.cat([memory, segment[:, :1].detach()], 1),
-        attention_bias=None if span_bias is None else span_bias[..., 1:, :], key_window=window,
+        segment[:, 1:],
+        table,
+        allowed[..., 1:, :],
+        memory=torch.cat([memory, segment[:, :1].detach()], 1),
+        attention_bias=None if span_bias is None else span_bias[..., 1:, :],
+        key_window=window,
     )[0]
     torch.testing.assert_close(one, two, atol=1e-6, rtol=1e-6)
-    one_gradient, = torch.autograd.grad(one.square().sum(), segment)
-    two_gradient, = torch.autograd.grad(two.square().sum(), segment)
+    (one_gradient,) = torch.autograd.grad(one.square().sum(), segment)
+    (two_gradient,) = torch.autograd.grad(two.square().sum(), segment)
     # gradient entries reach ~7 here, and each path is ~3e-6 from the float64 gradient (float32 rounding of sums in
     # different orders, deterministic with one thread): 1e-6 absolute was tighter than float32 allows at that scale
     torch.testing.assert_close(one_gradient[:, 1], two_gradient[:, 1], atol=1e-5, rtol=1e-5)
@@ -201,7 +210,8 @@ def test_a_cached_step_projects_no_row_of_the_position_table():
     projected_rows = []
     hooks = [
         module.register_forward_pre_hook(lambda module, args: projected_rows.append(args[0].shape[-2]))
-        for name, module in model.named_modules() if name.endswith("r_net")
+        for name, module in model.named_modules()
+        if name.endswith("r_net")
     ]
     with torch.no_grad():
         cache = output_cache(model(ids[:, :8]))
@@ -261,8 +271,9 @@ def test_acting_steps_equal_recomputing_with_and_without_in_place_memory():
         cache, steps = None, []
         with torch.set_grad_enabled(grad):
             for t in range(inputs.shape[1]):
-                out = model(inputs_embeds=inputs[:, t : t + 1], cache=cache, episode_starts=starts[:, t : t + 1],
-                            use_cache=True)
+                out = model(
+                    inputs_embeds=inputs[:, t : t + 1], cache=cache, episode_starts=starts[:, t : t + 1], use_cache=True
+                )
                 cache = out.cache
                 steps.append(out.last_hidden_state.detach())
         outputs[grad] = torch.cat(steps, 1)

@@ -43,9 +43,14 @@ def test_logits_to_keep_with_labels_keeps_the_full_loss(model_type):
     torch.testing.assert_close(kept.loss, full.loss)
 
 
-
-@pytest.mark.parametrize("model_type", [t for t in CAUSAL_LM_TYPES if "return_logits" in
-                                        getattr(model_class(t, "AutoModelForCausalLM"), "head_options", ())])
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        t
+        for t in CAUSAL_LM_TYPES
+        if "return_logits" in getattr(model_class(t, "AutoModelForCausalLM"), "head_options", ())
+    ],
+)
 def test_return_logits_false_leaves_the_logits_out_and_the_loss_unchanged(model_type):
     """`return_logits=False` (a head option of the XL family: what the training loop and MemoryTrainer pass) gives
     no logits and the same loss."""
@@ -56,6 +61,7 @@ def test_return_logits_false_leaves_the_logits_out_and_the_loss_unchanged(model_
         loss_only = model(input_ids=input_ids, labels=input_ids, use_cache=False, return_logits=False)
     assert full.logits is not None and loss_only.logits is None
     torch.testing.assert_close(loss_only.loss, full.loss)
+
 
 @pytest.mark.parametrize("model_type", CAUSAL_LM_TYPES)
 def test_trainer_sees_labels_as_the_only_label_argument(model_type):

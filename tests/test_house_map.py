@@ -20,17 +20,23 @@ def _house_map():
 def test_the_house_map_in_the_architecture_page_is_the_generated_one():
     house_map = _house_map()
     written = house_map.current_section(house_map.ARCHITECTURE.read_text())
-    assert written is not None, f"docs/ARCHITECTURE.md lost its house-map markers; restore them, then run: {house_map.REFRESH}"
+    assert written is not None, (
+        f"docs/ARCHITECTURE.md lost its house-map markers; restore them, then run: {house_map.REFRESH}"
+    )
     assert written == house_map.render(house_map.variant_files()), (
-        f"docs/ARCHITECTURE.md's house map is stale: run `{house_map.REFRESH}` and commit the result")
+        f"docs/ARCHITECTURE.md's house map is stale: run `{house_map.REFRESH}` and commit the result"
+    )
 
 
 def test_the_map_lists_every_file_a_saved_folder_carries(tmp_path):
     """The map's files for a variant are exactly the code files `save_pretrained` writes (GTrXL, tiny)."""
     from hf_txvariants import GTrXLConfig, GTrXLForCausalLM
 
-    model = GTrXLForCausalLM(GTrXLConfig(vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32,
-                                         num_hidden_layers=1, mem_len=4))
+    model = GTrXLForCausalLM(
+        GTrXLConfig(
+            vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1, mem_len=4
+        )
+    )
     model.save_pretrained(tmp_path)
     entry = _house_map().variant_files()["txv_gtrxl"]
     assert {p.name for p in tmp_path.glob("*.py")} == set(entry["blocks"]) | set(entry["other"])

@@ -22,8 +22,15 @@ from hf_txvariants.training import build_char_tokenizer, build_config, build_mod
 
 REPO = "txv-test/tiny-transfo-xl"
 EXPECTED = {
-    "README.md", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-    "tokenizer_config.json", "eval_results.json", "configuration_transfo_xl.py", "modeling_transfo_xl.py",
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "eval_results.json",
+    "configuration_transfo_xl.py",
+    "modeling_transfo_xl.py",
 }
 METRICS = {"valid_bpc": 2.345, "valid_perplexity": 5.08}
 
@@ -37,13 +44,13 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer("hello transformer-xl world\n")
-    model = build_model(build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=8,
-                                     dropout=0.0))
+    model = build_model(
+        build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=8, dropout=0.0)
+    )
     return model.eval(), tokenizer
 
 
@@ -60,8 +67,12 @@ def test_repo_folder_and_model_card(tiny, tmp_path):
     assert any(f.startswith("txv_") for f in files)  # the shared blocks the modeling file imports
     config = json.loads((tmp_path / "repo" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_transfo_xl.TransfoXLLMHeadModel"
-    assert set(config["auto_map"]) >= {"AutoConfig", "AutoModel", "AutoModelForCausalLM",
-                                       "AutoModelForSequenceClassification"}
+    assert set(config["auto_map"]) >= {
+        "AutoConfig",
+        "AutoModel",
+        "AutoModelForCausalLM",
+        "AutoModelForSequenceClassification",
+    }
     card = ModelCard.load(tmp_path / "repo" / "README.md")
     assert card.data.library_name == "transformers"
     assert {"hf-txvariants", "transfo-xl", "custom_code"} <= set(card.data.tags)
@@ -111,7 +122,7 @@ def test_load_by_repo_id_from_the_hf_cache_offline(tiny, tmp_path):
             pass
         model = AutoModelForCausalLM.from_pretrained({REPO!r}, cache_dir={str(cache)!r}, trust_remote_code=True).eval()
         tokenizer = AutoTokenizer.from_pretrained({REPO!r}, cache_dir={str(cache)!r})
-        expected = torch.load({str(tmp_path / 'expected.pt')!r})
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
         assert tokenizer("hello world").input_ids == expected["ids"][0].tolist()
         assert "hf_txvariants" not in type(model).__module__, type(model).__module__
         with torch.no_grad():
@@ -119,10 +130,17 @@ def test_load_by_repo_id_from_the_hf_cache_offline(tiny, tmp_path):
         assert torch.allclose(logits, expected["logits"], atol=1e-5)
         print("REMOTE-CODE-OK", type(model).__module__)
     """)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"), OMP_NUM_THREADS="1",
-               HF_MODULES_CACHE=str(tmp_path / "modules"), PYTHONPATH="")
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf-home"),
+        OMP_NUM_THREADS="1",
+        HF_MODULES_CACHE=str(tmp_path / "modules"),
+        PYTHONPATH="",
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "REMOTE-CODE-OK transformers_modules" in run.stdout
 
@@ -175,12 +193,33 @@ def test_txv_push_command(tiny, tmp_path, capsys, monkeypatch):
         seen.update(message=commit_message, revision=revision, create_pr=create_pr)
         seen["files"] = {p.name for p in Path(folder_path).iterdir()}
         seen["card"] = ModelCard.load(Path(folder_path) / "README.md")
-        return mock.Mock(commit_url="https://huggingface.co/me/m/commit/1", pr_url="https://huggingface.co/me/m/discussions/1")
+        return mock.Mock(
+            commit_url="https://huggingface.co/me/m/commit/1", pr_url="https://huggingface.co/me/m/discussions/1"
+        )
 
     with mock.patch("huggingface_hub.HfApi") as hf_api:
         hf_api.return_value.upload_folder.side_effect = upload_folder
-        assert main(["push", "--model", str(tmp_path / "model"), "--repo-id", "me/m", "--dataset", "toy", "--token",
-                     "hf_x", "--revision", "dev", "--commit-message", "first", "--create-pr"]) == 0
+        assert (
+            main(
+                [
+                    "push",
+                    "--model",
+                    str(tmp_path / "model"),
+                    "--repo-id",
+                    "me/m",
+                    "--dataset",
+                    "toy",
+                    "--token",
+                    "hf_x",
+                    "--revision",
+                    "dev",
+                    "--commit-message",
+                    "first",
+                    "--create-pr",
+                ]
+            )
+            == 0
+        )
     hf_api.assert_called_with(token="hf_x")
     assert seen["message"] == "first" and seen["revision"] == "dev" and seen["create_pr"] is True
     assert "pushed to https://huggingface.co/me/m/discussions/1" in capsys.readouterr().out
@@ -216,9 +255,11 @@ def test_transformers_push_to_hub_uploads_the_remote_code_too(tiny):
         uploaded["files"] = {p.name for p in Path(folder).iterdir()}
         return mock.Mock()
 
-    with mock.patch("transformers.utils.hub.hf_api") as hf_api, \
-            mock.patch("transformers.utils.hub.create_and_tag_model_card", return_value=ModelCard("")), \
-            mock.patch.object(type(model), "_upload_modified_files", side_effect=upload):
+    with (
+        mock.patch("transformers.utils.hub.hf_api") as hf_api,
+        mock.patch("transformers.utils.hub.create_and_tag_model_card", return_value=ModelCard("")),
+        mock.patch.object(type(model), "_upload_modified_files", side_effect=upload),
+    ):
         hf_api.return_value.create_repo.return_value.repo_id = "me/m"
         model.push_to_hub("me/m")
     files = uploaded["files"]

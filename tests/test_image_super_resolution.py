@@ -78,8 +78,16 @@ def test_the_decoder_learns_to_use_the_low_resolution_image():
     60 steps the true images give far fewer bits than shuffled ones."""
     torch.manual_seed(0)
     config = ImageTransformerConfig(
-        image_size=[4, 4], num_channels=1, conditioning_image_size=[2, 2], num_encoder_layers=1, hidden_size=16,
-        num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, attention_type="local_1d", block_length=4,
+        image_size=[4, 4],
+        num_channels=1,
+        conditioning_image_size=[2, 2],
+        num_encoder_layers=1,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        attention_type="local_1d",
+        block_length=4,
     )
     model = ImageTransformerForSuperResolution(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -104,8 +112,14 @@ def test_cross_attention_neighbourhood_is_the_pixels_around_the_covering_one(att
     """Naive check: for every decoder step, the allowed encoder positions are the channels of the low-resolution
     pixels within `radius` rows and columns of the one covering the pixel that step predicts."""
     config = ImageTransformerConfig(
-        **{**TINY, "num_channels": 2, "attention_type": attention_type, "query_shape": [2, 4], "memory_flange": [1, 4],
-           "conditioning_attention_radius": radius}
+        **{
+            **TINY,
+            "num_channels": 2,
+            "attention_type": attention_type,
+            "query_shape": [2, 4],
+            "memory_flange": [1, 4],
+            "conditioning_attention_radius": radius,
+        }
     )
     allowed = conditioning_neighbourhood(config, torch.arange(config.num_positions + 1))
     order = generation_order(config)
@@ -143,8 +157,13 @@ def test_cached_upscaling_equals_recomputing(attention_type):
     model = _sharp(_model(attention_type=attention_type, query_shape=[2, 4], memory_flange=[1, 4]))
     _, conditioning = _batch(model.config)
     kwargs = dict(
-        conditioning_ids=conditioning, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
-        output_logits=True, return_dict_in_generate=True,
+        conditioning_ids=conditioning,
+        max_new_tokens=24,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     start = torch.full((2, 1), 256)
     cached, full = model.generate(start, use_cache=True, **kwargs), model.generate(start, use_cache=False, **kwargs)

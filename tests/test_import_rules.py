@@ -1,9 +1,11 @@
 """The import rules of docs/ARCHITECTURE.md ("Import rules"), checked statically (no import is run):
 
 * the shared blocks `txv_*.py` never import a variant's file (configuration_* / modeling_*);
-* configuration_* / modeling_* / tokenization_* files (and the txv_* blocks: all of them ship in a Hub repo's remote-code payload)
-  import only `.txv_*` blocks, their own configuration, transformers (and its huggingface_hub), torch and the
-  standard library (a tokenizer also its tokenization library, sacremoses): never `..`, never `hf_txvariants`, never the training / hub / cli / metrics subpackages;
+* configuration_* / modeling_* / tokenization_* files (and the txv_* blocks: all of them ship in a Hub repo's
+  remote-code payload) import only `.txv_*` blocks, their own configuration, transformers (and its huggingface_hub),
+  torch and the
+  standard library (a tokenizer also its tokenization library, sacremoses): never `..`, never `hf_txvariants`,
+  never the training / hub / cli / metrics subpackages;
 * nothing in the package imports the repository's `conversion` folder (the wheel installs it as
   `hf_txvariants.converters`, reached only by `txv convert`)."""
 
@@ -16,8 +18,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_txvariants"
-PAYLOAD = sorted(p for p in PACKAGE.glob("*.py")
-                 if p.name.startswith(("txv_", "configuration_", "modeling_", "tokenization_")))
+PAYLOAD = sorted(
+    p for p in PACKAGE.glob("*.py") if p.name.startswith(("txv_", "configuration_", "modeling_", "tokenization_"))
+)
 # huggingface_hub: transformers 5 configs use its `strict` dataclasses (a dependency of transformers itself)
 THIRD_PARTY_ALLOWED = {"transformers", "torch", "huggingface_hub"}
 # a tokenizer may also use its tokenization library (Transformer-XL's: the Moses tokenizer)
@@ -70,12 +73,18 @@ def test_the_checker_catches_each_forbidden_import(tmp_path):
     for name, source in cases.items():
         (tmp_path / name).write_text(source)
         assert payload_violations(tmp_path / name), name
-    (tmp_path / "modeling_ok.py").write_text("import math\nimport torch\nfrom transformers import PreTrainedModel\n"
-                                             "from .configuration_ok import OkConfig\nfrom .txv_mha import x\n")
+    (tmp_path / "modeling_ok.py").write_text(
+        "import math\nimport torch\nfrom transformers import PreTrainedModel\n"
+        "from .configuration_ok import OkConfig\nfrom .txv_mha import x\n"
+    )
     assert payload_violations(tmp_path / "modeling_ok.py") == []
 
 
 def test_nothing_in_the_package_imports_conversion():
-    offenders = [f"{path.relative_to(PACKAGE)}: {module}" for path in sorted(PACKAGE.rglob("*.py"))
-                 for level, module in imports(path) if level == 0 and module.split(".")[0] == "conversion"]
+    offenders = [
+        f"{path.relative_to(PACKAGE)}: {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for level, module in imports(path)
+        if level == 0 and module.split(".")[0] == "conversion"
+    ]
     assert offenders == []

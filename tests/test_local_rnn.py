@@ -56,7 +56,9 @@ def test_annotated_layer_norm_formula():
     x = torch.tensor([[1.0, 2.0, 4.0, 7.0]])
     mean = (1 + 2 + 4 + 7) / 4
     std = (sum((v - mean) ** 2 for v in [1, 2, 4, 7]) / 3) ** 0.5
-    expected = torch.tensor([[w * (v - mean) / (std + 0.1) + b for v, w, b in zip([1, 2, 4, 7], [1, 2, -1, 0.5], [0, 1, 0, -1])]])
+    expected = torch.tensor(
+        [[w * (v - mean) / (std + 0.1) + b for v, w, b in zip([1, 2, 4, 7], [1, 2, -1, 0.5], [0, 1, 0, -1])]]
+    )
     torch.testing.assert_close(norm(x), expected)
     assert isinstance(make_layer_norm("standard", 4, 1e-5), torch.nn.LayerNorm)
     with pytest.raises(ValueError, match="layer_norm_type"):

@@ -134,7 +134,9 @@ def _padded(x, padded_length):
 
 
 @pytest.mark.exact
-@pytest.mark.parametrize("num_hashes, num_buckets, before, after", [(1, 4, 1, 0), (2, 4, 1, 0), (4, [2, 4], 1, 1), (2, 8, 2, 0)])
+@pytest.mark.parametrize(
+    "num_hashes, num_buckets, before, after", [(1, 4, 1, 0), (2, 4, 1, 0), (4, [2, 4], 1, 1), (2, 8, 2, 0)]
+)
 @pytest.mark.parametrize("length", [3, 9, 12, 17])
 def test_lsh_step_equals_full_attention_at_the_last_position(num_hashes, num_buckets, before, after, length):
     """The incremental step (cached buckets, one chunk window) gives the last position exactly what `lsh_attention`
@@ -149,8 +151,16 @@ def test_lsh_step_equals_full_attention_at_the_last_position(num_hashes, num_buc
     valid[1, 1] = False  # a padding position inside the past
     full_valid = torch.nn.functional.pad(valid, (0, padded_length - length), value=False)
     reference = lsh_attention(
-        _padded(qk, padded_length), _padded(v, padded_length), num_hashes, num_buckets, chunk, before, after, True,
-        full_valid, seed=3,
+        _padded(qk, padded_length),
+        _padded(v, padded_length),
+        num_hashes,
+        num_buckets,
+        chunk,
+        before,
+        after,
+        True,
+        full_valid,
+        seed=3,
     )[:, :, length - 1 : length]
     past = raw_buckets(qk[:, :, :-1], num_hashes, num_buckets, seed=3)
     for past_buckets in (None, past):

@@ -32,7 +32,9 @@ def test_add_batch_then_compute_and_loading_by_path():
 def test_accuracy():
     accuracy = metrics.load("accuracy")
     assert accuracy.compute(predictions=[1, 0, 1, 1], references=[1, 1, 1, 0])["accuracy"] == pytest.approx(0.5)
-    assert accuracy.compute(predictions=[1, 0], references=[1, 1], sample_weight=[3, 1])["accuracy"] == pytest.approx(0.75)
+    assert accuracy.compute(predictions=[1, 0], references=[1, 1], sample_weight=[3, 1])["accuracy"] == pytest.approx(
+        0.75
+    )
 
 
 def test_bad_input():

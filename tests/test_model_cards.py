@@ -16,10 +16,15 @@ import hf_txvariants
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = sorted((ROOT / "model_cards").glob("*.md"))
 # the Hub tasks our models do (a subset of the Hub's pipeline tags)
-HUB_PIPELINE_TAGS = {"text-generation", "text-classification", "reinforcement-learning",
-                     "unconditional-image-generation"}
-PLUGIN_METRICS = {p.name for p in (ROOT / "hf_txvariants" / "metrics").iterdir() if p.is_dir() and
-                  not p.name.startswith("_")}
+HUB_PIPELINE_TAGS = {
+    "text-generation",
+    "text-classification",
+    "reinforcement-learning",
+    "unconditional-image-generation",
+}
+PLUGIN_METRICS = {
+    p.name for p in (ROOT / "hf_txvariants" / "metrics").iterdir() if p.is_dir() and not p.name.startswith("_")
+}
 PLACEHOLDER = re.compile(r"\]\(https?://github\.com/?\)")
 
 
@@ -58,8 +63,9 @@ def test_generated_card_keeps_datasets_and_metrics():
     _check_metadata(card, "generated")
     assert card.data.datasets == ["enwik8"]
     assert card.data.metrics == ["bits_per_character", "perplexity"]
-    based = build_model_card(model, "me/xl", {"test_bpc": 1.0}, dataset="enwik8",
-                             base_card=ROOT / "model_cards" / "transfo-xl-enwik8.md")
+    based = build_model_card(
+        model, "me/xl", {"test_bpc": 1.0}, dataset="enwik8", base_card=ROOT / "model_cards" / "transfo-xl-enwik8.md"
+    )
     based = ModelCard(str(based))
     _check_metadata(based, "generated from a base card")
     assert based.data.datasets == ["enwik8"]

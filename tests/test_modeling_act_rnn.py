@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-from txv_tester import ATOL, TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import ACTRNNConfig, ACTRNNForCausalLM, ACTRNNForSequenceClassification, ACTRNNModel
 from hf_txvariants.modeling_act_rnn import ACTRNNCache
 from hf_txvariants.txv_compat import output_cache
+from txv_tester import ATOL, TxvModelTesterMixin
 
 TINY = dict(
     vocab_size=23,
@@ -191,7 +191,9 @@ def test_shift_labels_are_the_targets_when_given():
     ids = torch.randint(1, 23, (2, 5), generator=torch.Generator().manual_seed(0))
     targets = torch.randint(1, 23, (2, 5), generator=torch.Generator().manual_seed(1))
     output = model(ids, labels=ids, shift_labels=targets)
-    torch.testing.assert_close(output.lm_loss, nn.functional.cross_entropy(output.logits.reshape(-1, 23), targets.reshape(-1)))
+    torch.testing.assert_close(
+        output.lm_loss, nn.functional.cross_entropy(output.logits.reshape(-1, 23), targets.reshape(-1))
+    )
 
 
 def test_sequence_classification_reads_the_vectors_of_the_parity_task():
@@ -201,8 +203,9 @@ def test_sequence_classification_reads_the_vectors_of_the_parity_task():
     output = model(inputs_embeds=vectors, labels=torch.tensor([0, 1, 1, 0]))
     assert output.logits.shape == (4, 2) and output.n_updates.shape == (4, 1)
     torch.testing.assert_close(
-        output.loss, nn.functional.cross_entropy(output.logits, torch.tensor([0, 1, 1, 0]))
-        + model.config.act_loss_weight * output.ponder_cost.mean()
+        output.loss,
+        nn.functional.cross_entropy(output.logits, torch.tensor([0, 1, 1, 0]))
+        + model.config.act_loss_weight * output.ponder_cost.mean(),
     )
 
 

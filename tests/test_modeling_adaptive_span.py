@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from txv_tester import ATOL, TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import AdaptiveSpanConfig, AdaptiveSpanForCausalLM, AdaptiveSpanModel
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan, soft_span_mask, span_attention_bias
 from hf_txvariants.txv_compat import output_cache
+from txv_tester import ATOL, TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original"
 
@@ -92,7 +92,9 @@ def test_soft_mask_span_loss_and_kept_size_match_the_original(case):
     module = AdaptiveSpan(heads, span_len, ramp)
     with torch.no_grad():
         module.current_val.copy_(reference[f"case{case}.current_val"])
-    assert meta["adapt_span_loss"] * float(module.penalty(module.spans()).detach()) == pytest.approx(meta["loss"], rel=1e-6)
+    assert meta["adapt_span_loss"] * float(module.penalty(module.spans()).detach()) == pytest.approx(
+        meta["loss"], rel=1e-6
+    )
     assert module.required_keys(module.spans()) == meta["current_max_size"]
 
 

@@ -1,7 +1,8 @@
 """The original adaptive-span Transformer (txv_adaptive_span_original): the shared tester (adaptive span, trimming
-spans, fixed span, all-attention network), parity with the original facebookresearch/adaptive-span code on checkpoints
-its own save_checkpoint wrote (both torch containers; fixtures made by tests/fixtures/make_adaptive_span_original_models.py),
-its cache (per-layer lengths, zeros at the start), the span penalty, the converter's checks and the paper's evaluation."""
+spans, fixed span, all-attention network), parity with the original facebookresearch/adaptive-span code on
+checkpoints its own save_checkpoint wrote (both torch containers; fixtures made by
+tests/fixtures/make_adaptive_span_original_models.py), its cache (per-layer lengths, zeros at the start), the span
+penalty, the converter's checks and the paper's evaluation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from txv_tester import ATOL, TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from conversion.adaptive_span import main as convert_main
@@ -26,6 +26,7 @@ from hf_txvariants import (
 )
 from hf_txvariants.txv_compat import output_cache
 from tiny_configs import TINY_CONFIGS
+from txv_tester import ATOL, TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original_models"
 META = json.loads((FIXTURES / "meta.json").read_text())
@@ -98,7 +99,7 @@ def test_converted_checkpoint_matches_the_original_from_the_first_block(tmp_path
     cache, log_probs, lengths = None, [], []
     with torch.no_grad():
         for index in range(META["blocks"]):
-            out = model(reference["input_ids"][:, index * block: (index + 1) * block], cache=cache)
+            out = model(reference["input_ids"][:, index * block : (index + 1) * block], cache=cache)
             cache = output_cache(out)
             log_probs.append(torch.log_softmax(out.logits, dim=-1))
             lengths.append(cache.lengths)
@@ -171,8 +172,7 @@ class Trap:
 @pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
 def test_trapped_pickle_is_refused_and_nothing_is_written(tmp_path, capsys, legacy):
     checkpoint = tmp_path / "trapped.pt"
-    torch.save({"iter_no": 0, "model": {}, "logger": Trap()}, checkpoint,
-               _use_new_zipfile_serialization=not legacy)
+    torch.save({"iter_no": 0, "model": {}, "logger": Trap()}, checkpoint, _use_new_zipfile_serialization=not legacy)
     output = tmp_path / "out"
     status = convert_main(["--checkpoint", str(checkpoint), "--output", str(output)])
     err = capsys.readouterr()
@@ -184,8 +184,16 @@ def test_trapped_pickle_is_refused_and_nothing_is_written(tmp_path, capsys, lega
 def test_corpus_of_another_size_is_refused(tmp_path, capsys):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "train.txt").write_text("1 2 3\n")
-    status = convert_main(["--checkpoint", str(FIXTURES / "fixed.pt"), "--output", str(tmp_path / "out"),
-                           "--corpus", str(tmp_path / "corpus")])
+    status = convert_main(
+        [
+            "--checkpoint",
+            str(FIXTURES / "fixed.pt"),
+            "--output",
+            str(tmp_path / "out"),
+            "--corpus",
+            str(tmp_path / "corpus"),
+        ]
+    )
     assert status == 2 and "4 symbols" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -246,8 +254,9 @@ def test_generate_keeps_the_span_cache_and_equals_recomputation():
         for _ in range(6):  # whole sequence each step, no cache
             ids = torch.cat([ids, model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(generated, ids)
-    out = model.generate(prompt, max_new_tokens=2, do_sample=False, pad_token_id=0, eos_token_id=None,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        prompt, max_new_tokens=2, do_sample=False, pad_token_id=0, eos_token_id=None, return_dict_in_generate=True
+    )
     assert isinstance(output_cache(out), SpanCache)
 
 
@@ -282,9 +291,17 @@ def test_trainer_trains_every_parameter_with_the_span_penalty(tmp_path):
     ids = torch.randint(1, 29, (8, 12), generator=torch.Generator().manual_seed(0))
     train_set = [{"input_ids": row, "labels": row} for row in ids]
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, learning_rate=1e-2,
-                             max_steps=3, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
-                             dataloader_num_workers=0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     result = Trainer(model=model, args=args, train_dataset=train_set).train()
     assert math.isfinite(result.training_loss)
     unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]

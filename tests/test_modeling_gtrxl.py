@@ -4,13 +4,13 @@ inference with memory, per-row reset on episode ends, training on stored segment
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-from txv_tester import TxvModelTesterMixin
 
 from hf_txvariants import GTrXLConfig, GTrXLForCausalLM, GTrXLModel, MemoryCache
 from hf_txvariants.configuration_gtrxl import GATE_TYPES
 from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_gates import GatingLayer, GRUGate, ResidualGate
 from hf_txvariants.txv_positions import sinusoid_table
+from txv_tester import TxvModelTesterMixin
 
 TINY = dict(vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2, mem_len=8)
 ATOL = 1e-5
@@ -397,8 +397,9 @@ def test_adaptive_softmax_is_tied_like_transformer_xl():
 def test_a_50k_vocabulary_trains_with_the_adaptive_softmax():
     """A GPT-2-sized vocabulary: the adaptive embedding and softmax stay small, and an optimiser step lowers the
     loss on the batch."""
-    config = GTrXLConfig(**{**TINY, "vocab_size": 50257, "adaptive": True, "cutoffs": [2000, 10000], "div_val": 4,
-                            "d_embed": 16})
+    config = GTrXLConfig(
+        **{**TINY, "vocab_size": 50257, "adaptive": True, "cutoffs": [2000, 10000], "div_val": 4, "d_embed": 16}
+    )
     torch.manual_seed(0)
     model = GTrXLForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) < 50257 * 16  # less than one full-width embedding table

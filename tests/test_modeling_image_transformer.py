@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from txv_tester import TxvModelTesterMixin
 
 from hf_txvariants import ImageTransformerConfig, ImageTransformerForCausalLM, ImageTransformerModel
 from hf_txvariants.modeling_image_transformer import (
@@ -16,6 +15,7 @@ from hf_txvariants.modeling_image_transformer import (
 )
 from hf_txvariants.training.images import save_png
 from hf_txvariants.txv_compat import output_cache
+from txv_tester import TxvModelTesterMixin
 
 TINY = dict(
     image_size=[4, 4],
@@ -68,7 +68,9 @@ def test_images_round_trip_and_block_raster_order():
     assert torch.equal(input_ids_to_images(ids, config), images.to(torch.uint8))
     # Grid 4 x 12 (width * channels), query blocks 2 x 4: the first block is rows 0-1, grid columns 0-3.
     assert generation_order(config)[:8].tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
-    assert generation_order(ImageTransformerConfig(**{**TINY, "attention_type": "local_1d"})).tolist() == list(range(48))
+    assert generation_order(ImageTransformerConfig(**{**TINY, "attention_type": "local_1d"})).tolist() == list(
+        range(48)
+    )
 
 
 @pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from txv_tester import TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401
 from hf_txvariants.configuration_r_transformer import RTransformerConfig
@@ -20,10 +19,19 @@ from hf_txvariants.modeling_r_transformer import (
     RTransformerModel,
 )
 from hf_txvariants.txv_compat import output_cache
+from txv_tester import TxvModelTesterMixin
 
 TINY = dict(
-    vocab_size=19, hidden_size=16, num_hidden_layers=2, num_rnn_layers=2, num_attention_heads=2,
-    local_window=3, dropout=0.1, attention_dropout=0.1, embedding_dropout=0.1, pad_token_id=0,
+    vocab_size=19,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_rnn_layers=2,
+    num_attention_heads=2,
+    local_window=3,
+    dropout=0.1,
+    attention_dropout=0.1,
+    embedding_dropout=0.1,
+    pad_token_id=0,
 )
 
 
@@ -43,7 +51,11 @@ class TestRTransformerLSTMStandardNorm(TxvModelTesterMixin):
     config_class = RTransformerConfig
     model_classes = (RTransformerModel,)
     tiny_config_kwargs = {
-        **TINY, "rnn_type": "LSTM", "num_rnn_layers": 1, "layer_norm_type": "standard", "final_layer_norm": True,
+        **TINY,
+        "rnn_type": "LSTM",
+        "num_rnn_layers": 1,
+        "layer_norm_type": "standard",
+        "final_layer_norm": True,
     }
 
 
@@ -78,9 +90,9 @@ def naive_forward(model: RTransformerModel, x: torch.Tensor) -> torch.Tensor:
         heads = []
         for h in range(attn.num_heads):
             part = slice(h * attn.head_dim, (h + 1) * attn.head_dim)
-            q = (normed @ attn.q_proj.weight[part].t() + attn.q_proj.bias[part])
-            key = (normed @ attn.k_proj.weight[part].t() + attn.k_proj.bias[part])
-            v = (normed @ attn.v_proj.weight[part].t() + attn.v_proj.bias[part])
+            q = normed @ attn.q_proj.weight[part].t() + attn.q_proj.bias[part]
+            key = normed @ attn.k_proj.weight[part].t() + attn.k_proj.bias[part]
+            v = normed @ attn.v_proj.weight[part].t() + attn.v_proj.bias[part]
             scores = q @ key.transpose(1, 2) / attn.head_dim**0.5
             scores = scores.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
             heads.append(scores.softmax(-1) @ v)
@@ -116,9 +128,7 @@ def test_left_padding_equals_row_alone():
     padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), x], dim=1)
     mask = torch.cat([torch.zeros(1, 4), torch.ones(1, 6)], dim=1).long()
     with torch.no_grad():
-        torch.testing.assert_close(
-            model(padded, attention_mask=mask).logits[:, 4:], model(x).logits, atol=1e-5, rtol=0
-        )
+        torch.testing.assert_close(model(padded, attention_mask=mask).logits[:, 4:], model(x).logits, atol=1e-5, rtol=0)
     batch = torch.cat([padded, ids(1, 10, seed=3)])
     batch_mask = torch.cat([mask, torch.ones(1, 10, dtype=torch.long)])
     together = model.generate(batch, attention_mask=batch_mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
@@ -145,15 +155,22 @@ def test_generate_with_cache_equals_without(num_beams):
     model = build()
     prompt = ids(2, 4)
     kwargs = dict(max_new_tokens=5, do_sample=False, num_beams=num_beams, pad_token_id=0)
-    assert torch.equal(model.generate(prompt, use_cache=True, **kwargs), model.generate(prompt, use_cache=False, **kwargs))
+    assert torch.equal(
+        model.generate(prompt, use_cache=True, **kwargs), model.generate(prompt, use_cache=False, **kwargs)
+    )
 
 
 def test_generate_returns_every_step_attentions_and_hidden_states():
     """The output flags reach the model at every step (prepare_inputs_for_generation used to drop them)."""
     model = build()
     out = model.generate(
-        ids(2, 4), max_new_tokens=3, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
-        output_attentions=True, output_hidden_states=True,
+        ids(2, 4),
+        max_new_tokens=3,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_attentions=True,
+        output_hidden_states=True,
     )
     assert len(out.attentions) == len(out.hidden_states) == 3
     for step, (attentions, hidden_states) in enumerate(zip(out.attentions, out.hidden_states)):
@@ -170,7 +187,7 @@ def test_generate_from_inputs_embeds_equals_input_ids():
     from_ids = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs)
     embeds = model.get_input_embeddings()(prompt)
     from_embeds = model.generate(inputs_embeds=embeds, attention_mask=torch.ones_like(prompt), **kwargs)
-    assert torch.equal(from_embeds, from_ids[:, prompt.shape[1]:])  # generate returns only the new tokens
+    assert torch.equal(from_embeds, from_ids[:, prompt.shape[1] :])  # generate returns only the new tokens
 
 
 def test_assisted_decoding_is_refused_with_transformers_error():
@@ -192,7 +209,12 @@ def test_errors_name_the_field():
 
         build()(ids(), cache=DynamicCache())
     config = RTransformerConfig(d_model=32, h=4, ksize=5, n_level=2, n=1)
-    assert (config.hidden_size, config.num_attention_heads, config.local_window, config.intermediate_size) == (32, 4, 5, 128)
+    assert (config.hidden_size, config.num_attention_heads, config.local_window, config.intermediate_size) == (
+        32,
+        4,
+        5,
+        128,
+    )
 
 
 FIXTURES = Path(__file__).parent / "fixtures" / "r_transformer_original"
@@ -201,9 +223,18 @@ FIXTURES = Path(__file__).parent / "fixtures" / "r_transformer_original"
 KEY_MAP = [
     (r"^encoder\.weight$", "model.embed_tokens.weight"),
     (r"^decoder\.(weight|bias)$", r"lm_head.\1"),
-    (r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.local_rnn\.rnn\.(.*)$", r"model.layers.\1.rnn_layers.\2.local_rnn.rnn.\3"),
-    (r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.connection\.norm\.a_2$", r"model.layers.\1.rnn_layers.\2.layer_norm.weight"),
-    (r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.connection\.norm\.b_2$", r"model.layers.\1.rnn_layers.\2.layer_norm.bias"),
+    (
+        r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.local_rnn\.rnn\.(.*)$",
+        r"model.layers.\1.rnn_layers.\2.local_rnn.rnn.\3",
+    ),
+    (
+        r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.connection\.norm\.a_2$",
+        r"model.layers.\1.rnn_layers.\2.layer_norm.weight",
+    ),
+    (
+        r"^rt\.forward_net\.(\d+)\.layers\.(\d+)\.connection\.norm\.b_2$",
+        r"model.layers.\1.rnn_layers.\2.layer_norm.bias",
+    ),
     (r"^rt\.forward_net\.(\d+)\.connections\.0\.norm\.a_2$", r"model.layers.\1.attention_layer_norm.weight"),
     (r"^rt\.forward_net\.(\d+)\.connections\.0\.norm\.b_2$", r"model.layers.\1.attention_layer_norm.bias"),
     (r"^rt\.forward_net\.(\d+)\.connections\.1\.norm\.a_2$", r"model.layers.\1.feed_forward_layer_norm.weight"),
@@ -238,11 +269,16 @@ def test_matches_original_code(case):
         meta = f.metadata()
         tensors = {key: f.get_tensor(key) for key in f.keys()}
     config = RTransformerConfig(
-        vocab_size=int(meta["vocab"]), d_model=int(meta["d_model"]), h=int(meta["h"]), n=int(meta["n"]),
-        ksize=int(meta["ksize"]), n_level=int(meta["n_level"]), rnn_type=meta["rnn_type"],
+        vocab_size=int(meta["vocab"]),
+        d_model=int(meta["d_model"]),
+        h=int(meta["h"]),
+        n=int(meta["n"]),
+        ksize=int(meta["ksize"]),
+        n_level=int(meta["n_level"]),
+        rnn_type=meta["rnn_type"],
     )
     model = RTransformerForCausalLM(config).eval()
-    state = convert({k[len("state."):]: v for k, v in tensors.items() if k.startswith("state.")})
+    state = convert({k[len("state.") :]: v for k, v in tensors.items() if k.startswith("state.")})
     ours = model.state_dict()
     assert set(state) == set(ours), set(state) ^ set(ours)
     for key, tensor in state.items():

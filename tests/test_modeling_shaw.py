@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderModel
-from txv_tester import TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401
 from hf_txvariants.configuration_shaw import ShawConfig
@@ -19,10 +18,18 @@ from hf_txvariants.modeling_shaw import (
 )
 from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_shaw_attention import RelationAwareSelfAttention, relative_distance_index
+from txv_tester import TxvModelTesterMixin
 
 TINY = dict(
-    vocab_size=21, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
-    max_relative_position=3, dropout=0.1, attention_dropout=0.1, pad_token_id=0,
+    vocab_size=21,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=24,
+    max_relative_position=3,
+    dropout=0.1,
+    attention_dropout=0.1,
+    pad_token_id=0,
 )
 
 
@@ -193,7 +200,9 @@ def test_encoder_decoder_model():
         encoder_outputs = model.encoder(input_ids=source, attention_mask=source_mask)
         first = model(encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, :3])
         second = model(
-            encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, 3:],
+            encoder_outputs=encoder_outputs,
+            attention_mask=source_mask,
+            decoder_input_ids=target[:, 3:],
             **cache_field(output_cache(first)),  # transformers' EncoderDecoderModel: the release's own name
         )
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, atol=1e-5, rtol=0)

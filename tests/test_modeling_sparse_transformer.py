@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from txv_tester import TxvModelTesterMixin
 
 from hf_txvariants import (
     SparseTransformerConfig,
@@ -12,6 +11,7 @@ from hf_txvariants import (
 )
 from hf_txvariants.modeling_sparse_transformer import layer_patterns
 from hf_txvariants.txv_patterns import FixedBlock, FixedSummary, PerHead, Strided, StridedColumn, StridedLocal
+from txv_tester import TxvModelTesterMixin
 
 TINY = dict(
     vocab_size=37,
@@ -50,7 +50,9 @@ def test_pattern_modes():
     assert layer_patterns(config) == [StridedLocal(3), StridedColumn(3), StridedLocal(3)]
     config = SparseTransformerConfig(**{**TINY, "pattern_mode": "merged"})
     assert layer_patterns(config) == [Strided(3)] * 2
-    config = SparseTransformerConfig(**{**TINY, "pattern_mode": "per_head", "attention_pattern": "fixed", "summary_size": 1})
+    config = SparseTransformerConfig(
+        **{**TINY, "pattern_mode": "per_head", "attention_pattern": "fixed", "summary_size": 1}
+    )
     assert layer_patterns(config) == [PerHead((FixedBlock(3), FixedSummary(3, 1)))] * 2
 
 
@@ -58,7 +60,11 @@ def test_pattern_modes():
     "mode, pattern, convention",
     [(mode, pattern, "reference") for mode in ("interleaved", "merged", "per_head") for pattern in ("strided", "fixed")]
     + [(mode, pattern, "paper") for mode in ("interleaved", "per_head") for pattern in ("strided", "fixed")]
-    + [("merged", "local1d", "reference"), ("merged", "causal", "reference"), ("merged", "sliding_window", "reference")],
+    + [
+        ("merged", "local1d", "reference"),
+        ("merged", "causal", "reference"),
+        ("merged", "sliding_window", "reference"),
+    ],
 )
 def test_implementations_agree(mode, pattern, convention):
     """blocked (tiles, the training path) == auto == dense eager reference == dense sdpa == FlexAttention, on the whole
@@ -67,9 +73,18 @@ def test_implementations_agree(mode, pattern, convention):
     mask = torch.ones(2, 23, dtype=torch.long)
     mask[1, -5:] = 0
     outputs = {}
-    for implementation, attn in (("dense", "eager"), ("dense", "sdpa"), ("blocked", "eager"), ("flex", "eager"), ("auto", "sdpa")):
+    for implementation, attn in (
+        ("dense", "eager"),
+        ("dense", "sdpa"),
+        ("blocked", "eager"),
+        ("flex", "eager"),
+        ("auto", "sdpa"),
+    ):
         model = _model(
-            pattern_mode=mode, attention_pattern=pattern, summary_size=1, pattern_implementation=implementation,
+            pattern_mode=mode,
+            attention_pattern=pattern,
+            summary_size=1,
+            pattern_implementation=implementation,
             pattern_convention=convention,
         )
         model.set_attn_implementation(attn)
@@ -86,9 +101,13 @@ def test_paper_convention_factor_sets():
     positions only; the reference convention keeps today's sets."""
     strided = SparseTransformerConfig(**{**TINY, "pattern_convention": "paper"})
     assert layer_patterns(strided) == [StridedLocal(4), StridedColumn(3)]
-    fixed = SparseTransformerConfig(**{**TINY, "pattern_convention": "paper", "attention_pattern": "fixed", "summary_size": 1})
+    fixed = SparseTransformerConfig(
+        **{**TINY, "pattern_convention": "paper", "attention_pattern": "fixed", "summary_size": 1}
+    )
     assert layer_patterns(fixed) == [FixedBlock(3), FixedSummary(3, 1, include_query=False)]
-    assert layer_patterns(SparseTransformerConfig(**{**TINY, "attention_pattern": "fixed", "summary_size": 1}))[1] == FixedSummary(3, 1)
+    assert layer_patterns(SparseTransformerConfig(**{**TINY, "attention_pattern": "fixed", "summary_size": 1}))[
+        1
+    ] == FixedSummary(3, 1)
     merged = {**TINY, "pattern_mode": "merged"}
     assert layer_patterns(SparseTransformerConfig(**merged, pattern_convention="paper"))[0] == Strided(3, paper=True)
 
@@ -141,13 +160,18 @@ def test_pattern_restricts_attention():
     assert not torch.allclose(model(inside).logits[0, -1], base, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode, convention", [("per_head", "reference"), ("merged", "reference"), ("interleaved", "paper")])
+@pytest.mark.parametrize(
+    "mode, convention", [("per_head", "reference"), ("merged", "reference"), ("interleaved", "paper")]
+)
 def test_blocked_training_gradients_equal_dense(mode, convention):
     grads = []
     for implementation in ("dense", "blocked"):
         model = _model(
-            pattern_implementation=implementation, pattern_mode=mode, pattern_convention=convention,
-            attention_pattern="fixed", summary_size=1,
+            pattern_implementation=implementation,
+            pattern_mode=mode,
+            pattern_convention=convention,
+            attention_pattern="fixed",
+            summary_size=1,
         ).train()
         ids = torch.randint(0, 37, (2, 19), generator=torch.Generator().manual_seed(2))
         model(ids, labels=ids).loss.backward()
@@ -169,7 +193,9 @@ def test_cached_generation_equals_full_pass():
 
 
 def test_image_positions_and_checkpointing_default():
-    config = SparseTransformerConfig(**{**TINY, "image_shape": [4, 3, 3], "num_hidden_layers": 3, "gradient_checkpointing_min_layers": 3})
+    config = SparseTransformerConfig(
+        **{**TINY, "image_shape": [4, 3, 3], "num_hidden_layers": 3, "gradient_checkpointing_min_layers": 3}
+    )
     model = SparseTransformerForCausalLM(config)
     assert model.is_activation_checkpointing
     assert not SparseTransformerForCausalLM(SparseTransformerConfig(**TINY)).is_activation_checkpointing
@@ -182,8 +208,15 @@ def test_image_positions_and_checkpointing_default():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("attention_pattern", "axial"), ("pattern_mode", "mixed"), ("pattern_implementation", "cuda"), ("stride", 0),
-     ("image_shape", [4, 4]), ("image_shape", [100, 100, 3]), ("pattern_convention", "openai")],
+    [
+        ("attention_pattern", "axial"),
+        ("pattern_mode", "mixed"),
+        ("pattern_implementation", "cuda"),
+        ("stride", 0),
+        ("image_shape", [4, 4]),
+        ("image_shape", [100, 100, 3]),
+        ("pattern_convention", "openai"),
+    ],
 )
 def test_bad_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):

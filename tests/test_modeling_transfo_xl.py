@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
-from txv_tester import ATOL, TxvModelTesterMixin
 
 import hf_txvariants
 from hf_txvariants import (
@@ -23,6 +22,7 @@ from hf_txvariants import (
     TransfoXLModel,
 )
 from hf_txvariants.txv_compat import output_cache
+from txv_tester import ATOL, TxvModelTesterMixin
 
 LEGACY_FIXTURES = Path(__file__).parent / "fixtures" / "transfo_xl_legacy"
 LEGACY_CASES = sorted(p.name for p in LEGACY_FIXTURES.iterdir() if p.is_dir())
@@ -272,10 +272,14 @@ def test_left_padded_batch_generates_like_each_row_alone():
 def test_beam_search_and_sampling_use_memory():
     model = _generation_model()
     prompt = torch.randint(1, 40, (2, 4))
-    beams = model.generate(prompt, num_beams=3, num_return_sequences=2, max_new_tokens=5, pad_token_id=0, eos_token_id=None)
+    beams = model.generate(
+        prompt, num_beams=3, num_return_sequences=2, max_new_tokens=5, pad_token_id=0, eos_token_id=None
+    )
     assert beams.shape == (4, 9)
     torch.manual_seed(0)
-    sampled = model.generate(prompt, do_sample=True, temperature=0.7, max_new_tokens=5, pad_token_id=0, eos_token_id=None)
+    sampled = model.generate(
+        prompt, do_sample=True, temperature=0.7, max_new_tokens=5, pad_token_id=0, eos_token_id=None
+    )
     assert sampled.shape == (2, 9)
 
 

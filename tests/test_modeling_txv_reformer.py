@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from txv_tester import TxvModelTesterMixin
 
 from hf_txvariants import (
     TxvReformerCache,
@@ -16,6 +15,7 @@ from hf_txvariants import (
     TxvReformerModel,
 )
 from hf_txvariants.txv_compat import output_cache
+from txv_tester import TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -77,8 +77,14 @@ def _model(**overrides):
 
 
 def test_reversible_gradients_equal_stored_activations_with_dropout():
-    dropout = dict(hidden_dropout_prob=0.2, local_attention_probs_dropout_prob=0.2, lsh_attention_probs_dropout_prob=0.2,
-                   hash_seed=None, attn_layers=["local", "lsh", "lsh"], chunk_size_feed_forward=3)
+    dropout = dict(
+        hidden_dropout_prob=0.2,
+        local_attention_probs_dropout_prob=0.2,
+        lsh_attention_probs_dropout_prob=0.2,
+        hash_seed=None,
+        attn_layers=["local", "lsh", "lsh"],
+        chunk_size_feed_forward=3,
+    )
     ids = torch.randint(0, 31, (2, 16), generator=torch.Generator().manual_seed(0))
     results = []
     for reversible in (False, True):
@@ -113,13 +119,20 @@ def test_padding_does_not_change_real_positions():
     padded = torch.cat([ids, torch.zeros(1, 6, dtype=torch.long)], 1)
     mask = torch.cat([torch.ones(1, 10), torch.zeros(1, 6)], 1).long()
     with torch.no_grad():
-        torch.testing.assert_close(model(padded, attention_mask=mask).logits[:, :10], model(ids).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            model(padded, attention_mask=mask).logits[:, :10], model(ids).logits, atol=1e-5, rtol=0
+        )
 
 
 @pytest.mark.parametrize(
     "field, value",
-    [("attn_layers", ["lsh", "global"]), ("num_buckets", 3), ("axial_pos_embds_dim", [4, 4]), ("num_hashes", 0),
-     ("axial_pos_shape", [4, 4])],
+    [
+        ("attn_layers", ["lsh", "global"]),
+        ("num_buckets", 3),
+        ("axial_pos_embds_dim", [4, 4]),
+        ("num_hashes", 0),
+        ("axial_pos_shape", [4, 4]),
+    ],
 )
 def test_bad_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -230,7 +243,6 @@ def test_attentions_are_returned():
         assert float((weights.sum(-1) - 1).abs().max()) < 5e-3
 
 
-
 def test_hidden_states_carry_gradients_and_returned_attentions_do_not():
     """The model card's limit (and the by-design skip of transformers' test_retain_grad_hidden_states_attentions): the
     attentions returned are a rebuilt copy that the output does not flow through; the hidden states are real nodes."""
@@ -244,6 +256,7 @@ def test_hidden_states_carry_gradients_and_returned_attentions_do_not():
     out.logits.flatten()[0].backward()
     assert hidden.grad is not None and hidden.grad.abs().sum() > 0
     assert attentions.grad is None
+
 
 def test_generate_returns_attentions_and_hidden_states_at_every_step():
     model = _model().eval()

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, EncoderDecoderModel
-from txv_tester import ATOL, TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import (
@@ -23,6 +22,7 @@ from hf_txvariants import (
 from hf_txvariants.modeling_universal import UniversalStepCache
 from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_positions import sinusoid_table
+from txv_tester import ATOL, TxvModelTesterMixin
 
 TINY = dict(
     vocab_size=37,
@@ -143,7 +143,9 @@ def test_act_uses_naive_halting_on_the_real_model():
         out = inner(ids)
         positions = torch.arange(5)[None]
         state = inner.embed_tokens(ids) * config.hidden_size**0.5
-        mask = torch.zeros(5, 5).masked_fill(~torch.tril(torch.ones(5, 5, dtype=torch.bool)), torch.finfo(torch.float32).min)
+        mask = torch.zeros(5, 5).masked_fill(
+            ~torch.tril(torch.ones(5, 5, dtype=torch.bool)), torch.finfo(torch.float32).min
+        )
         cumulative = [0.0] * 5
         halted_at = [None] * 5
         output = torch.zeros_like(state)
@@ -175,11 +177,14 @@ def test_act_uses_naive_halting_on_the_real_model():
 def test_left_padded_generation_equals_rows_alone():
     model = build()
     rows = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10]])]
-    alone = [model.generate(r, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)[0, -3:] for r in rows]
+    alone = [
+        model.generate(r, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None)[0, -3:] for r in rows
+    ]
     batch = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]])
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    together = model.generate(batch, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
-                              eos_token_id=None)
+    together = model.generate(
+        batch, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None
+    )
     assert torch.equal(together[0, -3:], alone[0]) and torch.equal(together[1, -3:], alone[1])
 
 
@@ -223,8 +228,16 @@ def test_encoder_decoder_cross_attention():
         padded = model(input_ids=changed, attention_mask=source_mask, decoder_input_ids=target)
         torch.testing.assert_close(padded.logits[1], output.logits[1], atol=ATOL, rtol=0)
     assert output.cross_attentions is not None and output.cross_attentions[0].shape[-1] == 5
-    generated = model.generate(source, attention_mask=source_mask, max_new_tokens=3, do_sample=False,
-                               use_cache=False, eos_token_id=None, pad_token_id=0, decoder_start_token_id=1)
+    generated = model.generate(
+        source,
+        attention_mask=source_mask,
+        max_new_tokens=3,
+        do_sample=False,
+        use_cache=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        decoder_start_token_id=1,
+    )
     assert generated.shape == (2, 4)
 
 
@@ -455,8 +468,9 @@ def test_bad_paper_option_names_the_field(field, kwargs):
 def test_generate_uses_the_step_cache_by_default():
     model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
     prompt = torch.tensor([[5, 6, 7, 8]])
-    out = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        prompt, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None, return_dict_in_generate=True
+    )
     assert isinstance(output_cache(out), UniversalStepCache)
     assert output_cache(out).past_length == 6  # the prompt and every token fed back (not the last one)
 
@@ -478,9 +492,17 @@ def test_generate_from_inputs_embeds_equals_generate_from_input_ids():
 def test_generate_returns_attentions_and_hidden_states_of_every_step(use_cache):
     model = build(seed=0, halting_bias_init=0.0, initializer_range=0.5)
     prompt = torch.tensor([[5, 6, 7, 8]])
-    out = model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None,
-                         use_cache=use_cache, output_attentions=True, output_hidden_states=True,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        prompt,
+        max_new_tokens=3,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+        use_cache=use_cache,
+        output_attentions=True,
+        output_hidden_states=True,
+        return_dict_in_generate=True,
+    )
     assert len(out.attentions) == 3 and len(out.hidden_states) == 3
     for token, (attentions, states) in enumerate(zip(out.attentions, out.hidden_states)):
         assert attentions is not None and all(a is not None for a in attentions)
@@ -496,7 +518,9 @@ def test_batched_pipelines_equal_one_row_at_a_time():
     words = ["[PAD]", "[MASK]"] + [f"w{i}" for i in range(35)]
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", mask_token="[MASK]", unk_token="w0")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="[PAD]", mask_token="[MASK]", unk_token="w0"
+    )
     config = UniversalTransformerConfig(**{**TINY, "is_decoder": False, "halting_bias_init": 0.0}, num_labels=2)
     torch.manual_seed(0)
     tasks = [

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 from transformers import EncoderDecoderModel
-from txv_tester import TxvModelTesterMixin
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants.configuration_vanilla import VanillaConfig
@@ -20,14 +19,23 @@ from hf_txvariants.modeling_vanilla import (
     VanillaForSequenceClassification,
     VanillaModel,
 )
-from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.training.callbacks import TrainingProgressCallback
 from hf_txvariants.training.sliding_window import sliding_window_log_probs
+from hf_txvariants.txv_compat import cache_field, output_cache
+from txv_tester import TxvModelTesterMixin
 
 TINY = dict(
-    vocab_size=23, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=24,
-    max_position_embeddings=32, dropout=0.1, attention_dropout=0.1, num_future_targets=3,
-    intermediate_loss_weight=1.0, pad_token_id=0,
+    vocab_size=23,
+    hidden_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    intermediate_size=24,
+    max_position_embeddings=32,
+    dropout=0.1,
+    attention_dropout=0.1,
+    num_future_targets=3,
+    intermediate_loss_weight=1.0,
+    pad_token_id=0,
 )
 
 
@@ -121,7 +129,9 @@ def test_matches_torch_transformer_encoder_layer(position_embedding_type, is_dec
         reference_layers.append(ref.eval())
     with torch.no_grad():
         positions = (
-            model.embed_positions.weight[: x.shape[1]] if position_embedding_type == "learned" else sinusoids(x.shape[1], 16)
+            model.embed_positions.weight[: x.shape[1]]
+            if position_embedding_type == "learned"
+            else sinusoids(x.shape[1], 16)
         )
         hidden = model.embed_tokens(x) + positions
         mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1]) if is_decoder else None
@@ -292,10 +302,15 @@ def test_encoder_decoder_model():
             model(input_ids=other, attention_mask=source_mask, decoder_input_ids=target).logits, full, atol=1e-5, rtol=0
         )
         encoder_outputs = model.encoder(input_ids=source, attention_mask=source_mask)
-        first = model(encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, :4], use_cache=True)
+        first = model(
+            encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, :4], use_cache=True
+        )
         second = model(
-            encoder_outputs=encoder_outputs, attention_mask=source_mask, decoder_input_ids=target[:, 4:],
-            **cache_field(output_cache(first)), use_cache=True,  # EncoderDecoderModel: the release's own name
+            encoder_outputs=encoder_outputs,
+            attention_mask=source_mask,
+            decoder_input_ids=target[:, 4:],
+            **cache_field(output_cache(first)),
+            use_cache=True,  # EncoderDecoderModel: the release's own name
         )
     torch.testing.assert_close(torch.cat([first.logits, second.logits], 1), full, atol=1e-5, rtol=0)
     generated = model.generate(source, attention_mask=source_mask, max_new_tokens=4, do_sample=False)

@@ -17,10 +17,9 @@ from hf_txvariants.txv_patterns import (
     Strided,
     StridedColumn,
     StridedLocal,
-    tiled_attention,
+    choose_implementation,
     dense_allowed,
     from_block_raster,
-    choose_implementation,
     pattern_attention,
     tile_masks,
     to_block_raster,
@@ -117,7 +116,9 @@ def test_local2d_matches_paper_definition():
     raster = torch.arange(n)[None]
     positions = to_block_raster(raster, height, width, (bh, bw))[0]
     assert [divmod(int(p), width) for p in positions] == order
-    assert torch.equal(from_block_raster(to_block_raster(raster, height, width, (bh, bw)), height, width, (bh, bw)), raster)
+    assert torch.equal(
+        from_block_raster(to_block_raster(raster, height, width, (bh, bw)), height, width, (bh, bw)), raster
+    )
 
 
 @pytest.mark.exact
@@ -165,7 +166,9 @@ def test_three_implementations_agree(name, block_size):
     with torch.no_grad():
         eager, _ = pattern_attention(module, q, k, v, pattern, "eager", key_padding_mask=padding)
         sdpa, _ = pattern_attention(module, q, k, v, pattern, "sdpa", key_padding_mask=padding)
-        blocked, _ = pattern_attention(module, q, k, v, pattern, "blocked", key_padding_mask=padding, block_size=block_size)
+        blocked, _ = pattern_attention(
+            module, q, k, v, pattern, "blocked", key_padding_mask=padding, block_size=block_size
+        )
         flex, _ = pattern_attention(module, q, k, v, pattern, "flex", key_padding_mask=padding)
         auto, _ = pattern_attention(module, q, k, v, pattern, "auto", key_padding_mask=padding)
     real = padding[:, None, :, None].transpose(1, 2).expand_as(eager)
@@ -230,7 +233,10 @@ def test_tile_shapes_follow_the_paper():
     (band, band_mask, _), (columns, column_mask, column_causal) = tile_masks(Strided(stride), length, "cpu")
     assert band_mask.shape == (16, 16, 32) and column_mask.shape == (16, 16, 16) and not column_causal
     assert tile_masks(StridedColumn(stride), length, "cpu")[0][2]  # alone: plainly causal tiles (is_causal)
-    (_, block_mask, _), (_, summary_mask, _), = tile_masks(Fixed(stride, 2, paper=True), length, "cpu")
+    (
+        (_, block_mask, _),
+        (_, summary_mask, _),
+    ) = tile_masks(Fixed(stride, 2, paper=True), length, "cpu")
     assert block_mask.shape == (16, 16, 16) and summary_mask.shape == (1, length, 16 * 2)
     # Local 2D: a query block of (bh, bw) with the (bh + fh) x (bw + 2 fw) rectangle around and above it, as an image.
     height, width, (bh, bw), (fh, fw) = 8, 16, (2, 4), (2, 4)
@@ -240,7 +246,9 @@ def test_tile_shapes_follow_the_paper():
     tile = 2 * (width // bw) + 1  # query block at block row 2, block column 1: its memory block lies inside the image
     slots = tiling.key_positions(height * width, "cpu")[tile]
     rows, cols = raster[slots] // width, raster[slots] % width
-    assert torch.equal(rows.view(bh + fh, bw + 2 * fw), torch.arange(2 * bh - fh, 3 * bh)[:, None].expand(-1, bw + 2 * fw))
+    assert torch.equal(
+        rows.view(bh + fh, bw + 2 * fw), torch.arange(2 * bh - fh, 3 * bh)[:, None].expand(-1, bw + 2 * fw)
+    )
     assert torch.equal(cols.view(bh + fh, bw + 2 * fw), torch.arange(bw - fw, 2 * bw + fw)[None].expand(bh + fh, -1))
 
 
@@ -254,7 +262,9 @@ def test_block_mask_built_once(monkeypatch):
     pattern = Strided(4)
     with torch.no_grad():
         first, _ = pattern_attention(_Module().eval(), q, k, v, pattern, "flex")
-        second, _ = pattern_attention(_Module().eval(), q, k, v, pattern, "flex", key_padding_mask=torch.ones(2, L, dtype=torch.bool))
+        second, _ = pattern_attention(
+            _Module().eval(), q, k, v, pattern, "flex", key_padding_mask=torch.ones(2, L, dtype=torch.bool)
+        )
     assert len(calls) == 1
     torch.testing.assert_close(second, first)
 

@@ -17,9 +17,17 @@ WORDS = ["<eos>", "<unk>", "the", "cat", "sat", "on", "mat", "a", "dog"]
 
 
 def _config(tokenizer, **overrides):
-    return VanillaConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=24, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=None, **overrides)
+    return VanillaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=24,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=None,
+        **overrides,
+    )
 
 
 def _alone_and_batched(generator, prompts, **kwargs):
@@ -72,6 +80,6 @@ def test_word_level_converted_tokenizer_pads_and_keeps_spaces_in_generation():
     alone, batched = _alone_and_batched(generator, prompts, max_new_tokens=3, do_sample=False)
     assert batched == alone
     for text, prompt in zip(alone, prompts):
-        continuation = text[len(prompt):]
+        continuation = text[len(prompt) :]
         assert text.startswith(prompt) and continuation.startswith(" ")
         assert all(word in WORDS for word in continuation.split())  # whole words, none glued to another

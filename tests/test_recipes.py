@@ -44,17 +44,32 @@ def test_transfo_xl_recipe_holds_its_scripts_values(name):
     assert train["optim"] == "adam" and train["scheduler"] == "cosine" and train["eta_min"] == 0.0
     assert (args.optimizer, args.weight_decay, args.lr_schedule) == ("adamw", 0.0, "cosine")  # Adam, cosine to 0
     assert args.variant == "transfo-xl" and args.tokenizer == TOKENIZER_OF[train["dataset"]]
-    expected = dict(n_layer=train["n_layer"], d_model=train["d_model"], n_head=train["n_head"],
-                    d_inner=train["d_inner"], dropout=train["dropout"], seg_len=train["tgt_len"],
-                    mem_len=train["mem_len"], batch_size=train["batch_size"], lr=train["lr"],
-                    warmup_steps=train["warmup_step"], max_steps=train["max_step"], clip_norm=train["clip"],
-                    seed=train["seed"], eval_every=train["eval_interval"], eval_batch_size=script["eval_batch_size"])
+    expected = dict(
+        n_layer=train["n_layer"],
+        d_model=train["d_model"],
+        n_head=train["n_head"],
+        d_inner=train["d_inner"],
+        dropout=train["dropout"],
+        seg_len=train["tgt_len"],
+        mem_len=train["mem_len"],
+        batch_size=train["batch_size"],
+        lr=train["lr"],
+        warmup_steps=train["warmup_step"],
+        max_steps=train["max_step"],
+        clip_norm=train["clip"],
+        seed=train["seed"],
+        eval_every=train["eval_interval"],
+        eval_batch_size=script["eval_batch_size"],
+    )
     assert {key: getattr(args, key) for key in expected} == expected
     config = _config(args)
     assert config.head_dim == train["d_head"] and config.attention_dropout == train["dropatt"]
     assert (config.clamp_len, config.same_length, config.pre_lnorm) == (train["clamp_len"], False, train["pre_lnorm"])
     assert (config.init, config.initializer_range, config.proj_init_std) == (
-        train["init"], train["init_std"], train["proj_init_std"])
+        train["init"],
+        train["init_std"],
+        train["proj_init_std"],
+    )
     assert list(config.cutoffs) == script.get("cutoffs", [])
     if train["adaptive"]:
         assert config.div_val == train["div_val"] and list(config.tie_projs) == script["tie_projs"]
@@ -76,18 +91,42 @@ def test_adaptive_span_recipe_holds_its_scripts_values(name):
     assert train["optim"] == "adagrad" and (args.optimizer, args.lr_schedule) == ("adagrad", "constant")
     assert args.variant == "txv_adaptive_span_original"
     assert args.tokenizer == TOKENIZER_OF[Path(train["data"]).name]
-    expected = dict(n_layer=train["nlayers"], d_model=train["hid_sz"], n_head=train["nheads"],
-                    d_inner=train["inner_hid_sz"], dropout=train["dropout"], seg_len=train["block_sz"],
-                    batch_size=train["batch_sz"], grad_accum=train["batch_split"], lr=train["lr"],
-                    warmup_steps=train["lr_warmup"], max_steps=train["niter"] * train["nbatches"],
-                    clip_norm=train["grad_clip"], eval_every=train["nbatches"])
+    expected = dict(
+        n_layer=train["nlayers"],
+        d_model=train["hid_sz"],
+        n_head=train["nheads"],
+        d_inner=train["inner_hid_sz"],
+        dropout=train["dropout"],
+        seg_len=train["block_sz"],
+        batch_size=train["batch_sz"],
+        grad_accum=train["batch_split"],
+        lr=train["lr"],
+        warmup_steps=train["lr_warmup"],
+        max_steps=train["niter"] * train["nbatches"],
+        clip_norm=train["grad_clip"],
+        eval_every=train["nbatches"],
+    )
     assert {key: getattr(args, key) for key in expected} == expected
     config = _config(args)
     assert (config.attn_span, config.block_size, config.attention_dropout, config.emb_dropout) == (
-        train["attn_span"], train["block_sz"], train["dropout"], train["emb_dropout"])
-    assert (config.adapt_span_enabled, config.adapt_span_loss, config.adapt_span_ramp, config.adapt_span_init,
-            config.adapt_span_cache) == (train["adapt_span"], train["adapt_span_loss"], train["adapt_span_ramp"],
-                                         train["adapt_span_init"], train["adapt_span_cache"])
+        train["attn_span"],
+        train["block_sz"],
+        train["dropout"],
+        train["emb_dropout"],
+    )
+    assert (
+        config.adapt_span_enabled,
+        config.adapt_span_loss,
+        config.adapt_span_ramp,
+        config.adapt_span_init,
+        config.adapt_span_cache,
+    ) == (
+        train["adapt_span"],
+        train["adapt_span_loss"],
+        train["adapt_span_ramp"],
+        train["adapt_span_init"],
+        train["adapt_span_cache"],
+    )
     assert config.persistent_memory_size == train["pers_mem_size"]
     # the published size (README, kept in the converter's presets) of the model the recipe builds
     with torch.device("meta"):
@@ -100,12 +139,23 @@ def test_adaptive_span_recipe_holds_its_scripts_values(name):
 
 
 def test_the_command_line_overrides_the_recipe_and_the_print_says_so():
-    argv = ["train", "--recipe", "adaptive-span-text8", "--lr", "0.01", "--seg-len", "32", "--no-tensorboard",
-            "--extra-config", '{"attn_span": 64}']
+    argv = [
+        "train",
+        "--recipe",
+        "adaptive-span-text8",
+        "--lr",
+        "0.01",
+        "--seg-len",
+        "32",
+        "--no-tensorboard",
+        "--extra-config",
+        '{"attn_span": 64}',
+    ]
     given = given_train_fields(argv)
     assert given == {"lr", "seg_len", "tensorboard", "extra_config"}
-    args = recipe_train_args("adaptive-span-text8", lr=0.01, seg_len=32, tensorboard=False,
-                             extra_config={"attn_span": 64})
+    args = recipe_train_args(
+        "adaptive-span-text8", lr=0.01, seg_len=32, tensorboard=False, extra_config={"attn_span": 64}
+    )
     assert (args.lr, args.seg_len, args.tensorboard) == (0.01, 32, False)
     assert args.extra_config["attn_span"] == 64  # merged: the recipe's other config fields stay
     assert args.extra_config["adapt_span_loss"] == RECIPES["adaptive-span-text8"].extra_config["adapt_span_loss"]
@@ -120,22 +170,55 @@ def test_a_config_field_given_under_its_papers_name_replaces_the_recipes(tmp_pat
     names of it that the config would have to choose between)."""
     from hf_txvariants.training.models import build_config
 
-    args = recipe_train_args("transfo-xl-wt103-base", extra_config={"d_head": 32, "d_embed": 128}, d_model=128,
-                             n_head=4)
+    args = recipe_train_args(
+        "transfo-xl-wt103-base", extra_config={"d_head": 32, "d_embed": 128}, d_model=128, n_head=4
+    )
     assert args.extra_config["head_dim"] == 32 and "d_head" not in args.extra_config
-    config = build_config(args.variant, 300000, d_model=args.d_model, n_layer=2, n_head=args.n_head,
-                          **args.extra_config)
+    config = build_config(
+        args.variant, 300000, d_model=args.d_model, n_layer=2, n_head=args.n_head, **args.extra_config
+    )
     assert (config.head_dim, config.d_embed) == (32, 128)
 
 
 def test_a_recipe_trains_from_the_command_line(tmp_path, capsys):
     """A tiny run of the adaptive-span recipe (its Adagrad and constant schedule), every size overridden."""
     out = tmp_path / "run"
-    code = main(["train", "--recipe", "adaptive-span-enwik8", "--tokenizer", "char", "--d-model", "16", "--n-layer",
-                 "1", "--n-head", "2", "--d-inner", "32", "--seg-len", "8", "--batch-size", "2", "--max-steps", "3",
-                 "--warmup-steps", "2", "--max-chars", "2000", "--eval-every", "0", "--no-progress",
-                 "--no-tensorboard", "--no-save-model", "--output-dir", str(out), "--extra-config",
-                 '{"attn_span": 16}'])
+    code = main(
+        [
+            "train",
+            "--recipe",
+            "adaptive-span-enwik8",
+            "--tokenizer",
+            "char",
+            "--d-model",
+            "16",
+            "--n-layer",
+            "1",
+            "--n-head",
+            "2",
+            "--d-inner",
+            "32",
+            "--seg-len",
+            "8",
+            "--batch-size",
+            "2",
+            "--max-steps",
+            "3",
+            "--warmup-steps",
+            "2",
+            "--max-chars",
+            "2000",
+            "--eval-every",
+            "0",
+            "--no-progress",
+            "--no-tensorboard",
+            "--no-save-model",
+            "--output-dir",
+            str(out),
+            "--extra-config",
+            '{"attn_span": 16}',
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     block = printed.split("validation:")[0]
@@ -169,5 +252,4 @@ def test_per_parameter_clipped_adagrad_is_adaptive_spans_update():
         torch.testing.assert_close(small.detach(), reference.detach())
         expected_sum = optimizer.state[large]["sum"]
         scale = 1.0 / (float((gradient * 10).norm()) + 1e-10)
-        torch.testing.assert_close(before - large.detach(),
-                                   0.1 * scale * gradient * 10 / (expected_sum.sqrt() + 1e-10))
+        torch.testing.assert_close(before - large.detach(), 0.1 * scale * gradient * 10 / (expected_sum.sqrt() + 1e-10))

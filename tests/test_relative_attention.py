@@ -22,8 +22,20 @@ from hf_txvariants.txv_relative_attention import (
 )
 
 TINY_XL = dict(
-    vocab_size=40, cutoffs=[10, 20], div_val=2, d_model=16, d_embed=16, n_head=2, d_head=8, d_inner=32, n_layer=2,
-    mem_len=5, clamp_len=6, same_length=True, dropout=0.0, dropatt=0.0,
+    vocab_size=40,
+    cutoffs=[10, 20],
+    div_val=2,
+    d_model=16,
+    d_embed=16,
+    n_head=2,
+    d_head=8,
+    d_inner=32,
+    n_layer=2,
+    mem_len=5,
+    clamp_len=6,
+    same_length=True,
+    dropout=0.0,
+    dropatt=0.0,
 )
 # the files that make up the relative-attention layer stack and the adaptive head (this scope)
 LAYER_STACK_FILES = {"txv_relative_attention.py", "txv_adaptive_softmax.py", "txv_attention.py", "txv_positions.py"}

@@ -33,9 +33,34 @@ resource = pytest.importorskip("resource", reason="file-size limits need a POSIX
 FIXTURES = Path(__file__).parent / "fixtures"
 LEGACY_FOLDER = FIXTURES / "transfo_xl_tokenizer" / "wt103_like"
 PYTORCH_CHECKPOINT = FIXTURES / "kimiyoung" / "pt_wt103" / "model.pt"
-TINY_FLAGS = ["--max-chars", "20000", "--d-model", "32", "--n-layer", "2", "--n-head", "2", "--seg-len", "16",
-              "--mem-len", "16", "--batch-size", "4", "--eval-every", "0", "--eval-batch-size", "2", "--eval-segments",
-              "2", "--warmup-steps", "1", "--lr", "3e-3", "--no-progress", "--no-tensorboard"]
+TINY_FLAGS = [
+    "--max-chars",
+    "20000",
+    "--d-model",
+    "32",
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--seg-len",
+    "16",
+    "--mem-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-every",
+    "0",
+    "--eval-batch-size",
+    "2",
+    "--eval-segments",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--lr",
+    "3e-3",
+    "--no-progress",
+    "--no-tensorboard",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -69,10 +94,12 @@ def small_disk(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs to fill needs root (CAP_SYS_ADMIN); the file-size-limit tests cover "
-                    "the rest")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
+        pytest.skip(
+            "mounting a small tmpfs to fill needs root (CAP_SYS_ADMIN); the file-size-limit tests cover the rest"
+        )
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): needs CAP_SYS_ADMIN")
     yield disk
@@ -166,8 +193,13 @@ sys.exit(main(["train", *sys.argv[4:]]))
 
 
 def _limited_train(name: str, call: int, flags: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", LIMITED_RUN, name, str(call), "4096", *flags], env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", LIMITED_RUN, name, str(call), "4096", *flags],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_train_on_a_full_disk_keeps_the_last_checkpoint_and_model(tmp_path, capsys):
@@ -223,8 +255,13 @@ def test_a_second_run_into_the_same_folder_is_refused_and_a_killed_runs_lock_is_
     out = tmp_path / "run"
     ready = tmp_path / "ready"
     flags = ["--output-dir", str(out), "--save-every", "1", "--max-steps", "3"] + TINY_FLAGS
-    first = subprocess.Popen([sys.executable, "-c", STALLED_RUN, str(ready), *flags], env=_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", STALLED_RUN, str(ready), *flags],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not ready.exists():
@@ -252,8 +289,15 @@ def test_a_second_run_into_the_same_folder_is_refused_and_a_killed_runs_lock_is_
 # ------------------------------------------------------------------------------------------------ convert, upgrade
 def test_convert_on_a_full_disk_keeps_the_previous_output(tmp_path, capsys):
     out = tmp_path / "converted"
-    command = ["convert", "kimiyoung-pytorch", "--checkpoint", str(PYTORCH_CHECKPOINT), "--output", str(out),
-               "--no-progress"]
+    command = [
+        "convert",
+        "kimiyoung-pytorch",
+        "--checkpoint",
+        str(PYTORCH_CHECKPOINT),
+        "--output",
+        str(out),
+        "--no-progress",
+    ]
     assert main(command) == 0
     before = snapshot(out)
     capsys.readouterr()
@@ -267,8 +311,20 @@ def test_convert_on_a_full_disk_keeps_the_previous_output(tmp_path, capsys):
 def test_a_conversion_into_a_folder_being_written_is_refused(tmp_path, capsys):
     out = tmp_path / "converted"
     with atomic_directory(out):
-        assert main(["convert", "kimiyoung-pytorch", "--checkpoint", str(PYTORCH_CHECKPOINT), "--output", str(out),
-                     "--no-progress"]) == 2
+        assert (
+            main(
+                [
+                    "convert",
+                    "kimiyoung-pytorch",
+                    "--checkpoint",
+                    str(PYTORCH_CHECKPOINT),
+                    "--output",
+                    str(out),
+                    "--no-progress",
+                ]
+            )
+            == 2
+        )
         err = error_line(capsys)
     assert f"{tmp_path} is in use by process {os.getpid()} on host" in err and f"(writing {out})" in err, err
     assert out.is_dir() and not list(out.iterdir())  # the holder's (empty) result, not the refused conversion's

@@ -11,7 +11,9 @@ class Block(nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         self.f = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.Dropout(0.3), nn.Tanh())
-        self.g = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.Dropout(0.3), nn.GELU(), nn.Linear(2 * width, width))
+        self.g = nn.Sequential(
+            nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.Dropout(0.3), nn.GELU(), nn.Linear(2 * width, width)
+        )
 
 
 def _run(blocks, x, reversible):

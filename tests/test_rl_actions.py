@@ -51,8 +51,9 @@ class TargetEnv(gym.Env):
 
 
 def target_envs(kind, num_envs=8):
-    return gym.vector.SyncVectorEnv([lambda: TargetEnv(kind) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.vector.SyncVectorEnv(
+        [lambda: TargetEnv(kind) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
 
 
 @pytest.mark.parametrize("action_space", [BOX, MULTI], ids=["box", "multi_discrete"])
@@ -77,8 +78,9 @@ def test_segment_rerun_gives_the_log_probs_acting_gave(kind, action_space):
         steps.append(step)
         state = step.state
     with torch.no_grad():
-        log_probs, _, values = policy.evaluate_actions(observations, policy.restore(snapshot), starts,
-                                                       torch.stack([s.actions for s in steps], 1))
+        log_probs, _, values = policy.evaluate_actions(
+            observations, policy.restore(snapshot), starts, torch.stack([s.actions for s in steps], 1)
+        )
     torch.testing.assert_close(log_probs, torch.stack([s.log_probs for s in steps], 1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(values, torch.stack([s.values for s in steps], 1), atol=1e-5, rtol=1e-5)
 
@@ -99,8 +101,9 @@ def test_box_actions_are_unclipped_gaussian_samples_clipped_only_to_step_the_env
     assert stepped.dtype == np.float32 and BOX.contains(stepped[0])
     greedy = policy.act(observations, None, torch.ones(64, dtype=torch.bool), greedy=True)
     torch.testing.assert_close(greedy.actions, out.logits[:, 0])  # the mean
-    _, entropy, _ = policy.evaluate_actions(observations[:, None], None, torch.ones(64, 1, dtype=torch.bool),
-                                            step.actions[:, None])
+    _, entropy, _ = policy.evaluate_actions(
+        observations[:, None], None, torch.ones(64, 1, dtype=torch.bool), step.actions[:, None]
+    )
     torch.testing.assert_close(entropy, torch.full((64, 1), 2 * (0.5 + 0.5 * np.log(2 * np.pi) + 1.0)))
 
 
@@ -111,12 +114,15 @@ def test_multi_discrete_log_probs_and_entropies_are_sums_over_independent_catego
     step = policy.act(observations, None, torch.ones(4, dtype=torch.bool))
     assert step.actions.shape == (4, 2) and all(MULTI.contains(a) for a in policy.env_actions(step.actions))
     logits = policy(observations[:, None], None, torch.ones(4, 1, dtype=torch.bool)).logits[:, 0]
-    first, second = torch.distributions.Categorical(logits=logits[:, :3]), torch.distributions.Categorical(
-        logits=logits[:, 3:])
+    first, second = (
+        torch.distributions.Categorical(logits=logits[:, :3]),
+        torch.distributions.Categorical(logits=logits[:, 3:]),
+    )
     codes = step.actions - torch.tensor([1, 0])  # MULTI's start
     torch.testing.assert_close(step.log_probs, first.log_prob(codes[:, 0]) + second.log_prob(codes[:, 1]))
-    _, entropy, _ = policy.evaluate_actions(observations[:, None], None, torch.ones(4, 1, dtype=torch.bool),
-                                            step.actions[:, None])
+    _, entropy, _ = policy.evaluate_actions(
+        observations[:, None], None, torch.ones(4, 1, dtype=torch.bool), step.actions[:, None]
+    )
     torch.testing.assert_close(entropy[:, 0], first.entropy() + second.entropy())
     greedy = policy.act(observations, None, torch.ones(4, dtype=torch.bool), greedy=True).actions
     torch.testing.assert_close(greedy, torch.stack([logits[:, :3].argmax(-1) + 1, logits[:, 3:].argmax(-1)], -1))
@@ -127,8 +133,9 @@ def test_ppo_learns_a_box_action_that_matches_the_target():
     torch.manual_seed(0)
     envs = target_envs("box")
     policy = MemoryPolicy.gru(BOX, BOX, 16)
-    settings = PPOSettings(total_steps=4096, rollout_steps=16, segment_length=8, minibatches=4, learning_rate=3e-3,
-                           return_window=64)
+    settings = PPOSettings(
+        total_steps=4096, rollout_steps=16, segment_length=8, minibatches=4, learning_rate=3e-3, return_window=64
+    )
     history = train_ppo(policy, envs, settings, seed=0)
     scored = [r for r in history.mean_returns if r is not None]
     assert scored[0] < -0.8 and history.final_mean_return > -0.3, scored
@@ -143,8 +150,9 @@ def test_ppo_learns_a_multi_discrete_action():
     torch.manual_seed(0)
     envs = target_envs("multi_discrete")
     policy = MemoryPolicy.gru(envs.single_observation_space, envs.single_action_space, 16)
-    settings = PPOSettings(total_steps=4096, rollout_steps=16, segment_length=8, minibatches=4, learning_rate=3e-3,
-                           return_window=64)
+    settings = PPOSettings(
+        total_steps=4096, rollout_steps=16, segment_length=8, minibatches=4, learning_rate=3e-3, return_window=64
+    )
     history = train_ppo(policy, envs, settings, seed=0)
     assert history.final_mean_return > 0.9, history.mean_returns
     actions, _ = policy.predict(np.array([0, 1, 2]), deterministic=True)
@@ -167,8 +175,17 @@ def test_train_ppo_anneals_what_the_optimizer_and_the_loss_use():
     entropy_coef_at(u)."""
     envs = target_envs("multi_discrete", num_envs=4)
     policy = MemoryPolicy.mlp(envs.single_observation_space, envs.single_action_space, 8)
-    settings = PPOSettings(total_steps=4 * 8 * 4, rollout_steps=8, segment_length=4, epochs=2, minibatches=2,
-                           learning_rate=1e-3, final_learning_rate=0.0, entropy_coef=0.02, final_entropy_coef=0.0)
+    settings = PPOSettings(
+        total_steps=4 * 8 * 4,
+        rollout_steps=8,
+        segment_length=4,
+        epochs=2,
+        minibatches=2,
+        learning_rate=1e-3,
+        final_learning_rate=0.0,
+        entropy_coef=0.02,
+        final_entropy_coef=0.0,
+    )
     step_rates, update_entropy_coefs = [], []
     adam_step, update = torch.optim.Adam.step, ppo_module._update
 
@@ -180,8 +197,10 @@ def test_train_ppo_anneals_what_the_optimizer_and_the_loss_use():
         update_entropy_coefs.append(args[-1])
         return update(*args)
 
-    with mock.patch.object(torch.optim.Adam, "step", recording_step), \
-            mock.patch.object(ppo_module, "_update", recording_update):
+    with (
+        mock.patch.object(torch.optim.Adam, "step", recording_step),
+        mock.patch.object(ppo_module, "_update", recording_update),
+    ):
         history = train_ppo(policy, envs, settings, seed=0)
     updates = 4
     expected_rates = [settings.learning_rate_at(u, updates) for u in range(updates)]

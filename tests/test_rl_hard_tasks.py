@@ -22,8 +22,14 @@ LAYOUTS = {
     "CountRecallEasy": ([2, 2, 2], [2, 2, 27, 2]),  # dealt colour, queried colour, flag / ..., previous count, flag
     "CountRecallMedium": ([4, 4, 2], [4, 4, 27, 2]),  # dealt suit, queried suit, flag / ..., previous count, flag
 }
-ACTIONS = {"RepeatPreviousMedium": 4, "RepeatPreviousHard": 4, "AutoencodeEasy": 4, "AutoencodeMedium": 4,
-           "CountRecallEasy": 27, "CountRecallMedium": 27}
+ACTIONS = {
+    "RepeatPreviousMedium": 4,
+    "RepeatPreviousHard": 4,
+    "AutoencodeEasy": 4,
+    "AutoencodeMedium": 4,
+    "CountRecallEasy": 27,
+    "CountRecallMedium": 27,
+}
 
 
 def decode(observation, sizes) -> list[int]:

@@ -31,7 +31,10 @@ BODIES = ["gtrxl", "trxl_i", "gru", "mlp"]
 def build(kind, observation_space, action_space, **fields):
     if kind in ("gtrxl", "trxl_i"):
         return MemoryPolicy.gtrxl(
-            observation_space, action_space, gate_type="gru" if kind == "gtrxl" else "trxl_i", **{**TINY_GTRXL, **fields}
+            observation_space,
+            action_space,
+            gate_type="gru" if kind == "gtrxl" else "trxl_i",
+            **{**TINY_GTRXL, **fields},
         )
     return getattr(MemoryPolicy, kind)(observation_space, action_space, 16)
 
@@ -63,7 +66,9 @@ def test_learning_from_a_stored_segment_sees_what_acting_saw(kind):
         recorded[-1]["steps"].append((torch.as_tensor(observations), starts, step))
         observations, _, terminated, truncated, _ = envs.step(step.actions.numpy())
         state, starts = step.state, torch.as_tensor(terminated | truncated)
-    assert any(bool(s.any()) for segment in recorded for _, s, _ in segment["steps"][1:]), "no episode start mid-segment"
+    assert any(bool(s.any()) for segment in recorded for _, s, _ in segment["steps"][1:]), (
+        "no episode start mid-segment"
+    )
     for segment in recorded:
         obs, seg_starts, steps = zip(*segment["steps"])
         with torch.no_grad():
@@ -95,7 +100,9 @@ def test_episode_start_forgets_the_past_and_memory_carries_it_otherwise(kind):
         fresh = policy(now[:1], policy.initial_state(1), torch.ones(1, 1, dtype=torch.bool))
     torch.testing.assert_close(restarted.logits, fresh.logits.expand(2, 1, 2), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(restarted.values, fresh.values.expand(2, 1), atol=1e-5, rtol=1e-5)
-    assert (carried.logits[0] - carried.logits[1]).abs().max() > 1e-6  # float noise is ~1e-7; GTrXL starts near identity
+    assert (
+        carried.logits[0] - carried.logits[1]
+    ).abs().max() > 1e-6  # float noise is ~1e-7; GTrXL starts near identity
 
 
 def test_the_memoryless_policy_ignores_the_past():
@@ -125,8 +132,11 @@ def test_observation_encoder_codes_each_space():
 def test_unsupported_spaces_are_refused_by_name():
     with pytest.raises(ValueError, match="observation_space must be Discrete, MultiDiscrete or Box, got Dict"):
         build("gru", gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), gym.spaces.Discrete(2))
-    with pytest.raises(ValueError, match=r"action_space must be Discrete, MultiDiscrete \(one-dimensional nvec\) or Box "
-                                          r"\(floating point\), got Tuple"):
+    with pytest.raises(
+        ValueError,
+        match=r"action_space must be Discrete, MultiDiscrete \(one-dimensional nvec\) or Box "
+        r"\(floating point\), got Tuple",
+    ):
         build("gru", gym.spaces.Discrete(2), gym.spaces.Tuple([gym.spaces.Discrete(2)]))
     with pytest.raises(ValueError, match=r"got Box\(0, 3, \(1,\), int64\)"):
         build("gru", gym.spaces.Discrete(2), gym.spaces.Box(0, 3, shape=(1,), dtype=np.int64))
@@ -245,9 +255,26 @@ def test_example_runs_from_the_command_line(tmp_path):
     pytest.importorskip("popgym")
     output = tmp_path / "curves.json"
     result = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "rl_memory.py"), "--tasks", "txv/ProofOfMemory-v0", "RepeatFirstEasy",
-         "--agents", "gtrxl", "gru", "--total-steps", "512", "--num-envs", "4", "--output", str(output)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        [
+            sys.executable,
+            str(REPO / "examples" / "rl_memory.py"),
+            "--tasks",
+            "txv/ProofOfMemory-v0",
+            "RepeatFirstEasy",
+            "--agents",
+            "gtrxl",
+            "gru",
+            "--total-steps",
+            "512",
+            "--num-envs",
+            "4",
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| RepeatFirstEasy | gtrxl |" in result.stdout and output.exists()

@@ -100,13 +100,17 @@ def test_config_json_holds_the_body_and_the_spaces_and_weights_are_safetensors(t
         assert set(weights.keys()) == set(policy.state_dict())
 
 
-@pytest.mark.parametrize("space", [
-    gym.spaces.Discrete(5, start=-2),
-    gym.spaces.MultiDiscrete([4, 2, 7], start=[1, 0, -3]),
-    gym.spaces.Box(-np.inf, np.inf, shape=(2, 3), dtype=np.float64),
-    gym.spaces.Box(np.array([0.0, -0.5], np.float32), np.array([1.0, np.inf], np.float32)),
-    gym.spaces.Box(0, 255, shape=(4,), dtype=np.uint8),
-], ids=str)
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Discrete(5, start=-2),
+        gym.spaces.MultiDiscrete([4, 2, 7], start=[1, 0, -3]),
+        gym.spaces.Box(-np.inf, np.inf, shape=(2, 3), dtype=np.float64),
+        gym.spaces.Box(np.array([0.0, -0.5], np.float32), np.array([1.0, np.inf], np.float32)),
+        gym.spaces.Box(0, 255, shape=(4,), dtype=np.uint8),
+    ],
+    ids=str,
+)
 def test_spaces_survive_json(space):
     data = json.loads(json.dumps(space_to_dict(space), allow_nan=False))  # strict JSON
     restored = space_from_dict(data)
@@ -156,11 +160,14 @@ def test_a_failed_save_leaves_no_half_written_folder(tmp_path):
 
 def test_a_policy_refuses_an_environment_with_other_spaces(tmp_path):
     build("gru", gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32), gym.spaces.Discrete(2)).save_pretrained(
-        tmp_path / "policy")
+        tmp_path / "policy"
+    )
     policy = MemoryPolicy.from_pretrained(tmp_path / "policy")
     envs = make_vector_env("txv/ProofOfMemory-v0", 2, seed=0)
-    both = (r"built for observation space Box\(-1.0, 1.0, \(4,\), float32\) and action space Discrete\(2\), but the "
-            r"environment has observation space Box\(-1.0, 1.0, \(3,\), float32\) and action space Discrete\(2\)")
+    both = (
+        r"built for observation space Box\(-1.0, 1.0, \(4,\), float32\) and action space Discrete\(2\), but the "
+        r"environment has observation space Box\(-1.0, 1.0, \(3,\), float32\) and action space Discrete\(2\)"
+    )
     with pytest.raises(ValueError, match=both):
         train_ppo(policy, envs, PPOSettings(total_steps=64, rollout_steps=16, segment_length=8, minibatches=1))
     with pytest.raises(ValueError, match=both):
@@ -221,9 +228,10 @@ def test_push_to_hub_uploads_config_weights_and_card_without_network(tmp_path):
     assert "reinforcement-learning" in card.data.tags and "gtrxl" in card.data.tags
     assert card.data.library_name == "hf-txvariants"
     assert card.data.eval_results[0].metric_type == "mean_reward" and card.data.eval_results[0].metric_value == 0.97
-    assert "MemoryPolicy.from_pretrained(\"me/gtrxl-pom\")" in card.text
-    assert all(torch.equal(a, b) for a, b in zip(uploaded["loaded"].state_dict().values(),
-                                                 policy.state_dict().values()))
+    assert 'MemoryPolicy.from_pretrained("me/gtrxl-pom")' in card.text
+    assert all(
+        torch.equal(a, b) for a, b in zip(uploaded["loaded"].state_dict().values(), policy.state_dict().values())
+    )
 
 
 @pytest.mark.exact
@@ -265,9 +273,24 @@ def test_evaluate_script_prints_the_mean_return(tmp_path):
     policy.save_pretrained(tmp_path / "policy")
     expected = np.mean(evaluate_policy(MemoryPolicy.from_pretrained(tmp_path / "policy"), envs, episodes=12, seed=3))
     result = subprocess.run(
-        [sys.executable, "-m", "hf_txvariants.rl.evaluate", "--policy", str(tmp_path / "policy"), "--task",
-         "txv/ProofOfMemory-v0", "--episodes", "12", "--num-envs", "4", "--seed", "3"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "hf_txvariants.rl.evaluate",
+            "--policy",
+            str(tmp_path / "policy"),
+            "--task",
+            "txv/ProofOfMemory-v0",
+            "--episodes",
+            "12",
+            "--num-envs",
+            "4",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"txv/ProofOfMemory-v0: mean return {expected:.4f}" in result.stdout

@@ -66,8 +66,13 @@ def test_auto_tokenizer_reproduces_4_46_3_on_its_legacy_folder(folder):
 
 def test_legacy_vocab_pkl_classes_are_read_as_inert_records():
     state = load_plain_pickle(WT103 / "vocab.pkl", classes=TRANSFO_XL_TOKENIZER_CLASSES, encoding="utf-8")
-    for key in ("moses_tokenizer", "moses_detokenizer", "moses_punct_normalizer", "tokens_trie",
-                "punction_without_space_before_pattern"):
+    for key in (
+        "moses_tokenizer",
+        "moses_detokenizer",
+        "moses_punct_normalizer",
+        "tokens_trie",
+        "punction_without_space_before_pattern",
+    ):
         assert isinstance(state[key], PickledObject), key  # recorded, never instantiated
     assert state["punction_without_space_before_pattern"].cls == "re._compile"  # no regex was compiled
     assert all(isinstance(token, PickledObject) for token in state["_added_tokens_decoder"].values())
@@ -177,7 +182,7 @@ def test_text_generation_pipeline_on_the_legacy_folder():
     assert max(len(ids) for ids in alone) > min(len(ids) for ids in alone)  # padding did happen
     for row in GENERATION["prompts"]:
         text = generator(row["prompt"], **kwargs)[0]["generated_text"]
-        new_ids = row["pipeline_ids"][-GENERATION["max_new_tokens"]:]
+        new_ids = row["pipeline_ids"][-GENERATION["max_new_tokens"] :]
         assert text == row["prompt"] + tokenizer.decode(new_ids, skip_special_tokens=True)
 
 
@@ -208,8 +213,9 @@ def test_upgrade_legacy_writes_a_pickle_free_copy_that_loads_as_remote_code(tmp_
         """
     )
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [row["generated_ids"], row["decoded"]]
 

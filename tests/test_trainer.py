@@ -14,7 +14,6 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-import hf_txvariants
 from hf_txvariants import metrics
 from hf_txvariants.training import build_char_tokenizer, build_config, build_model, encode, segment_dataset
 from hf_txvariants.training.trainer import MemoryTrainer, OrderedSegmentSampler
@@ -31,12 +30,21 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-
 def _args(tmp_path, **kwargs):
-    defaults = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2,
-                    learning_rate=3e-3, report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,
-                    disable_tqdm=True, seed=0, dataloader_num_workers=0,
-                    remove_unused_columns=False)
+    defaults = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+        learning_rate=3e-3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
     defaults.update(kwargs)
     return TrainingArguments(**defaults)
 
@@ -50,8 +58,14 @@ class Recorder:
 
         def forward(*args, **kwargs):
             cache = kwargs.get("cache")
-            self.calls.append((model.training, None if cache is None else cache.memory_length,
-                               None if cache is None else id(cache), kwargs["input_ids"][:, 0].tolist()))
+            self.calls.append(
+                (
+                    model.training,
+                    None if cache is None else cache.memory_length,
+                    None if cache is None else id(cache),
+                    kwargs["input_ids"][:, 0].tolist(),
+                )
+            )
             return self.original(*args, **kwargs)
 
         model.forward = forward
@@ -68,11 +82,13 @@ def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
     tokens = encode(tokenizer, TEXT)
     train_set = segment_dataset(tokens[:1200], batch_size=2, seg_len=16)
     eval_set = segment_dataset(tokens[1200:], batch_size=2, seg_len=16)
-    model = build_model(build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16,
-                                     dropout=0.0))
+    model = build_model(
+        build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16, dropout=0.0)
+    )
     recorder = Recorder(model)
-    trainer = MemoryTrainer(model=model, args=_args(tmp_path, max_steps=4), train_dataset=train_set,
-                            eval_dataset=eval_set)
+    trainer = MemoryTrainer(
+        model=model, args=_args(tmp_path, max_steps=4), train_dataset=train_set, eval_dataset=eval_set
+    )
     trainer.train()
     train_calls = [c for c in recorder.calls if c[0]]
     assert [c[1] for c in train_calls] == [0, 16, 16, 16]  # empty memory first, then the previous segment's
@@ -103,24 +119,38 @@ def test_memory_is_carried_across_steps_and_reset_at_evaluation(tmp_path):
     # also counts each row's never-predicted last label, which scaled the memoryless loss by 30/32.)
 
 
-
 def test_memory_trainer_asks_an_adaptive_softmax_for_the_loss_only(tmp_path):
     """Training and evaluation steps need only the loss: the model is called with `return_logits=False`, so a
     word-level adaptive softmax never makes the `[tokens, vocabulary]` log-probabilities."""
     tokenizer = build_char_tokenizer(TEXT)
     tokens = encode(tokenizer, TEXT)
-    model = build_model(build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16,
-                                     dropout=0.0, cutoffs=[8, 16], div_val=2))
+    model = build_model(
+        build_config(
+            "transfo-xl",
+            len(tokenizer),
+            d_model=32,
+            n_layer=2,
+            n_head=2,
+            mem_len=16,
+            dropout=0.0,
+            cutoffs=[8, 16],
+            div_val=2,
+        )
+    )
 
     def fail(*args, **kwargs):
         raise AssertionError("the full log-probabilities were computed")
 
     model.crit.log_probs = fail
-    trainer = MemoryTrainer(model=model, args=_args(tmp_path, max_steps=2),
-                            train_dataset=segment_dataset(tokens[:600], batch_size=2, seg_len=16),
-                            eval_dataset=segment_dataset(tokens[600:800], batch_size=2, seg_len=16))
+    trainer = MemoryTrainer(
+        model=model,
+        args=_args(tmp_path, max_steps=2),
+        train_dataset=segment_dataset(tokens[:600], batch_size=2, seg_len=16),
+        eval_dataset=segment_dataset(tokens[600:800], batch_size=2, seg_len=16),
+    )
     trainer.train()
     assert math.isfinite(trainer.evaluate()["eval_loss"])
+
 
 class LossRecorder(MemoryTrainer):
     """Records the exact training loss of every step (Trainer's logs round it)."""
@@ -140,10 +170,14 @@ def _memory_trainer_run(tmp_path, **kwargs):
     tokenizer = build_char_tokenizer(TEXT)
     train_set = segment_dataset(encode(tokenizer, TEXT)[:1200], batch_size=2, seg_len=16)
     torch.manual_seed(0)
-    model = build_model(build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16,
-                                     dropout=0.2))
-    return LossRecorder(model=model, args=_args(tmp_path, max_steps=6, save_strategy="steps", save_steps=3, **kwargs),
-                        train_dataset=train_set)
+    model = build_model(
+        build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=16, dropout=0.2)
+    )
+    return LossRecorder(
+        model=model,
+        args=_args(tmp_path, max_steps=6, save_strategy="steps", save_steps=3, **kwargs),
+        train_dataset=train_set,
+    )
 
 
 def test_memory_trainer_resumes_exactly(tmp_path):
@@ -169,8 +203,10 @@ class _Boom:
 
 
 @pytest.mark.parametrize("damage", ["missing", "refused"])
-@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
-                                  "trainer_state.json", "txv_memory_rank0.pt"])
+@pytest.mark.parametrize(
+    "name",
+    ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "txv_memory_rank0.pt"],
+)
 def test_memory_trainer_resume_stops_on_a_missing_or_refused_file(tmp_path, name, damage):
     """Trainer alone goes on without a missing optimizer.pt / scheduler.pt / RNG state (issue 24): MemoryTrainer
     stops before training, naming the file. A refused file: a pickle that would run code (nothing runs)."""
@@ -194,7 +230,9 @@ def test_memory_trainer_resume_stops_on_a_missing_or_refused_file(tmp_path, name
 
 
 def test_memory_trainer_refuses_a_torn_memory_file(tmp_path):
-    run = _memory_trainer_run(tmp_path / "run", )
+    run = _memory_trainer_run(
+        tmp_path / "run",
+    )
     run.args.max_steps = 3
     run.train()
     memory_file = tmp_path / "run" / "checkpoint-3" / "txv_memory_rank0.pt"
@@ -213,8 +251,9 @@ def _classification_data(tokenizer, n=48):
         texts.append(sentence if label == 0 else sentence[::-1])  # task: is the text reversed?
         labels.append(label)
     encoded = tokenizer(texts, padding="max_length", max_length=40, truncation=True)
-    return datasets.Dataset.from_dict({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
-                                       "labels": labels})
+    return datasets.Dataset.from_dict(
+        {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels}
+    )
 
 
 def test_sequence_classification_fine_tuning_with_trainer(tmp_path):
@@ -223,17 +262,30 @@ def test_sequence_classification_fine_tuning_with_trainer(tmp_path):
     tokenizer = build_char_tokenizer("memory segment relative position attention layer cache token ")
     tokenizer.pad_token = tokenizer.eos_token
     data = _classification_data(tokenizer).train_test_split(test_size=0.25, seed=0)
-    config = build_config("transfo-xl", len(tokenizer), d_model=32, n_layer=2, n_head=2, mem_len=0, dropout=0.0,
-                          num_labels=2, pad_token_id=tokenizer.pad_token_id)
+    config = build_config(
+        "transfo-xl",
+        len(tokenizer),
+        d_model=32,
+        n_layer=2,
+        n_head=2,
+        mem_len=0,
+        dropout=0.0,
+        num_labels=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = AutoModelForSequenceClassification.from_config(config)
     accuracy = metrics.load("accuracy")
 
     def compute_metrics(prediction):
         return accuracy.compute(predictions=prediction.predictions.argmax(-1), references=prediction.label_ids)
 
-    trainer = Trainer(model=model, args=_args(tmp_path, per_device_train_batch_size=8, num_train_epochs=6,
-                                              learning_rate=3e-3, eval_strategy="no"),
-                      train_dataset=data["train"], eval_dataset=data["test"], compute_metrics=compute_metrics)
+    trainer = Trainer(
+        model=model,
+        args=_args(tmp_path, per_device_train_batch_size=8, num_train_epochs=6, learning_rate=3e-3, eval_strategy="no"),
+        train_dataset=data["train"],
+        eval_dataset=data["test"],
+        compute_metrics=compute_metrics,
+    )
     before = trainer.evaluate()
     trainer.train()
     after = trainer.evaluate()
@@ -244,8 +296,12 @@ def test_sequence_classification_fine_tuning_with_trainer(tmp_path):
     reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf")
     batch = data["test"][:4]
     with torch.no_grad():
-        a = model.eval()(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])).logits
-        b = reloaded.eval()(input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])).logits
+        a = model.eval()(
+            input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])
+        ).logits
+        b = reloaded.eval()(
+            input_ids=torch.tensor(batch["input_ids"]), attention_mask=torch.tensor(batch["attention_mask"])
+        ).logits
     assert torch.allclose(a, b, atol=1e-5)
 
 
@@ -263,15 +319,53 @@ def _example(name):
 @pytest.mark.slow
 def test_example_scripts_run(tmp_path, capsys):
     lm = _example("train_lm")
-    tiny = ["--max-chars", "30000", "--d-model", "32", "--n-layer", "2", "--n-head", "2", "--seg-len", "16",
-            "--mem-len", "16", "--batch-size", "4", "--eval-batch-size", "4", "--max-steps", "4", "--eval-every", "0",
-            "--no-progress", "--no-tensorboard"]
+    tiny = [
+        "--max-chars",
+        "30000",
+        "--d-model",
+        "32",
+        "--n-layer",
+        "2",
+        "--n-head",
+        "2",
+        "--seg-len",
+        "16",
+        "--mem-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--eval-batch-size",
+        "4",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "0",
+        "--no-progress",
+        "--no-tensorboard",
+    ]
     assert lm.main(["--trainer", "--output-dir", str(tmp_path / "lm")] + tiny) == 0
     assert "bits per token" in capsys.readouterr().out
     assert (tmp_path / "lm" / "model" / "tokenizer.json").exists()
     assert lm.main(["--output-dir", str(tmp_path / "lm2"), "--variant", "nope"] + tiny) == 2
     assert "unknown variant 'nope'" in capsys.readouterr().err
     clf = _example("finetune_classification")
-    assert clf.main(["--output-dir", str(tmp_path / "clf"), "--examples", "40", "--epochs", "1", "--d-model", "32",
-                     "--max-length", "32", "--batch-size", "8"]) == 0
+    assert (
+        clf.main(
+            [
+                "--output-dir",
+                str(tmp_path / "clf"),
+                "--examples",
+                "40",
+                "--epochs",
+                "1",
+                "--d-model",
+                "32",
+                "--max-length",
+                "32",
+                "--batch-size",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert "accuracy on 8 held-out examples" in capsys.readouterr().out

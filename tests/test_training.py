@@ -8,21 +8,59 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from hf_txvariants.cli import main
 from hf_txvariants.training import TrainArgs, read_metrics, segment_stream, train
-from hf_txvariants.training.data import DataError, build_char_tokenizer, default_corpus, encode, load_text
+from hf_txvariants.training.data import build_char_tokenizer, default_corpus, encode, load_text
 from hf_txvariants.txv_compat import output_cache
 
-TINY = dict(max_chars=20000, d_model=32, n_layer=2, n_head=2, seg_len=16, mem_len=16, batch_size=4, eval_every=0,
-            eval_batch_size=2, eval_segments=2, warmup_steps=1, lr=3e-3, progress=False, tensorboard=False)
-TINY_FLAGS = ["--max-chars", "20000", "--d-model", "32", "--n-layer", "2", "--n-head", "2", "--seg-len", "16",
-              "--mem-len", "16", "--batch-size", "4", "--eval-every", "0", "--eval-batch-size", "2", "--eval-segments",
-              "2", "--warmup-steps", "1", "--lr", "3e-3", "--no-progress", "--no-tensorboard"]
+TINY = dict(
+    max_chars=20000,
+    d_model=32,
+    n_layer=2,
+    n_head=2,
+    seg_len=16,
+    mem_len=16,
+    batch_size=4,
+    eval_every=0,
+    eval_batch_size=2,
+    eval_segments=2,
+    warmup_steps=1,
+    lr=3e-3,
+    progress=False,
+    tensorboard=False,
+)
+TINY_FLAGS = [
+    "--max-chars",
+    "20000",
+    "--d-model",
+    "32",
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--seg-len",
+    "16",
+    "--mem-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-every",
+    "0",
+    "--eval-batch-size",
+    "2",
+    "--eval-segments",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--lr",
+    "3e-3",
+    "--no-progress",
+    "--no-tensorboard",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +70,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
 
 
 def _env():
@@ -80,7 +117,11 @@ def test_char_tokenizer_round_trip_and_unknown_characters(tmp_path):
     assert tokenizer.decode(encode(tokenizer, text).tolist()) == text
     tokenizer.save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
-    assert reloaded("z a")["input_ids"] == [reloaded.unk_token_id, tokenizer.convert_tokens_to_ids(" "), tokenizer.convert_tokens_to_ids("a")]
+    assert reloaded("z a")["input_ids"] == [
+        reloaded.unk_token_id,
+        tokenizer.convert_tokens_to_ids(" "),
+        tokenizer.convert_tokens_to_ids("a"),
+    ]
 
 
 def test_embedded_corpus_and_text_sources(tmp_path):
@@ -99,8 +140,9 @@ def test_embedded_corpus_and_text_sources(tmp_path):
 
 def test_gradient_accumulation_matches_the_whole_batch(tmp_path):
     whole = train(TrainArgs(output_dir=str(tmp_path / "whole"), max_steps=4, dropout=0.0, save_model=False, **TINY))
-    accum = train(TrainArgs(output_dir=str(tmp_path / "accum"), max_steps=4, dropout=0.0, grad_accum=2,
-                            save_model=False, **TINY))
+    accum = train(
+        TrainArgs(output_dir=str(tmp_path / "accum"), max_steps=4, dropout=0.0, grad_accum=2, save_model=False, **TINY)
+    )
     a, b = _losses(tmp_path / "whole"), _losses(tmp_path / "accum")
     assert list(a) == [1, 2, 3, 4]
     for step in a:
@@ -116,8 +158,13 @@ def _free_port() -> int:
 
 
 def _train_in_one_process(output_dir, flags):
-    one = subprocess.run([sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(output_dir)] + flags,
-                         env=_env(), capture_output=True, text=True, timeout=300)
+    one = subprocess.run(
+        [sys.executable, "-m", "hf_txvariants.cli", "train", "--output-dir", str(output_dir)] + flags,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
 
 
@@ -126,15 +173,33 @@ def test_two_gloo_processes_give_the_loss_curve_of_one(tmp_path):
     flags = TINY_FLAGS + ["--max-steps", "6", "--dropout", "0", "--save-every", "3"]
     _train_in_one_process(tmp_path / "one", flags)
     two = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-         "-m", "hf_txvariants.cli", "train", "--output-dir", str(tmp_path / "two")] + flags,
-        env=_env(), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "hf_txvariants.cli",
+            "train",
+            "--output-dir",
+            str(tmp_path / "two"),
+        ]
+        + flags,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert two.returncode == 0, two.stderr[-3000:]
     state = json.loads((tmp_path / "two" / "checkpoints" / "step-6" / "run_state.json").read_text())
     assert state["world_size"] == 2  # really two processes, each with its own memory file
     assert {p.name for p in (tmp_path / "two" / "checkpoints" / "step-6").glob("memory_rank*.pt")} == {
-        "memory_rank0.pt", "memory_rank1.pt"}
+        "memory_rank0.pt",
+        "memory_rank1.pt",
+    }
     a, b = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert list(a) == list(b) == list(range(1, 7))
     for step in a:
@@ -151,8 +216,13 @@ def test_killed_and_resumed_run_gives_the_same_losses(tmp_path):
     assert main(["train", "--output-dir", str(reference)] + flags) == 0
     killed = tmp_path / "killed"
     # dies (SIGKILL) after step 5; the last checkpoint is step 3
-    run = subprocess.run([sys.executable, "-c", KILLED_RUN, "5", "--output-dir", str(killed)] + flags,
-                         env=_env(), capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN, "5", "--output-dir", str(killed)] + flags,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == -9, run.stderr[-2000:]
     assert max(_losses(killed)) == 5 and not (killed / "model").exists()
     assert main(["train", "--output-dir", str(killed), "--resume", "latest"] + flags) == 0
@@ -180,8 +250,9 @@ def test_bad_input_gives_one_clear_line(tmp_path, capsys):
     short.write_text("too short")
     err = _error_line(capsys, ["train", "--output-dir", str(tmp_path / "a"), "--data", str(short)] + TINY_FLAGS)
     assert "too short" in err and "segment" in err
-    err = _error_line(capsys, ["train", "--output-dir", str(tmp_path / "b"), "--data", str(tmp_path / "nope.txt")]
-                      + TINY_FLAGS)
+    err = _error_line(
+        capsys, ["train", "--output-dir", str(tmp_path / "b"), "--data", str(tmp_path / "nope.txt")] + TINY_FLAGS
+    )
     assert "not found" in err and "nope.txt" in err
     err = _error_line(capsys, ["train", "--output-dir", str(tmp_path / "c"), "--variant", "transfo-xxl"] + TINY_FLAGS)
     assert "unknown variant 'transfo-xxl'" in err and "transfo-xl" in err
@@ -224,11 +295,13 @@ def test_causal_variants_plug_into_the_loop(variant):
             assert memory.memory_length == 8  # carried into the next segment
 
 
-
-@pytest.mark.parametrize("variant, extra", [
-    ("transfo-xl", {"cutoffs": [10, 20], "div_val": 2}),
-    ("txv_gtrxl", {"adaptive": True, "cutoffs": [10, 20]}),
-])
+@pytest.mark.parametrize(
+    "variant, extra",
+    [
+        ("transfo-xl", {"cutoffs": [10, 20], "div_val": 2}),
+        ("txv_gtrxl", {"adaptive": True, "cutoffs": [10, 20]}),
+    ],
+)
 def test_adaptive_softmax_loss_of_the_loop_never_makes_full_log_probabilities(variant, extra):
     """With an adaptive softmax, `lm_forward` takes the model's per-target loss (each target's cluster only): it
     equals the cross-entropy of the full log-probabilities (the loop's old formula) for both reductions and the
@@ -237,15 +310,17 @@ def test_adaptive_softmax_loss_of_the_loop_never_makes_full_log_probabilities(va
     from hf_txvariants.training.models import init_memory
 
     torch.manual_seed(0)
-    model = build_model(build_config(variant, 40, d_model=32, n_layer=2, n_head=2, mem_len=8, seg_len=16,
-                                     dropout=0.0, **extra))
+    model = build_model(
+        build_config(variant, 40, d_model=32, n_layer=2, n_head=2, mem_len=8, seg_len=16, dropout=0.0, **extra)
+    )
     stream = segment_stream(torch.randint(0, 40, (200,)), 2, 16)
     inputs, targets = stream.segment(0)
 
     def memory():  # the same memory for every call (a call with use_cache updates the one it is given)
         with torch.no_grad():
-            return output_cache(model(input_ids=stream.segment(1)[0], use_cache=True, return_logits=False,
-                                      cache=init_memory(model, 2)))
+            return output_cache(
+                model(input_ids=stream.segment(1)[0], use_cache=True, return_logits=False, cache=init_memory(model, 2))
+            )
 
     log_probs = model(input_ids=inputs, cache=memory(), use_cache=True).logits
     expected = torch.nn.functional.cross_entropy(log_probs.reshape(-1, 40), targets.reshape(-1), reduction="sum")
@@ -258,8 +333,9 @@ def test_adaptive_softmax_loss_of_the_loop_never_makes_full_log_probabilities(va
     for reduction, scale in (("sum", 1.0), ("mean", targets.numel())):
         loss, _ = lm_forward(model, inputs, targets, memory(), reduction=reduction)
         torch.testing.assert_close(loss * scale, expected, atol=1e-4, rtol=1e-5)
-    (gradient,) = torch.autograd.grad(lm_forward(model, inputs, targets, memory(), "sum")[0],
-                                      model.crit.out_layers[0].weight)
+    (gradient,) = torch.autograd.grad(
+        lm_forward(model, inputs, targets, memory(), "sum")[0], model.crit.out_layers[0].weight
+    )
     torch.testing.assert_close(gradient, expected_gradient, atol=1e-5, rtol=1e-4)
 
 
@@ -273,6 +349,7 @@ def test_loop_loss_refuses_targets_of_another_shape_naming_them(variant, extra):
         lm_forward(model, inputs, inputs[:, :5])
     with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
         lm_forward(model, inputs, inputs, reduction="none")
+
 
 def _run_with_checkpoints(folder, steps=4, crash_after=None):
     """A run of `steps` steps with checkpoints every 2; `crash_after`: the run dies (an exception) after that step."""
@@ -311,8 +388,9 @@ def test_resume_falls_back_from_a_torn_checkpoint(tmp_path, capsys, caplog):
     # asked for by name, a torn checkpoint is an error that names it
     torn_again = crashed / "checkpoints" / "step-2" / "optimizer.bin"
     torn_again.write_bytes(torn_again.read_bytes()[:200])
-    err = _error_line(capsys, ["train", "--output-dir", str(crashed), "--resume",
-                               str(crashed / "checkpoints" / "step-2")] + flags)
+    err = _error_line(
+        capsys, ["train", "--output-dir", str(crashed), "--resume", str(crashed / "checkpoints" / "step-2")] + flags
+    )
     assert "cannot resume from" in err and "step-2" in err and "does not load" in err
 
 
@@ -361,8 +439,9 @@ def test_resume_names_a_refused_missing_or_torn_file_and_falls_back(tmp_path, ca
         shutil.copytree(original, run)
         damage(run / "checkpoints" / "step-4" / name)
         reason = {"refused": "refused by the weights-only loader", "missing": "is missing", "torn": "cannot be read"}
-        err = _error_line(capsys, ["train", "--output-dir", str(run), "--resume",
-                                   str(run / "checkpoints" / "step-4")] + flags)
+        err = _error_line(
+            capsys, ["train", "--output-dir", str(run), "--resume", str(run / "checkpoints" / "step-4")] + flags
+        )
         assert "cannot resume from" in err and "step-4" in err and name in err and reason[how] in err, err
         caplog.clear()
         with caplog.at_level("WARNING"):

@@ -11,18 +11,47 @@ import math
 import pytest
 import torch
 
-from hf_txvariants.training import TrainArgs, build_char_tokenizer, build_config, build_model, encode, read_metrics
-from hf_txvariants.training import segment_dataset, segment_stream, train
+from hf_txvariants.training import (
+    TrainArgs,
+    build_char_tokenizer,
+    build_config,
+    build_model,
+    encode,
+    read_metrics,
+    segment_dataset,
+    segment_stream,
+    train,
+)
 from hf_txvariants.training.data import default_corpus
 from hf_txvariants.training.models import init_memory, objective_forward
 
-TINY = dict(max_chars=20000, d_model=32, n_layer=2, n_head=2, seg_len=16, mem_len=16, batch_size=4, eval_every=0,
-            eval_batch_size=2, eval_segments=2, warmup_steps=1, lr=3e-3, dropout=0.0, progress=False,
-            tensorboard=False, save_model=False, seed=0)
+TINY = dict(
+    max_chars=20000,
+    d_model=32,
+    n_layer=2,
+    n_head=2,
+    seg_len=16,
+    mem_len=16,
+    batch_size=4,
+    eval_every=0,
+    eval_batch_size=2,
+    eval_segments=2,
+    warmup_steps=1,
+    lr=3e-3,
+    dropout=0.0,
+    progress=False,
+    tensorboard=False,
+    save_model=False,
+    seed=0,
+)
 SPAN = dict(attn_span=32, adapt_span_init=0.5, adapt_span_ramp=4)
 # the objective's weights, by the name of the term they multiply
-WEIGHTS = {"span_penalty": "adapt_span_loss", "ponder_cost": "act_loss_weight",
-           "intermediate_loss": "intermediate_loss_weight", "future_loss": "future_target_loss_weight"}
+WEIGHTS = {
+    "span_penalty": "adapt_span_loss",
+    "ponder_cost": "act_loss_weight",
+    "intermediate_loss": "intermediate_loss_weight",
+    "future_loss": "future_target_loss_weight",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -37,16 +66,22 @@ def _train_records(folder) -> list[dict]:
     return [m for m in read_metrics(folder) if m["split"] == "train"]
 
 
-@pytest.mark.parametrize("variant, extra, terms", [
-    ("txv_adaptive_span", {**SPAN, "adapt_span_loss": 0.05}, {"span_penalty"}),
-    ("txv_gtrxl", {**SPAN, "adapt_span_enabled": True, "adapt_span_loss": 0.05}, {"span_penalty"}),
-    ("txv_adaptive_span_original", {**SPAN, "adapt_span_enabled": True, "adapt_span_loss": 0.05}, {"span_penalty"}),
-    ("txv_universal", {"act_loss_weight": 0.05}, {"ponder_cost"}),
-    ("txv_act_rnn", {"act_loss_weight": 0.05}, {"ponder_cost"}),
-    ("txv_vanilla", {"intermediate_loss_weight": 0.5, "num_future_targets": 2, "future_target_loss_weight": 0.5},
-     {"intermediate_loss", "future_loss"}),
-    ("txv_shaw", {}, set()),
-])
+@pytest.mark.parametrize(
+    "variant, extra, terms",
+    [
+        ("txv_adaptive_span", {**SPAN, "adapt_span_loss": 0.05}, {"span_penalty"}),
+        ("txv_gtrxl", {**SPAN, "adapt_span_enabled": True, "adapt_span_loss": 0.05}, {"span_penalty"}),
+        ("txv_adaptive_span_original", {**SPAN, "adapt_span_enabled": True, "adapt_span_loss": 0.05}, {"span_penalty"}),
+        ("txv_universal", {"act_loss_weight": 0.05}, {"ponder_cost"}),
+        ("txv_act_rnn", {"act_loss_weight": 0.05}, {"ponder_cost"}),
+        (
+            "txv_vanilla",
+            {"intermediate_loss_weight": 0.5, "num_future_targets": 2, "future_target_loss_weight": 0.5},
+            {"intermediate_loss", "future_loss"},
+        ),
+        ("txv_shaw", {}, set()),
+    ],
+)
 def test_the_loop_optimises_and_logs_the_variants_objective(tmp_path, variant, extra, terms):
     """metrics.jsonl has `loss` = lm_loss + sum of weight x term over the terms the variant has, each term by name,
     and bpc / perplexity of the next-token part."""
@@ -71,8 +106,15 @@ def test_a_span_penalty_ends_with_shorter_spans_than_none(tmp_path):
     and shorter than they started (the objective reaches the span parameters)."""
     spans = {}
     for weight in (0.0, 0.05):
-        result = train(TrainArgs(output_dir=str(tmp_path / str(weight)), variant="txv_adaptive_span", max_steps=30,
-                                 extra_config={**SPAN, "adapt_span_loss": weight}, **TINY))
+        result = train(
+            TrainArgs(
+                output_dir=str(tmp_path / str(weight)),
+                variant="txv_adaptive_span",
+                max_steps=30,
+                extra_config={**SPAN, "adapt_span_loss": weight},
+                **TINY,
+            )
+        )
         spans[weight] = float(result["model"].get_spans().mean())
     start = SPAN["adapt_span_init"] * SPAN["attn_span"]
     assert spans[0.05] < start - 1.0 and spans[0.05] < spans[0.0] - 1.0, spans
@@ -84,9 +126,15 @@ def test_a_ponder_cost_ends_with_fewer_pondering_steps_than_none(tmp_path):
     tokens = None
     steps = {}
     for weight in (0.0, 0.05):
-        result = train(TrainArgs(output_dir=str(tmp_path / str(weight)), variant="txv_universal", max_steps=20,
-                                 extra_config={"act_loss_weight": weight, "halting_bias_init": -1.0},
-                                 **{**TINY, "n_layer": 4}))
+        result = train(
+            TrainArgs(
+                output_dir=str(tmp_path / str(weight)),
+                variant="txv_universal",
+                max_steps=20,
+                extra_config={"act_loss_weight": weight, "halting_bias_init": -1.0},
+                **{**TINY, "n_layer": 4},
+            )
+        )
         model, tokenizer = result["model"].eval(), result["tokenizer"]
         if tokens is None:
             tokens = encode(tokenizer, default_corpus()[-4000:])[: 4 * 64].view(4, 64)
@@ -100,8 +148,19 @@ def test_the_original_adaptive_span_model_carries_its_span_cache(tmp_path):
     segment's (non-zero) states, and the second segment's loss differs from that of a fresh (zero) cache (the same
     operations on the same inputs give the same bits, so any difference comes from the carried states)."""
     torch.manual_seed(0)
-    model = build_model(build_config("txv_adaptive_span_original", 40, d_model=32, n_layer=2, n_head=2, seg_len=16,
-                                     dropout=0.0, adapt_span_enabled=True, **SPAN))
+    model = build_model(
+        build_config(
+            "txv_adaptive_span_original",
+            40,
+            d_model=32,
+            n_layer=2,
+            n_head=2,
+            seg_len=16,
+            dropout=0.0,
+            adapt_span_enabled=True,
+            **SPAN,
+        )
+    )
     stream = segment_stream(torch.randint(0, 40, (400,)), 2, 16)
     memory = init_memory(model, 2)
     assert type(memory).__name__ == "SpanCache"
@@ -123,8 +182,13 @@ def test_a_resumed_span_cache_run_gives_the_same_losses(tmp_path):
         if step == 3:
             raise Stop
 
-    settings = dict(variant="txv_adaptive_span_original", max_steps=5, save_every=2,
-                    extra_config={**SPAN, "adapt_span_enabled": True, "adapt_span_loss": 0.05}, **TINY)
+    settings = dict(
+        variant="txv_adaptive_span_original",
+        max_steps=5,
+        save_every=2,
+        extra_config={**SPAN, "adapt_span_enabled": True, "adapt_span_loss": 0.05},
+        **TINY,
+    )
     train(TrainArgs(output_dir=str(tmp_path / "whole"), **settings))
     with pytest.raises(Stop):
         train(TrainArgs(output_dir=str(tmp_path / "resumed"), **settings), on_step=stop_after_3)
@@ -147,13 +211,37 @@ def test_memory_trainer_optimises_the_objective_and_logs_its_parts(tmp_path):
     tokenizer = build_char_tokenizer(default_corpus()[:5000])
     tokens = encode(tokenizer, default_corpus()[:5000])
     torch.manual_seed(0)
-    model = build_model(build_config("txv_universal", len(tokenizer), d_model=32, n_layer=3, n_head=2, seg_len=16,
-                                     dropout=0.0, act_loss_weight=0.05))
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, per_device_eval_batch_size=4,
-                             learning_rate=3e-3, max_steps=3, logging_steps=1, report_to=[], use_cpu=True,
-                             save_strategy="no", disable_tqdm=True, seed=0)
-    trainer = MemoryTrainer(model=model, args=args, train_dataset=segment_dataset(tokens[:3000], 4, 16),
-                            eval_dataset=segment_dataset(tokens[3000:], 4, 16))
+    model = build_model(
+        build_config(
+            "txv_universal",
+            len(tokenizer),
+            d_model=32,
+            n_layer=3,
+            n_head=2,
+            seg_len=16,
+            dropout=0.0,
+            act_loss_weight=0.05,
+        )
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        learning_rate=3e-3,
+        max_steps=3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = MemoryTrainer(
+        model=model,
+        args=args,
+        train_dataset=segment_dataset(tokens[:3000], 4, 16),
+        eval_dataset=segment_dataset(tokens[3000:], 4, 16),
+    )
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry and "lm_loss" in entry]
     assert len(logs) == 3
@@ -187,9 +275,22 @@ def test_memory_trainer_carries_the_span_cache_and_clamps_the_spans(tmp_path):
     tokenizer = build_char_tokenizer(default_corpus()[:3000])
     tokens = encode(tokenizer, default_corpus()[:3000])
     torch.manual_seed(0)
-    model = build_model(build_config("txv_adaptive_span_original", len(tokenizer), d_model=32, n_layer=2, n_head=2,
-                                     seg_len=16, dropout=0.0, attn_span=32, adapt_span_enabled=True,
-                                     adapt_span_init=0.01, adapt_span_ramp=4, adapt_span_loss=1.0))
+    model = build_model(
+        build_config(
+            "txv_adaptive_span_original",
+            len(tokenizer),
+            d_model=32,
+            n_layer=2,
+            n_head=2,
+            seg_len=16,
+            dropout=0.0,
+            attn_span=32,
+            adapt_span_enabled=True,
+            adapt_span_init=0.01,
+            adapt_span_ramp=4,
+            adapt_span_loss=1.0,
+        )
+    )
     received = []
     original_forward = model.forward
 
@@ -199,9 +300,19 @@ def test_memory_trainer_carries_the_span_cache_and_clamps_the_spans(tmp_path):
         return original_forward(*args, **kwargs)
 
     model.forward = forward
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, learning_rate=0.5,
-                             max_steps=3, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
-                             seed=0, lr_scheduler_type="constant", remove_unused_columns=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        learning_rate=0.5,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        lr_scheduler_type="constant",
+        remove_unused_columns=False,
+    )
     MemoryTrainer(model=model, args=args, train_dataset=segment_dataset(tokens, 2, 16)).train()
     assert received == [0, 16, 32]  # a zero cache first, then the states of the segments before
     values = torch.cat([m.current_val.detach().flatten() for m in model.modules() if isinstance(m, AdaptiveSpan)])

@@ -82,8 +82,19 @@ def _download_sdist(target: Path) -> Path:
     if existing:
         return existing[0]
     target.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
-               f"transformers=={TRANSFORMERS_VERSION}", "-d", str(target)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--quiet",
+        f"transformers=={TRANSFORMERS_VERSION}",
+        "-d",
+        str(target),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     found = sorted(target.glob(f"transformers-{TRANSFORMERS_VERSION}.tar.gz"))
     if result.returncode != 0 or not found:
@@ -133,7 +144,9 @@ def _with_tests_folder(sdist_root: Path, folder: Path) -> Path:
     needed = [*_TAKEN_FROM_TESTS_FOLDER, "utils/test_configuration_utils.py"]
     missing = [relative for relative in needed if not (folder / relative).is_file()]
     if missing:
-        raise RuntimeError(f"TXV_TRANSFORMERS_TESTS={folder} is not a transformers tests/ folder: no {', '.join(missing)}")
+        raise RuntimeError(
+            f"TXV_TRANSFORMERS_TESTS={folder} is not a transformers tests/ folder: no {', '.join(missing)}"
+        )
     root = Path(tempfile.mkdtemp(prefix="txv-transformers-tests-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     shutil.copytree(sdist_root / PACKAGE, root / PACKAGE)
@@ -239,12 +252,16 @@ _ADAPTIVE_SOFTMAX_ZERO_LABELS = (
 
 
 # Tests that check the placeholders rather than a model (none when TXV_TRANSFORMERS_TESTS gives the real modules).
-_NEEDS_WHAT_THE_SDIST_LACKS = {} if TESTS_FOLDER else {
-    "test_generation_tester_mixin_inheritance": (
-        "it checks that the test class inherits GenerationTesterMixin (tests/generation/ is not shipped; opt in with"
-        " TXV_TRANSFORMERS_TESTS); each variant's own tests cover generate"
-    ),
-}
+_NEEDS_WHAT_THE_SDIST_LACKS = (
+    {}
+    if TESTS_FOLDER
+    else {
+        "test_generation_tester_mixin_inheritance": (
+            "it checks that the test class inherits GenerationTesterMixin (tests/generation/ is not shipped; opt in"
+            " with TXV_TRANSFORMERS_TESTS); each variant's own tests cover generate"
+        ),
+    }
+)
 
 
 class TxvCommonTestCase(ModelTesterMixin):
@@ -274,8 +291,14 @@ class TxvCommonTestCase(ModelTesterMixin):
     def setUp(self):
         if self._testMethodName in _NEEDS_WHAT_THE_SDIST_LACKS:
             self.skipTest(f"not in the sdist: {_NEEDS_WHAT_THE_SDIST_LACKS[self._testMethodName]}")
-        reason = next((why for pattern, why in self.by_design_skips.items()
-                       if fnmatch.fnmatchcase(self._testMethodName, pattern)), None)
+        reason = next(
+            (
+                why
+                for pattern, why in self.by_design_skips.items()
+                if fnmatch.fnmatchcase(self._testMethodName, pattern)
+            ),
+            None,
+        )
         if reason is not None:
             self.skipTest(f"by design: {reason}")
         seq_length = SEQ_LENGTHS.get(self.model_type, 8)
@@ -361,15 +384,21 @@ class TestRTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.
 
 class TestUniversalDecoderCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_universal"
-    all_model_classes = (txv.UniversalTransformerModel, txv.UniversalTransformerForCausalLM,
-                         txv.UniversalTransformerForSequenceClassification)
+    all_model_classes = (
+        txv.UniversalTransformerModel,
+        txv.UniversalTransformerForCausalLM,
+        txv.UniversalTransformerForSequenceClassification,
+    )
 
 
 class TestUniversalEncoderCommon(TxvCommonTestCase, unittest.TestCase):
     model_type = "txv_universal"
     config_overrides = dict(is_decoder=False)
-    all_model_classes = (txv.UniversalTransformerModel, txv.UniversalTransformerForMaskedLM,
-                         txv.UniversalTransformerForSequenceClassification)
+    all_model_classes = (
+        txv.UniversalTransformerModel,
+        txv.UniversalTransformerForMaskedLM,
+        txv.UniversalTransformerForSequenceClassification,
+    )
 
 
 class TestAdaptiveSpanCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
@@ -401,8 +430,11 @@ _SPARSE_LEFT_PADDING = (
 
 class TestSparseTransformerCommon(TxvCommonTestCase, GenerationTesterMixin, unittest.TestCase):
     model_type = "txv_sparse_transformer"
-    all_model_classes = (txv.SparseTransformerModel, txv.SparseTransformerForCausalLM,
-                         txv.SparseTransformerForSequenceClassification)
+    all_model_classes = (
+        txv.SparseTransformerModel,
+        txv.SparseTransformerForCausalLM,
+        txv.SparseTransformerForSequenceClassification,
+    )
     by_design_skips = {
         **TxvCommonTestCase.by_design_skips,
         "test_eager_matches_sdpa_inference_*pad_left*": _SPARSE_LEFT_PADDING,

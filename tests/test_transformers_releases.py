@@ -84,9 +84,11 @@ def test_pyproject_declares_exactly_the_range_ci_tests():
     oldest, first_unsupported = txv_compat.OLDEST_SUPPORTED_TRANSFORMERS, txv_compat.FIRST_UNSUPPORTED_TRANSFORMERS
     assert declared == f">={oldest.removesuffix('.0')},<{first_unsupported.removesuffix('.0')}"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "OLDEST_SUPPORTED_TRANSFORMERS" in ci and 'transformers==$oldest' in ci
+    assert "OLDEST_SUPPORTED_TRANSFORMERS" in ci and "transformers==$oldest" in ci
     readme = (ROOT / "README.md").read_text()
-    assert f"transformers {oldest.removesuffix('.0')}" in readme and f"<{first_unsupported.removesuffix('.0')}" in readme
+    assert (
+        f"transformers {oldest.removesuffix('.0')}" in readme and f"<{first_unsupported.removesuffix('.0')}" in readme
+    )
 
 
 @pytest.mark.exact
@@ -177,8 +179,15 @@ def test_the_cache_name_is_read_from_the_release():
     own Llama takes in `forward`, returns in its outputs and gets from `generate()` in `prepare_inputs_for_generation`;
     the other cache names are none of these."""
     name, others = txv_compat.CACHE_NAME, set(txv_compat.CACHE_NAMES) - {txv_compat.CACHE_NAME}
-    config = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=16,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     parameters = inspect.signature(model.forward).parameters
@@ -193,8 +202,9 @@ def test_the_cache_name_is_read_from_the_release():
 
     model.prepare_inputs_for_generation = recording
     prompt = torch.tensor([[3, 4, 5]])
-    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=False,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=False, return_dict_in_generate=True
+    )
     assert given and all(keys == {name} for keys in given)
     fields = {field.name for field in dataclasses.fields(out)}
     assert name in fields and not others & fields
@@ -239,8 +249,14 @@ def test_generation_reproduces_the_reference_release(name):
     prompt = torch.tensor(reference["prompt"])
     for label, use_cache in (("cached", True), ("uncached", False)):
         with torch.no_grad():
-            tokens = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
-                                    use_cache=use_cache, pad_token_id=0)
+            tokens = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=8,
+                do_sample=False,
+                use_cache=use_cache,
+                pad_token_id=0,
+            )
         assert tokens.tolist() == reference[label], f"{label} on transformers {transformers.__version__}"
 
 

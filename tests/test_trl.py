@@ -29,10 +29,19 @@ def _setup(variant, tmp_path, trainer_class=TxvSFTTrainer, steps=8, **config):
     overrides = {"vocab_size": len(tokenizer)} if "vocab_size" in TINY_CONFIGS[variant] else {}
     overrides.update(config)
     model = AutoModelForCausalLM.from_config(tiny_config(variant, **overrides))
-    dataset = Dataset.from_dict({"text": [TEXT[i:i + 30] for i in range(0, 600, 30)]})
-    args = trl.SFTConfig(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4, learning_rate=3e-3,
-                         logging_steps=1, report_to=[], use_cpu=True, max_length=32, save_strategy="no",
-                         disable_tqdm=True)
+    dataset = Dataset.from_dict({"text": [TEXT[i : i + 30] for i in range(0, 600, 30)]})
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        max_length=32,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
@@ -62,8 +71,10 @@ def test_txv_sft_loss_is_the_models_own_objective(variant, tmp_path):
     torch.testing.assert_close(loss, own.loss)
 
 
-@pytest.mark.parametrize("variant, config", [("txv_adaptive_span", {"adapt_span_loss": 0.1}),
-                                             ("txv_vanilla", {}), ("txv_universal", {"act_loss_weight": 0.1})])
+@pytest.mark.parametrize(
+    "variant, config",
+    [("txv_adaptive_span", {"adapt_span_loss": 0.1}), ("txv_vanilla", {}), ("txv_universal", {"act_loss_weight": 0.1})],
+)
 def test_trl_loss_leaves_out_the_auxiliary_terms_and_txv_sft_keeps_them(variant, config, tmp_path):
     """On one batch: plain SFTTrainer's loss is the next-token loss alone; TxvSFTTrainer's adds the span penalty,
     Al-Rfou's losses, the ponder cost (README "Training, fine-tuning, the Hub")."""

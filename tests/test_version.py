@@ -7,16 +7,20 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _written_version() -> str:
     tree = ast.parse((ROOT / "hf_txvariants" / "__init__.py").read_text())
-    (value,) = [node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                and [getattr(t, "id", None) for t in node.targets] == ["__version__"]]
+    (value,) = [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]
+    ]
     return value
 
 
@@ -27,9 +31,11 @@ def test_pyproject_reads_the_version_from_the_package():
 
 
 def test_setuptools_reads_it_without_importing_the_package():
-    probe = ("import sys\nfrom setuptools.config.expand import read_attr\n"
-             "print(read_attr('hf_txvariants.__version__', root_dir=sys.argv[1]))\n"
-             "print([m for m in ('torch', 'transformers', 'hf_txvariants') if m in sys.modules])")
+    probe = (
+        "import sys\nfrom setuptools.config.expand import read_attr\n"
+        "print(read_attr('hf_txvariants.__version__', root_dir=sys.argv[1]))\n"
+        "print([m for m in ('torch', 'transformers', 'hf_txvariants') if m in sys.modules])"
+    )
     result = subprocess.run([sys.executable, "-c", probe, str(ROOT)], capture_output=True, text=True, timeout=120)
     assert result.stdout.split("\n")[:2] == [_written_version(), "[]"], result.stdout + result.stderr
 

@@ -10,7 +10,6 @@ import re
 
 import pytest
 import torch
-from txv_tester import ATOL, TxvModelTesterMixin
 
 from hf_txvariants import (
     AdaptiveSpanConfig,
@@ -23,11 +22,12 @@ from hf_txvariants import (
     TransfoXLConfig,
     TransfoXLLMHeadModel,
     TransfoXLModel,
+    txv_relative_attention,
 )
-from hf_txvariants import txv_relative_attention
-from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan
+from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_gates import GRUGate
+from txv_tester import ATOL, TxvModelTesterMixin
 
 SIZE = dict(vocab_size=23, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
 SPAN = dict(adapt_span_enabled=True, attn_span=20, adapt_span_ramp=3, adapt_span_init=0.4)
@@ -171,8 +171,9 @@ def test_span_penalty_is_in_every_composed_loss():
 
 
 # ------------------------------------------------------------------------------------------ config checks
-@pytest.mark.parametrize("config_class, base", [(TransfoXLConfig, TRANSFO_XL), (GTrXLConfig, GTRXL),
-                                                (AdaptiveSpanConfig, ADAPTIVE_SPAN)])
+@pytest.mark.parametrize(
+    "config_class, base", [(TransfoXLConfig, TRANSFO_XL), (GTrXLConfig, GTRXL), (AdaptiveSpanConfig, ADAPTIVE_SPAN)]
+)
 @pytest.mark.parametrize(
     "overrides, field",
     [
@@ -274,11 +275,14 @@ def test_every_label_ignored_gives_zero_loss(name):
 
 # ------------------------------------------------------------------------------------------ left padding, zeros
 @pytest.mark.exact
-@pytest.mark.parametrize("config_class, model_class, base", [
-    (TransfoXLConfig, TransfoXLLMHeadModel, {**TRANSFO_XL, "same_length": True}),
-    (TransfoXLConfig, TransfoXLLMHeadModel, TRANSFO_XL),
-    (AdaptiveSpanConfig, AdaptiveSpanForCausalLM, {**ADAPTIVE_SPAN, "memory_init": "zeros"}),
-])
+@pytest.mark.parametrize(
+    "config_class, model_class, base",
+    [
+        (TransfoXLConfig, TransfoXLLMHeadModel, {**TRANSFO_XL, "same_length": True}),
+        (TransfoXLConfig, TransfoXLLMHeadModel, TRANSFO_XL),
+        (AdaptiveSpanConfig, AdaptiveSpanForCausalLM, {**ADAPTIVE_SPAN, "memory_init": "zeros"}),
+    ],
+)
 def test_left_padding_under_zero_memory_equals_each_row_alone(config_class, model_class, base):
     """With memory_init="zeros" a row alone starts with mem_len zeros before its first token; a left-padded row
     sees exactly that (its leading padding stands for the zeros), so logits and generated tokens equal the row's."""

@@ -31,9 +31,9 @@ REFRESH = "python tools/house_map.py --write"
 def variant_files() -> dict[str, dict]:
     """model_type -> {"config", "modeling", "tokenization" (or None), "auto", "blocks"} for every registered variant."""
     sys.path.insert(0, str(ROOT))  # the checkout's package, not another installed copy
-    import hf_txvariants
     from transformers.dynamic_module_utils import get_relative_import_files
 
+    import hf_txvariants
     from hf_txvariants.txv_pretrained import write_code_payload
 
     house = {}
@@ -57,9 +57,12 @@ def variant_files() -> dict[str, dict]:
 
 
 def render(house: dict[str, dict]) -> str:
-    lines = [START, "",
-             "| model_type | its own files | Auto classes (besides AutoConfig) | `txv_*` blocks in its Hub folder |",
-             "|---|---|---|---|"]
+    lines = [
+        START,
+        "",
+        "| model_type | its own files | Auto classes (besides AutoConfig) | `txv_*` blocks in its Hub folder |",
+        "|---|---|---|---|",
+    ]
     for model_type, entry in house.items():
         own = ", ".join(f"`{name}`" for name in entry["other"])
         auto = ", ".join(name.removeprefix("AutoModel") or "AutoModel" for name in entry["auto"])
@@ -71,15 +74,27 @@ def render(house: dict[str, dict]) -> str:
             users.setdefault(block, []).append(model_type)
     package = ROOT / "hf_txvariants"
     unshipped = sorted(p.name for p in package.glob("txv_*.py") if p.name not in users)
-    lines += ["", "Auto classes: `AutoModel` and `AutoModel<suffix>` for each suffix listed.", "",
-              "Which variants a change to a block reaches (the variants whose Hub folder carries it):", "",
-              "| block | variants |", "|---|---|"]
+    lines += [
+        "",
+        "Auto classes: `AutoModel` and `AutoModel<suffix>` for each suffix listed.",
+        "",
+        "Which variants a change to a block reaches (the variants whose Hub folder carries it):",
+        "",
+        "| block | variants |",
+        "|---|---|",
+    ]
     for block in sorted(users, key=lambda b: (-len(users[b]), b)):
         names = users[block]
         reach = "all" if len(names) == len(house) else ", ".join(f"`{n}`" for n in names)
         lines.append(f"| `{block.removesuffix('.py')}` | {len(names)}: {reach} |")
-    lines += ["", "`txv_*` files that no variant's Hub folder carries: "
-              + (", ".join(f"`{name}`" for name in unshipped) if unshipped else "none") + ".", "", END]
+    lines += [
+        "",
+        "`txv_*` files that no variant's Hub folder carries: "
+        + (", ".join(f"`{name}`" for name in unshipped) if unshipped else "none")
+        + ".",
+        "",
+        END,
+    ]
     return "\n".join(lines)
 
 
@@ -87,7 +102,7 @@ def current_section(text: str) -> str | None:
     """The generated section in `text` (markers included), or None if a marker is missing."""
     if START not in text or END not in text:
         return None
-    return text[text.index(START):text.index(END) + len(END)]
+    return text[text.index(START) : text.index(END) + len(END)]
 
 
 def main(argv: list[str] | None = None) -> int:

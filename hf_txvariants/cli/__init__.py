@@ -58,8 +58,10 @@ def _train(args):
         from ..training.trainer import train_with_trainer
 
         metrics = train_with_trainer(train_args)
-        print(f"validation: {metrics['eval_bpc']:.4f} bits per token, perplexity {metrics['eval_perplexity']:.3f}"
-              + (f"; model saved to {train_args.output_dir}/model" if train_args.save_model else ""))
+        print(
+            f"validation: {metrics['eval_bpc']:.4f} bits per token, perplexity {metrics['eval_perplexity']:.3f}"
+            + (f"; model saved to {train_args.output_dir}/model" if train_args.save_model else "")
+        )
         return
     from ..training.loop import describe_training, train
 
@@ -68,8 +70,10 @@ def _train(args):
         final = result["eval"][-1]
         if result["last_training"]:
             print(f"last training step: {describe_training(result['last_training'])}")
-        print(f"validation: {final['bpc']:.4f} bits per token, perplexity {final['perplexity']:.3f} "
-              f"({final['tokens']} tokens)" + (f"; model saved to {result['model_dir']}" if args.save_model else ""))
+        print(
+            f"validation: {final['bpc']:.4f} bits per token, perplexity {final['perplexity']:.3f} "
+            f"({final['tokens']} tokens)" + (f"; model saved to {result['model_dir']}" if args.save_model else "")
+        )
 
 
 def _load_tokenizer(path):
@@ -106,8 +110,10 @@ def _eval(args):
     else:
         result = evaluate_text(model, tokens, args.batch_size, args.seg_len, progress=progress)
         how = f"segments of {args.seg_len}" + (f", memory {model.config.mem_len}" if uses_memory(model) else "")
-    print(f"{result['bpc']:.4f} bits per token, perplexity {result['perplexity']:.3f}, {result['tokens']} tokens "
-          f"({how}), {result['tokens_per_second']:,.0f} tokens/s")
+    print(
+        f"{result['bpc']:.4f} bits per token, perplexity {result['perplexity']:.3f}, {result['tokens']} tokens "
+        f"({how}), {result['tokens_per_second']:,.0f} tokens/s"
+    )
     print(json.dumps(result))
 
 
@@ -133,9 +139,19 @@ def _push(args):
             metrics = json.loads(results.read_text())
         except json.JSONDecodeError as error:
             raise UsageError(f"{results} is not valid JSON ({error})") from None
-    info = push_to_hub(model, args.repo_id, tokenizer, metrics, private=args.private, dataset=args.dataset,
-                       base_card=args.card, token=args.token, revision=args.revision,
-                       commit_message=args.commit_message, create_pr=args.create_pr)
+    info = push_to_hub(
+        model,
+        args.repo_id,
+        tokenizer,
+        metrics,
+        private=args.private,
+        dataset=args.dataset,
+        base_card=args.card,
+        token=args.token,
+        revision=args.revision,
+        commit_message=args.commit_message,
+        create_pr=args.create_pr,
+    )
     print(f"pushed to {getattr(info, 'pr_url', None) or getattr(info, 'commit_url', info)}")
 
 
@@ -171,15 +187,24 @@ def add_train_parser(sub, name: str, help_text: str):
     from ..training.models import text_variant_names
 
     train = sub.add_parser(
-        name, help=help_text,
+        name,
+        help=help_text,
         description="Train a causal language model of any text variant. Every flag is a field of "
-                    "hf_txvariants.training.TrainArgs.", dataclass_types=[TrainArgs])
-    train.add_argument("--trainer", action="store_true",
-                       help="train with transformers' Trainer (MemoryTrainer: memory carried, one process) instead "
-                            "of the Accelerate loop")
-    train.add_argument("--recipe", metavar="NAME",
-                       help="start from the hyper-parameters of an original training script (every flag given "
-                            "overrides it; the preset is printed in full); `--recipe list` lists them")
+        "hf_txvariants.training.TrainArgs.",
+        dataclass_types=[TrainArgs],
+    )
+    train.add_argument(
+        "--trainer",
+        action="store_true",
+        help="train with transformers' Trainer (MemoryTrainer: memory carried, one process) instead "
+        "of the Accelerate loop",
+    )
+    train.add_argument(
+        "--recipe",
+        metavar="NAME",
+        help="start from the hyper-parameters of an original training script (every flag given "
+        "overrides it; the preset is printed in full); `--recipe list` lists them",
+    )
     # the registered text variants are known only once the package is imported, after TrainArgs was defined
     train._option_string_actions["--variant"].help = f"model variant, one of: {', '.join(text_variant_names())}"
     train.set_defaults(func=_train)
@@ -195,8 +220,9 @@ def add_eval_parser(sub, name: str, help_text: str):
     ev.add_argument("--seg-len", type=positive_int, default=64, help="tokens per evaluation segment")
     ev.add_argument("--mem-len", type=non_negative_int, help="memory length at evaluation (memory models)")
     ev.add_argument("--batch-size", type=positive_int, default=1, help="rows evaluated in parallel")
-    ev.add_argument("--window", type=positive_int,
-                    help="score with a sliding window of this length instead (no memory)")
+    ev.add_argument(
+        "--window", type=positive_int, help="score with a sliding window of this length instead (no memory)"
+    )
     ev.add_argument("--no-progress", action="store_true", help="no progress bar")
     ev.set_defaults(func=_eval)
     return ev

@@ -28,8 +28,9 @@ def one_line(error: BaseException) -> str:
 
 
 def run_guarded(command, prefix: str, debug: bool = False) -> int:
-    """Runs `command()`; returns its exit status (0 unless it returns an int), or prints `<prefix><message>` and returns 2 on an expected failure (re-raised
-    with its traceback when `debug`). SystemExit (--help, --version) passes through; Ctrl-C exits with 130."""
+    """Runs `command()`; returns its exit status (0 unless it returns an int), or prints `<prefix><message>` and
+    returns 2 on an expected failure (re-raised with its traceback when `debug`). SystemExit (--help, --version) passes
+    through; Ctrl-C exits with 130."""
     try:
         result = command()
     except _expected_errors() as error:

@@ -12,10 +12,22 @@ import shutil
 from pathlib import Path
 
 # Files of a legacy folder that are rewritten (or dropped: the pickles) rather than copied.
-REWRITTEN = {"vocab.pkl", "vocab.bin", "vocab.txt", "vocab.json", "added_tokens.json", "special_tokens_map.json",
-             "tokenizer_config.json", "config.json", "generation_config.json", "pytorch_model.bin",
-             "pytorch_model.bin.index.json", "model.safetensors", "model.safetensors.index.json"}
-CHECK_TEXT = "The 2nd state-of-the-art model, 23,000 words long (1.80 m tall), wasn't \"unknown\" to zyxwv."
+REWRITTEN = {
+    "vocab.pkl",
+    "vocab.bin",
+    "vocab.txt",
+    "vocab.json",
+    "added_tokens.json",
+    "special_tokens_map.json",
+    "tokenizer_config.json",
+    "config.json",
+    "generation_config.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+}
+CHECK_TEXT = 'The 2nd state-of-the-art model, 23,000 words long (1.80 m tall), wasn\'t "unknown" to zyxwv.'
 
 
 def add_parser(sub, name: str, help_text: str):
@@ -38,11 +50,11 @@ def upgrade_legacy(folder, output=None, overwrite=False) -> dict:
     """Writes the pickle-free version of the legacy folder `folder` to `output` (None: in place); returns what was
     written and what was dropped. Raises ValueError / OSError naming the problem; nothing is replaced on failure."""
     import torch
+    from transformers import AutoModelForCausalLM
 
     import hf_txvariants  # noqa: F401 - registers the Auto classes
     from hf_txvariants import TransfoXLTokenizer
     from hf_txvariants.txv_files import atomic_directory
-    from transformers import AutoModelForCausalLM
 
     source = Path(folder)
     if not source.is_dir():
@@ -54,11 +66,17 @@ def upgrade_legacy(folder, output=None, overwrite=False) -> dict:
         raise ValueError("--output is the legacy folder itself: use --in-place")
     names = {path.name for path in source.iterdir()}
     has_vocabulary = names & {"vocab.pkl", "vocab.bin", "vocab.txt", "vocab.json"}
-    has_weights = names & {"pytorch_model.bin", "model.safetensors", "pytorch_model.bin.index.json",
-                           "model.safetensors.index.json"}
+    has_weights = names & {
+        "pytorch_model.bin",
+        "model.safetensors",
+        "pytorch_model.bin.index.json",
+        "model.safetensors.index.json",
+    }
     if not has_vocabulary and not has_weights:
-        raise ValueError(f"{source} holds neither a Transformer-XL vocabulary (vocab.pkl, vocab.bin, vocab.txt) nor "
-                         "weights (pytorch_model.bin, model.safetensors)")
+        raise ValueError(
+            f"{source} holds neither a Transformer-XL vocabulary (vocab.pkl, vocab.bin, vocab.txt) nor "
+            "weights (pytorch_model.bin, model.safetensors)"
+        )
     tokenizer = TransfoXLTokenizer.from_pretrained(source) if has_vocabulary else None
     model = AutoModelForCausalLM.from_pretrained(source).eval() if has_weights else None
 

@@ -23,9 +23,23 @@ METRIC_TYPES = {
     "eval_accuracy": ("accuracy", "evaluation accuracy", "accuracy"),
 }
 
-CONFIG_FIELDS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-                 "intermediate_size", "mem_len", "clamp_len", "same_length", "memory_init", "cutoffs",
-                 "max_position_embeddings", "position_embedding_type", "dropout")
+CONFIG_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "head_dim",
+    "intermediate_size",
+    "mem_len",
+    "clamp_len",
+    "same_length",
+    "memory_init",
+    "cutoffs",
+    "max_position_embeddings",
+    "position_embedding_type",
+    "dropout",
+)
 
 
 def _pipeline_tag(model) -> str:
@@ -37,8 +51,15 @@ def _pipeline_tag(model) -> str:
     return "text-generation"
 
 
-def build_model_card(model, repo_id: str, metrics: dict | None = None, dataset: str | None = None,
-                     base_card: str | Path | None = None, training: str | None = None, license: str = "apache-2.0"):
+def build_model_card(
+    model,
+    repo_id: str,
+    metrics: dict | None = None,
+    dataset: str | None = None,
+    base_card: str | Path | None = None,
+    training: str | None = None,
+    license: str = "apache-2.0",
+):
     """A `huggingface_hub.ModelCard`: metadata (library_name, tags, pipeline_tag, model-index from `metrics`) and a
     body from `base_card` (a model_cards/*.md file) or the template filled with the config and the metrics."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -49,17 +70,31 @@ def build_model_card(model, repo_id: str, metrics: dict | None = None, dataset: 
     task = _pipeline_tag(model)
     dataset_name = dataset or "custom text"
     eval_results = [
-        EvalResult(task_type=task, dataset_type=dataset_name.replace(" ", "-"), dataset_name=dataset_name,
-                   metric_type=METRIC_TYPES[key][0], metric_name=METRIC_TYPES[key][1], metric_value=round(value, 4))
-        for key, value in metrics.items() if key in METRIC_TYPES
+        EvalResult(
+            task_type=task,
+            dataset_type=dataset_name.replace(" ", "-"),
+            dataset_name=dataset_name,
+            metric_type=METRIC_TYPES[key][0],
+            metric_name=METRIC_TYPES[key][1],
+            metric_value=round(value, 4),
+        )
+        for key, value in metrics.items()
+        if key in METRIC_TYPES
     ]
     tags = ["hf-txvariants", config.model_type, "custom_code"]
     if config.model_type == "transfo-xl":
         tags.append("transformer-xl")
     metric_ids = sorted({METRIC_TYPES[key][2] for key in metrics if key in METRIC_TYPES})
-    data = ModelCardData(library_name="transformers", license=license, tags=tags, pipeline_tag=task,
-                         model_name=name, eval_results=eval_results or None, datasets=[dataset] if dataset else None,
-                         metrics=metric_ids or None)
+    data = ModelCardData(
+        library_name="transformers",
+        license=license,
+        tags=tags,
+        pipeline_tag=task,
+        model_name=name,
+        eval_results=eval_results or None,
+        datasets=[dataset] if dataset else None,
+        metrics=metric_ids or None,
+    )
     if base_card is not None:
         base = ModelCard.load(str(base_card))
         merged = base.data.to_dict()
@@ -68,15 +103,21 @@ def build_model_card(model, repo_id: str, metrics: dict | None = None, dataset: 
         for key in ("datasets", "metrics"):  # the base card's lists, and what this upload adds
             merged[key] = sorted(set(base.data.to_dict().get(key) or []) | set(data.to_dict().get(key) or [])) or None
         return ModelCard(f"---\n{ModelCardData(**merged).to_yaml()}\n---\n{base.text}")
-    metrics_table = "\n".join(
-        ["| metric | value |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in metrics.items()]
-    ) if metrics else "No metrics were measured."
+    metrics_table = (
+        "\n".join(["| metric | value |", "|---|---|"] + [f"| {k} | {v:.4f} |" for k, v in metrics.items()])
+        if metrics
+        else "No metrics were measured."
+    )
     rows = [(f, getattr(config, f)) for f in CONFIG_FIELDS if hasattr(config, f)]
     rows.append(("parameters", f"{sum(p.numel() for p in model.parameters()):,}"))
     config_table = "\n".join(["| field | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows])
     body = TEMPLATE.read_text().format(
-        model_name=name, repo_id=repo_id, variant_title=type(model).__name__, metrics_table=metrics_table,
-        config_table=config_table, training=training or f"Trained on {dataset_name}.",
+        model_name=name,
+        repo_id=repo_id,
+        variant_title=type(model).__name__,
+        metrics_table=metrics_table,
+        config_table=config_table,
+        training=training or f"Trained on {dataset_name}.",
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
@@ -94,9 +135,19 @@ def save_for_hub(model, folder: str | Path, repo_id: str, tokenizer=None, metric
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
-def push_to_hub(model, repo_id: str, tokenizer=None, metrics: dict | None = None, private: bool = False,
-                token: str | None = None, commit_message: str = "Upload hf-txvariants model", api=None,
-                revision: str | None = None, create_pr: bool = False, **card_kwargs):
+def push_to_hub(
+    model,
+    repo_id: str,
+    tokenizer=None,
+    metrics: dict | None = None,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str = "Upload hf-txvariants model",
+    api=None,
+    revision: str | None = None,
+    create_pr: bool = False,
+    **card_kwargs,
+):
     """Creates `repo_id` (if needed) and uploads the folder of `save_for_hub` in one commit (or one pull request with
     `create_pr`) with `huggingface_hub.HfApi.upload_folder`. Returns the commit info.
 
@@ -109,12 +160,19 @@ def push_to_hub(model, repo_id: str, tokenizer=None, metrics: dict | None = None
         folder = Path(tmp) / "repo"
         save_for_hub(model, folder, repo_id, tokenizer, metrics, **card_kwargs)
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                 commit_message=commit_message, revision=revision, create_pr=create_pr)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="model",
+            commit_message=commit_message,
+            revision=revision,
+            create_pr=create_pr,
+        )
 
 
-def snapshot_into_cache(folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str = "main",
-                        commit: str = "0" * 40) -> Path:
+def snapshot_into_cache(
+    folder: str | Path, repo_id: str, cache_dir: str | Path, revision: str = "main", commit: str = "0" * 40
+) -> Path:
     """Lays `folder` out as huggingface_hub's cache holds a downloaded repo (`models--org--name/snapshots/<commit>`,
     `refs/<revision>`), so `from_pretrained(repo_id)` finds it with HF_HUB_OFFLINE=1. For tests and air-gapped
     machines; returns the snapshot folder."""
@@ -137,6 +195,7 @@ def refresh_code(folder: str | Path) -> list[str]:
     before a fix (e.g. before the plugin supported transformers 5.24) then loads with `trust_remote_code=True` on
     the releases the plugin supports. Returns the names of the files written. Also `txv refresh-code FOLDER`."""
     import hf_txvariants
+
     from ..txv_pretrained import write_code_payload
 
     folder = Path(folder)
@@ -148,6 +207,8 @@ def refresh_code(folder: str | Path) -> list[str]:
     except json.JSONDecodeError as error:
         raise ValueError(f"{config_path} is not valid JSON: {error}") from None
     if model_type not in hf_txvariants.VARIANTS:
-        raise ValueError(f"{config_path}: model_type {model_type!r} is not a variant of this plugin "
-                         f"(known: {', '.join(sorted(hf_txvariants.VARIANTS))})")
+        raise ValueError(
+            f"{config_path}: model_type {model_type!r} is not a variant of this plugin "
+            f"(known: {', '.join(sorted(hf_txvariants.VARIANTS))})"
+        )
     return write_code_payload(*hf_txvariants.VARIANTS[model_type], folder)

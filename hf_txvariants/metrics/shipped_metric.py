@@ -7,7 +7,7 @@ the module, not its classes: `evaluate` runs the first `Metric` subclass it find
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import datasets
 import evaluate

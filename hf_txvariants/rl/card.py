@@ -14,19 +14,29 @@ def build_policy_card(policy, repo_id: str, task: str | None = None, mean_return
     if kind == "gtrxl":
         config = body["config"]
         kind_tag = "trxl-i" if config.get("gate_type") == "trxl_i" else "gtrxl"
-        described = (f"GTrXL (gate {config.get('gate_type')}), {config.get('num_hidden_layers')} layers x "
-                     f"{config.get('hidden_size')}, {config.get('num_attention_heads')} heads, mem_len "
-                     f"{config.get('mem_len')}")
+        described = (
+            f"GTrXL (gate {config.get('gate_type')}), {config.get('num_hidden_layers')} layers x "
+            f"{config.get('hidden_size')}, {config.get('num_attention_heads')} heads, mem_len "
+            f"{config.get('mem_len')}"
+        )
     else:
         kind_tag, described = kind, f"{kind.upper()} of width {body['hidden_size']}"
     tags = ["reinforcement-learning", "hf-txvariants", "memory", kind_tag] + ([task] if task else [])
     eval_results = None
     if task is not None and mean_return is not None:
-        eval_results = [EvalResult(task_type="reinforcement-learning", dataset_type=task, dataset_name=task,
-                                   metric_type="mean_reward", metric_name="mean return",
-                                   metric_value=round(float(mean_return), 4))]
-    data = ModelCardData(library_name="hf-txvariants", tags=tags, model_name=repo_id.split("/")[-1],
-                         eval_results=eval_results)
+        eval_results = [
+            EvalResult(
+                task_type="reinforcement-learning",
+                dataset_type=task,
+                dataset_name=task,
+                metric_type="mean_reward",
+                metric_name="mean return",
+                metric_value=round(float(mean_return), 4),
+            )
+        ]
+    data = ModelCardData(
+        library_name="hf-txvariants", tags=tags, model_name=repo_id.split("/")[-1], eval_results=eval_results
+    )
     task_line = f"Trained on `{task}`" + (f": mean return {mean_return:.4f}." if mean_return is not None else ".")
     run_task = task or "TASK"
     text = f"""

@@ -46,8 +46,10 @@ class ProofOfMemoryEnv(gym.Env):
             if value < least:
                 raise ValueError(f"{name} must be >= {least}, got {value}")
         if max_steps < cue_steps + steps_to_end:
-            raise ValueError(f"max_steps ({max_steps}) must leave time to reach a goal: at least cue_steps + "
-                             f"steps_to_end = {cue_steps + steps_to_end}")
+            raise ValueError(
+                f"max_steps ({max_steps}) must leave time to reach a goal: at least cue_steps + "
+                f"steps_to_end = {cue_steps + steps_to_end}"
+            )
         self.cue_steps, self.steps_to_end, self.max_steps = cue_steps, steps_to_end, max_steps
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)  # 0: left, 1: right
@@ -58,7 +60,11 @@ class ProofOfMemoryEnv(gym.Env):
     def _observation(self) -> np.ndarray:
         cue_visible = self.time < self.cue_steps
         return np.array(
-            [cue_visible and not self.goal_is_right, self.position / self.steps_to_end, cue_visible and self.goal_is_right],
+            [
+                cue_visible and not self.goal_is_right,
+                self.position / self.steps_to_end,
+                cue_visible and self.goal_is_right,
+            ],
             dtype=np.float32,
         )
 

@@ -66,8 +66,10 @@ def main(argv=None) -> float:
     except (ValueError, FileNotFoundError) as error:  # one clear line, no traceback
         raise SystemExit(f"error: {error}") from None
     mean = float(np.mean(returns))
-    print(f"{args.task}: mean return {mean:.4f} +/- {np.std(returns):.4f} over {len(returns)} episodes "
-          f"({'sampled' if args.sample else 'greedy'} actions)")
+    print(
+        f"{args.task}: mean return {mean:.4f} +/- {np.std(returns):.4f} over {len(returns)} episodes "
+        f"({'sampled' if args.sample else 'greedy'} actions)"
+    )
     return mean
 
 

@@ -65,8 +65,10 @@ class ObservationEncoder(nn.Module):
             self.offset = int(observation_space.start)
         elif isinstance(observation_space, gym.spaces.MultiDiscrete):
             if observation_space.nvec.ndim != 1:
-                raise ValueError(f"a MultiDiscrete observation_space must be one-dimensional, got nvec shape "
-                                 f"{observation_space.nvec.shape}")
+                raise ValueError(
+                    f"a MultiDiscrete observation_space must be one-dimensional, got nvec shape "
+                    f"{observation_space.nvec.shape}"
+                )
             self.event_dims, self.categories = 1, [int(n) for n in observation_space.nvec]
             self.offset = 0
         else:
@@ -81,8 +83,10 @@ class ObservationEncoder(nn.Module):
         for i, n in enumerate(self.categories):
             outside = codes[..., i][(codes[..., i] < 0) | (codes[..., i] >= n)]
             if outside.numel():
-                raise ValueError(f"observations hold value {int(outside[0]) + self.offset} outside the observation "
-                                 f"space {self.observation_space}")
+                raise ValueError(
+                    f"observations hold value {int(outside[0]) + self.offset} outside the observation "
+                    f"space {self.observation_space}"
+                )
         return torch.cat(
             [nn.functional.one_hot(codes[..., i], n) for i, n in enumerate(self.categories)], dim=-1
         ).float()
@@ -156,8 +160,9 @@ class GTrXLBody(MemoryBody):
             return None
         config, parameter = self.config, next(self.parameters())
         device = device or parameter.device
-        memory = torch.zeros(num_envs, config.num_hidden_layers, config.mem_len, config.hidden_size,
-                             dtype=parameter.dtype, device=device)
+        memory = torch.zeros(
+            num_envs, config.num_hidden_layers, config.mem_len, config.hidden_size, dtype=parameter.dtype, device=device
+        )
         mask = torch.full((num_envs, config.mem_len), config.memory_init == "zeros", dtype=torch.bool, device=device)
         return self.restore({"memory": memory, "memory_mask": mask})
 
@@ -177,8 +182,10 @@ class GTrXLBody(MemoryBody):
         if self.memoryless:
             return {}
         if state is None or state.memories is None or state.memory_length != self.config.mem_len:
-            raise ValueError(f"the GTrXL state must hold mem_len={self.config.mem_len} slots (start from "
-                             f"`initial_state`), got {state.memory_length}")
+            raise ValueError(
+                f"the GTrXL state must hold mem_len={self.config.mem_len} slots (start from "
+                f"`initial_state`), got {state.memory_length}"
+            )
         return {"memory": torch.stack(state.memories, dim=1).clone(), "memory_mask": state.memory_mask.clone()}
 
     def restore(self, snapshot: dict[str, torch.Tensor]) -> MemoryCache | None:
@@ -430,8 +437,10 @@ class MemoryPolicy(nn.Module):
         observations = self._tensor(observations)
         episode_starts = self._tensor(episode_starts, torch.bool)
         if episode_starts.shape != observations.shape[:2]:
-            raise ValueError(f"episode_starts has shape {tuple(episode_starts.shape)}, expected [envs, steps] = "
-                             f"{tuple(observations.shape[:2])} from the observations")
+            raise ValueError(
+                f"episode_starts has shape {tuple(episode_starts.shape)}, expected [envs, steps] = "
+                f"{tuple(observations.shape[:2])} from the observations"
+            )
         hidden, state = self.body(self.encoder(observations), state, episode_starts)
         return PolicyOutput(self.policy_head(hidden), self.value_head(hidden).squeeze(-1), state)
 
@@ -508,13 +517,18 @@ class MemoryPolicy(nn.Module):
             found = config.get("format") if isinstance(config, dict) else type(config).__name__
             raise ValueError(f"not a saved MemoryPolicy config (format {found!r}, expected {POLICY_FORMAT!r})")
         if config.get("format_version") != 1:
-            raise ValueError(f"saved MemoryPolicy format_version {config.get('format_version')!r} is not supported "
-                             "(this release reads version 1)")
+            raise ValueError(
+                f"saved MemoryPolicy format_version {config.get('format_version')!r} is not supported "
+                "(this release reads version 1)"
+            )
         body = config.get("body")
         if not isinstance(body, dict) or body.get("kind") not in BODIES:
             raise ValueError(f"the saved body must name one of {', '.join(BODIES)} as its 'kind', got {body!r}")
-        return cls(space_from_dict(config["observation_space"]), space_from_dict(config["action_space"]),
-                   BODIES[body["kind"]].from_config(body))
+        return cls(
+            space_from_dict(config["observation_space"]),
+            space_from_dict(config["action_space"]),
+            BODIES[body["kind"]].from_config(body),
+        )
 
     def save_pretrained(self, save_directory) -> list[str]:
         """Writes `config.json` (`to_config`) and `model.safetensors` into `save_directory`, through a temporary
@@ -533,8 +547,9 @@ class MemoryPolicy(nn.Module):
         return sorted(p.name for p in save_directory.iterdir() if p.is_file())
 
     @classmethod
-    def from_pretrained(cls, name_or_path, device=None, revision: str | None = None, token: str | None = None,
-                        cache_dir=None):
+    def from_pretrained(
+        cls, name_or_path, device=None, revision: str | None = None, token: str | None = None, cache_dir=None
+    ):
         """A policy from a folder `save_pretrained` wrote, or from a Hub repo id (downloading only config.json and
         model.safetensors). Weights are read with safetensors; nothing is unpickled."""
         from pathlib import Path
@@ -545,8 +560,15 @@ class MemoryPolicy(nn.Module):
         if not folder.is_dir():
             from huggingface_hub import snapshot_download
 
-            folder = Path(snapshot_download(str(name_or_path), revision=revision, token=token,
-                                            cache_dir=cache_dir, allow_patterns=[CONFIG_NAME, WEIGHTS_NAME]))
+            folder = Path(
+                snapshot_download(
+                    str(name_or_path),
+                    revision=revision,
+                    token=token,
+                    cache_dir=cache_dir,
+                    allow_patterns=[CONFIG_NAME, WEIGHTS_NAME],
+                )
+            )
         for name in (CONFIG_NAME, WEIGHTS_NAME):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder} has no {name}: not a folder MemoryPolicy.save_pretrained wrote")
@@ -558,9 +580,18 @@ class MemoryPolicy(nn.Module):
         policy.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
         return policy.to(device) if device is not None else policy
 
-    def push_to_hub(self, repo_id: str, task: str | None = None, mean_return: float | None = None,
-                    private: bool = False, token: str | None = None, commit_message: str = "Upload MemoryPolicy",
-                    api=None, revision: str | None = None, create_pr: bool = False):
+    def push_to_hub(
+        self,
+        repo_id: str,
+        task: str | None = None,
+        mean_return: float | None = None,
+        private: bool = False,
+        token: str | None = None,
+        commit_message: str = "Upload MemoryPolicy",
+        api=None,
+        revision: str | None = None,
+        create_pr: bool = False,
+    ):
         """Creates `repo_id` (if needed) and uploads config.json, model.safetensors and a model card (README.md, with
         `task` and `mean_return` in its metadata when given) in one commit. Returns the commit info."""
         import tempfile
@@ -576,12 +607,20 @@ class MemoryPolicy(nn.Module):
             self.save_pretrained(folder)
             build_policy_card(self, repo_id, task, mean_return).save(folder / "README.md")
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-            return api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                                     commit_message=commit_message, revision=revision, create_pr=create_pr)
+            return api.upload_folder(
+                repo_id=repo_id,
+                folder_path=str(folder),
+                repo_type="model",
+                commit_message=commit_message,
+                revision=revision,
+                create_pr=create_pr,
+            )
 
 
 AGENTS = ("gtrxl", "trxl_i", "gru", "mlp")
-DEFAULT_GTRXL_FIELDS = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, mem_len=64)
+DEFAULT_GTRXL_FIELDS = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, mem_len=64
+)
 
 
 def make_policy(agent: str, observation_space, action_space, **gtrxl_fields) -> MemoryPolicy:
@@ -592,8 +631,9 @@ def make_policy(agent: str, observation_space, action_space, **gtrxl_fields) -> 
         raise ValueError(f"unknown agent {agent!r}; known: {', '.join(AGENTS)}")
     fields = {**DEFAULT_GTRXL_FIELDS, **gtrxl_fields}
     if agent in ("gtrxl", "trxl_i"):
-        return MemoryPolicy.gtrxl(observation_space, action_space, gate_type="gru" if agent == "gtrxl" else "trxl_i",
-                                  **fields)
+        return MemoryPolicy.gtrxl(
+            observation_space, action_space, gate_type="gru" if agent == "gtrxl" else "trxl_i", **fields
+        )
     budget = MemoryPolicy.gtrxl(observation_space, action_space, gate_type="gru", **fields).num_parameters
     build = getattr(MemoryPolicy, agent)
     width = parameter_matched_hidden_size(lambda h: build(observation_space, action_space, h), budget)

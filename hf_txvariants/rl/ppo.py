@@ -51,12 +51,15 @@ class PPOSettings:
             if value is not None and not value >= 0:
                 raise ValueError(f"PPOSettings.{name} must be >= 0, got {value}")
         if self.rollout_steps % self.segment_length:
-            raise ValueError(f"PPOSettings.rollout_steps ({self.rollout_steps}) must be a multiple of segment_length "
-                             f"({self.segment_length})")
+            raise ValueError(
+                f"PPOSettings.rollout_steps ({self.rollout_steps}) must be a multiple of segment_length "
+                f"({self.segment_length})"
+            )
         segments = num_envs * self.rollout_steps // self.segment_length
         if segments < self.minibatches:
-            raise ValueError(f"PPOSettings.minibatches ({self.minibatches}) exceeds the {segments} segments of one "
-                             "rollout")
+            raise ValueError(
+                f"PPOSettings.minibatches ({self.minibatches}) exceeds the {segments} segments of one rollout"
+            )
 
     def updates(self, num_envs: int) -> int:
         return max(1, self.total_steps // (self.rollout_steps * num_envs))

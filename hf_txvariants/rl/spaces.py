@@ -16,8 +16,20 @@ import numpy as np
 
 SUPPORTED_SPACES = ("Discrete", "MultiDiscrete", "Box")
 # dtypes a Box / MultiDiscrete may have in a saved policy (looked up by name from this list only)
-NUMERIC_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
-                  "uint64", "bool")
+NUMERIC_DTYPES = (
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+)
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf}
 
 
@@ -45,8 +57,10 @@ def _decode_numbers(values, shape, dtype, field: str) -> np.ndarray:
             raise ValueError(f"space field {field!r} holds {value!r} of type {type(value).__name__}, not a number")
         numbers.append(value)
     if len(numbers) != int(np.prod(shape)):
-        raise ValueError(f"space field {field!r} holds {len(numbers)} values, expected {int(np.prod(shape))} for "
-                         f"shape {tuple(shape)}")
+        raise ValueError(
+            f"space field {field!r} holds {len(numbers)} values, expected {int(np.prod(shape))} for "
+            f"shape {tuple(shape)}"
+        )
     return np.array(numbers, dtype=np.float64 if np.dtype(dtype).kind == "f" else None).reshape(shape).astype(dtype)
 
 
@@ -63,11 +77,20 @@ def space_to_dict(space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "start": space.start.tolist(),
-                "dtype": str(space.dtype)}
+        return {
+            "type": "MultiDiscrete",
+            "nvec": space.nvec.tolist(),
+            "start": space.start.tolist(),
+            "dtype": str(space.dtype),
+        }
     if isinstance(space, gym.spaces.Box):
-        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
-                "low": _encode_numbers(space.low), "high": _encode_numbers(space.high)}
+        return {
+            "type": "Box",
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+            "low": _encode_numbers(space.low),
+            "high": _encode_numbers(space.high),
+        }
     raise ValueError(f"cannot save a {type(space).__name__} space ({space}); supported: {', '.join(SUPPORTED_SPACES)}")
 
 
@@ -92,9 +115,11 @@ def space_from_dict(data: dict):
         dtype = _dtype(field("dtype", str))
         nvec, start = field("nvec", list), field("start", list)
         shape = np.shape(nvec)
-        return gym.spaces.MultiDiscrete(_decode_numbers(np.ravel(nvec).tolist(), shape, dtype, "nvec"),
-                                        dtype=dtype, start=_decode_numbers(np.ravel(start).tolist(), shape, dtype,
-                                                                           "start"))
+        return gym.spaces.MultiDiscrete(
+            _decode_numbers(np.ravel(nvec).tolist(), shape, dtype, "nvec"),
+            dtype=dtype,
+            start=_decode_numbers(np.ravel(start).tolist(), shape, dtype, "start"),
+        )
     if kind == "Box":
         dtype = _dtype(field("dtype", str))
         shape = tuple(field("shape", list))

@@ -13,11 +13,31 @@ from .data import (
 )
 from .evaluation import evaluate_sliding_window, evaluate_stream, evaluate_text, summarize
 from .loop import TrainArgs, latest_checkpoint, read_metrics, train
-from .models import ModelError, build_config, build_model, load_model, lm_forward, uses_memory, variant_names
+from .models import ModelError, build_config, build_model, lm_forward, load_model, uses_memory, variant_names
 
 __all__ = [
-    "DataError", "ModelError", "SegmentStream", "TrainArgs", "build_char_tokenizer", "build_config", "build_model",
-    "default_corpus", "encode", "evaluate_sliding_window", "evaluate_stream", "evaluate_text", "latest_checkpoint",
-    "lm_forward", "load_model", "load_text", "read_metrics", "segment_dataset", "segment_stream", "split_text",
-    "summarize", "train", "uses_memory", "variant_names",
+    "DataError",
+    "ModelError",
+    "SegmentStream",
+    "TrainArgs",
+    "build_char_tokenizer",
+    "build_config",
+    "build_model",
+    "default_corpus",
+    "encode",
+    "evaluate_sliding_window",
+    "evaluate_stream",
+    "evaluate_text",
+    "latest_checkpoint",
+    "lm_forward",
+    "load_model",
+    "load_text",
+    "read_metrics",
+    "segment_dataset",
+    "segment_stream",
+    "split_text",
+    "summarize",
+    "train",
+    "uses_memory",
+    "variant_names",
 ]

@@ -45,31 +45,51 @@ ORIGINAL_FLAGS = {
 
 # The training flags of the authors' experiment scripts (experiments/<name>.sh: its `args`, less --data, --distributed
 # and --checkpoint, which name the machine's files) and their published test scores (README).
-_SHARED = ("--nheads 8 --attn-span 8192 --block-sz 512 --batch-sz 64 --lr 0.07 --momentum 0 --optim adagrad "
-           "--lr-warmup 32000 --grad-clip 0.03 --nbatches 1000 --adapt-span --adapt-span-cache")
+_SHARED = (
+    "--nheads 8 --attn-span 8192 --block-sz 512 --batch-sz 64 --lr 0.07 --momentum 0 --optim adagrad "
+    "--lr-warmup 32000 --grad-clip 0.03 --nbatches 1000 --adapt-span --adapt-span-cache"
+)
 PRESETS = {
-    "enwik8": dict(flags=f"--nlayers 12 --hid-sz 512 --inner-hid-sz 2048 --dropout 0.3 --niter 600 "
-                         f"--adapt-span-loss 0.0000005 {_SHARED}",
-                   data="enwik8", result="1.02 bpb test, 1.04 dev (38M parameters)"),
-    "text8": dict(flags=f"--nlayers 12 --hid-sz 512 --inner-hid-sz 2048 --dropout 0.3 --niter 900 "
-                        f"--adapt-span-loss 0.0000005 {_SHARED}",
-                  data="text8", result="1.11 bpc test, 1.05 dev (39M parameters)"),
-    "enwik8_large": dict(flags=f"--nlayers 24 --hid-sz 768 --inner-hid-sz 4096 --dropout 0.4 --niter 150 "
-                               f"--adapt-span-loss 0.0000005 --batch-split 2 {_SHARED}",
-                         data="enwik8", result="0.98 bpb test, 1.00 dev (209M parameters)",
-                         fine_tune="--lr 0.007 --niter 170"),
-    "text8_large": dict(flags=f"--nlayers 24 --hid-sz 768 --inner-hid-sz 4096 --dropout 0.4 --niter 250 "
-                              f"--adapt-span-loss 0.0000005 --batch-split 2 {_SHARED}",
-                        data="text8", result="1.07 bpc test, 1.01 dev (209M parameters)",
-                        fine_tune="--lr 0.007 --niter 270"),
-    "enwik8_pers": dict(flags=f"--nlayers 36 --hid-sz 512 --inner-hid-sz 1 --dropout 0.4 --niter 200 "
-                              f"--adapt-span-loss 0.0000001 --pers-mem-size 2048 --batch-split 2 {_SHARED}",
-                        data="enwik8", result="0.98 bpb test, 1.00 dev (114M parameters)",
-                        fine_tune="--lr 0.007 --niter 210"),
-    "enwik8_pers_small": dict(flags=f"--nlayers 18 --hid-sz 512 --inner-hid-sz 1 --dropout 0.3 --niter 450 "
-                                    f"--adapt-span-loss 0.0000001 --pers-mem-size 1024 --batch-split 2 {_SHARED}",
-                              data="enwik8", result="1.01 bpb test, 1.03 dev (39M parameters)",
-                              fine_tune="--lr 0.007 --niter 480"),
+    "enwik8": dict(
+        flags=f"--nlayers 12 --hid-sz 512 --inner-hid-sz 2048 --dropout 0.3 --niter 600 "
+        f"--adapt-span-loss 0.0000005 {_SHARED}",
+        data="enwik8",
+        result="1.02 bpb test, 1.04 dev (38M parameters)",
+    ),
+    "text8": dict(
+        flags=f"--nlayers 12 --hid-sz 512 --inner-hid-sz 2048 --dropout 0.3 --niter 900 "
+        f"--adapt-span-loss 0.0000005 {_SHARED}",
+        data="text8",
+        result="1.11 bpc test, 1.05 dev (39M parameters)",
+    ),
+    "enwik8_large": dict(
+        flags=f"--nlayers 24 --hid-sz 768 --inner-hid-sz 4096 --dropout 0.4 --niter 150 "
+        f"--adapt-span-loss 0.0000005 --batch-split 2 {_SHARED}",
+        data="enwik8",
+        result="0.98 bpb test, 1.00 dev (209M parameters)",
+        fine_tune="--lr 0.007 --niter 170",
+    ),
+    "text8_large": dict(
+        flags=f"--nlayers 24 --hid-sz 768 --inner-hid-sz 4096 --dropout 0.4 --niter 250 "
+        f"--adapt-span-loss 0.0000005 --batch-split 2 {_SHARED}",
+        data="text8",
+        result="1.07 bpc test, 1.01 dev (209M parameters)",
+        fine_tune="--lr 0.007 --niter 270",
+    ),
+    "enwik8_pers": dict(
+        flags=f"--nlayers 36 --hid-sz 512 --inner-hid-sz 1 --dropout 0.4 --niter 200 "
+        f"--adapt-span-loss 0.0000001 --pers-mem-size 2048 --batch-split 2 {_SHARED}",
+        data="enwik8",
+        result="0.98 bpb test, 1.00 dev (114M parameters)",
+        fine_tune="--lr 0.007 --niter 210",
+    ),
+    "enwik8_pers_small": dict(
+        flags=f"--nlayers 18 --hid-sz 512 --inner-hid-sz 1 --dropout 0.3 --niter 450 "
+        f"--adapt-span-loss 0.0000001 --pers-mem-size 1024 --batch-split 2 {_SHARED}",
+        data="enwik8",
+        result="1.01 bpb test, 1.03 dev (39M parameters)",
+        fine_tune="--lr 0.007 --niter 480",
+    ),
 }
 
 
@@ -95,26 +115,43 @@ def parse_original_flags(argv: list[str], error_class: type[Exception] = ValueEr
 def architecture_from_flags(flags: dict, vocab_size: int) -> dict:
     """The architecture the original's models.py builds from its flags (what `infer_architecture` in the converter
     reads back from a checkpoint's tensors)."""
-    return dict(vocab_size=vocab_size, hidden_size=flags["hidden_size"], num_attention_heads=flags["nb_heads"],
-                head_dim=flags["hidden_size"] // flags["nb_heads"], num_hidden_layers=flags["nb_layers"],
-                attn_span=flags["attn_span"], pers_mem_size=flags["pers_mem_size"],
-                # the all-attention network (persistent memory) has no feed-forward sublayer
-                inner_hidden_size=None if flags["pers_mem_size"] else flags["inner_hidden_size"],
-                adapt_span_enabled=flags["adapt_span_enabled"])
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=flags["hidden_size"],
+        num_attention_heads=flags["nb_heads"],
+        head_dim=flags["hidden_size"] // flags["nb_heads"],
+        num_hidden_layers=flags["nb_layers"],
+        attn_span=flags["attn_span"],
+        pers_mem_size=flags["pers_mem_size"],
+        # the all-attention network (persistent memory) has no feed-forward sublayer
+        inner_hidden_size=None if flags["pers_mem_size"] else flags["inner_hidden_size"],
+        adapt_span_enabled=flags["adapt_span_enabled"],
+    )
 
 
 def config_kwargs(arch: dict, flags: dict) -> dict:
     """`AdaptiveSpanOriginalConfig` fields of an architecture and the original's flags (`--dropout` is both the
     feed-forward and the attention dropout in the original)."""
-    kwargs = dict(vocab_size=arch["vocab_size"], hidden_size=arch["hidden_size"],
-                  num_attention_heads=arch["num_attention_heads"], num_hidden_layers=arch["num_hidden_layers"],
-                  attn_span=arch["attn_span"], block_size=flags["block_size"],
-                  persistent_memory_size=arch["pers_mem_size"], dropout=flags["dropout"],
-                  attention_dropout=flags["dropout"], emb_dropout=flags["emb_dropout"])
+    kwargs = dict(
+        vocab_size=arch["vocab_size"],
+        hidden_size=arch["hidden_size"],
+        num_attention_heads=arch["num_attention_heads"],
+        num_hidden_layers=arch["num_hidden_layers"],
+        attn_span=arch["attn_span"],
+        block_size=flags["block_size"],
+        persistent_memory_size=arch["pers_mem_size"],
+        dropout=flags["dropout"],
+        attention_dropout=flags["dropout"],
+        emb_dropout=flags["emb_dropout"],
+    )
     if arch["inner_hidden_size"] is not None:
         kwargs["intermediate_size"] = arch["inner_hidden_size"]
     if arch["adapt_span_enabled"]:
-        kwargs.update(adapt_span_enabled=True, adapt_span_ramp=flags["adapt_span_ramp"],
-                      adapt_span_init=flags["adapt_span_init"], adapt_span_loss=flags["adapt_span_loss"],
-                      adapt_span_cache=flags["adapt_span_cache"])
+        kwargs.update(
+            adapt_span_enabled=True,
+            adapt_span_ramp=flags["adapt_span_ramp"],
+            adapt_span_init=flags["adapt_span_init"],
+            adapt_span_loss=flags["adapt_span_loss"],
+            adapt_span_cache=flags["adapt_span_cache"],
+        )
     return kwargs

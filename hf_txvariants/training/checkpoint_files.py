@@ -37,8 +37,9 @@ def check_readable(path: Path, shown: str | None = None) -> None:
                 # memory-mapped where torch can (its zip format); an older or foreign file is read whole
                 torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError:
-        raise ModelError(f"{shown} is refused by the weights-only loader (it holds more than tensors; nothing in it "
-                         "was run)") from None
+        raise ModelError(
+            f"{shown} is refused by the weights-only loader (it holds more than tensors; nothing in it was run)"
+        ) from None
     except Exception as error:  # torn or not a torch file: zip, mmap, EOF or safetensors errors
         reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
         raise ModelError(f"{shown} cannot be read ({type(error).__name__}: {reason})") from None

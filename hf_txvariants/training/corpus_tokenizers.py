@@ -47,8 +47,14 @@ def build_byte_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     # split_special_tokens: a literal "<eos>" in the text stays bytes, so the ids are always the text's bytes
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", pad_token="<pad>",
-                                   split_special_tokens=True, padding_side="left", clean_up_tokenization_spaces=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<eos>",
+        pad_token="<pad>",
+        split_special_tokens=True,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
     assert fast.convert_tokens_to_ids(["<eos>", "<pad>"]) == [256, 257], "special ids follow the 256 bytes"
     return fast
 
@@ -81,8 +87,9 @@ def count_words(blocks) -> Counter:
     return counts
 
 
-def word_vocabulary(counts: Counter, min_freq: int = 0, max_size: int | None = None,
-                    special=WORD_SPECIALS) -> list[str]:
+def word_vocabulary(
+    counts: Counter, min_freq: int = 0, max_size: int | None = None, special=WORD_SPECIALS
+) -> list[str]:
     """The symbols in id order, as the original `Vocab.build_vocab`: the specials, then the most common words."""
     symbols = dict.fromkeys(special)
     for word, count in counts.most_common(max_size):
@@ -102,9 +109,17 @@ def build_word_tokenizer(blocks, min_freq: int = 0, max_size: int | None = None)
     with tempfile.TemporaryDirectory() as folder:
         vocab_file = Path(folder) / "vocab.json"
         vocab_file.write_text(json.dumps({symbol: i for i, symbol in enumerate(symbols)}, ensure_ascii=False))
-        return TransfoXLTokenizer(vocab_json_file=str(vocab_file), special=list(WORD_SPECIALS), min_freq=min_freq,
-                                  max_size=max_size, lower_case=False, whitespace_split=True, unk_token="<unk>",
-                                  eos_token="<eos>", additional_special_tokens=[])
+        return TransfoXLTokenizer(
+            vocab_json_file=str(vocab_file),
+            special=list(WORD_SPECIALS),
+            min_freq=min_freq,
+            max_size=max_size,
+            lower_case=False,
+            whitespace_split=True,
+            unk_token="<unk>",
+            eos_token="<eos>",
+            additional_special_tokens=[],
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -159,8 +174,10 @@ class CorpusEncoder:
                 raise DataError(f"the tokenizer cannot encode the text: {error}") from None
             ids = [np.asarray(encoding.ids, dtype=self.dtype) for encoding in encodings]
         else:
-            ids = [np.asarray(self.tokenizer(piece, add_special_tokens=False)["input_ids"], dtype=self.dtype)
-                   for piece in pieces]
+            ids = [
+                np.asarray(self.tokenizer(piece, add_special_tokens=False)["input_ids"], dtype=self.dtype)
+                for piece in pieces
+            ]
         return np.concatenate(ids) if ids else np.zeros(0, self.dtype)
 
     def _encode_words(self, block: str) -> np.ndarray:
@@ -172,8 +189,9 @@ class CorpusEncoder:
         if unknown.any():
             if self._unk is None:
                 word = words[int(np.argmax(unknown))]
-                raise DataError(f"the word {word!r} is not in the tokenizer's vocabulary, which has no <unk> to "
-                                f"replace it")
+                raise DataError(
+                    f"the word {word!r} is not in the tokenizer's vocabulary, which has no <unk> to replace it"
+                )
             ids[unknown] = self._unk
         return ids.astype(self.dtype)
 

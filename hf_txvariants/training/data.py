@@ -86,8 +86,9 @@ class TextSource:
             lines = batch[self.column]
             for line in lines:
                 if not isinstance(line, str):
-                    raise DataError(f"{self.description}: column {self.column!r} holds {type(line).__name__} "
-                                    f"values, not text")
+                    raise DataError(
+                        f"{self.description}: column {self.column!r} holds {type(line).__name__} values, not text"
+                    )
             yield "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
     def fingerprint(self) -> str:
@@ -134,16 +135,23 @@ def _pick_split(dataset, name: str, split: str | None, split_flag: str):
     if isinstance(dataset, datasets.DatasetDict):
         wanted = split or "train"
         if wanted not in dataset:
-            raise DataError(f"dataset {name} has no split {wanted!r} (its splits: {', '.join(dataset)}); "
-                            f"choose one with {split_flag}")
+            raise DataError(
+                f"dataset {name} has no split {wanted!r} (its splits: {', '.join(dataset)}); "
+                f"choose one with {split_flag}"
+            )
         return dataset[wanted], wanted
     if split is not None:
         raise DataError(f"dataset {name} has no splits (one table), so {split_flag} {split} does not apply")
     return dataset, None
 
 
-def open_text_source(source: str | Path | None = None, text_column: str = "text", data_config: str | None = None,
-                     split: str | None = None, split_flag: str = "--train-split") -> TextSource:
+def open_text_source(
+    source: str | Path | None = None,
+    text_column: str = "text",
+    data_config: str | None = None,
+    split: str | None = None,
+    split_flag: str = "--train-split",
+) -> TextSource:
     """The text of `source`: None (the embedded corpus), a text file, a folder of text files (joined with newlines),
     a folder saved with `datasets` `save_to_disk`, a parquet / JSON / CSV / arrow file or a folder of them, or a Hub
     dataset name (with `data_config`), read with `datasets.load_dataset`. For datasets, `split` (default "train")
@@ -167,8 +175,11 @@ def open_text_source(source: str | Path | None = None, text_column: str = "text"
                     raise DataError(f"could not read the saved dataset {path}: {_first_line(error)}") from None
             return _dataset_source(dataset, str(path), {"saved": str(path)}, text_column, split, split_flag)
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        files = [f for f in files if not any(part.startswith(".") for part in
-                                             (f.relative_to(path).parts if path.is_dir() else (f.name,)))]
+        files = [
+            f
+            for f in files
+            if not any(part.startswith(".") for part in (f.relative_to(path).parts if path.is_dir() else (f.name,)))
+        ]
         if not files:
             raise DataError(f"no text files found in {path}")
         formats = {DATASET_FORMATS.get(f.suffix.lower()) for f in files}
@@ -190,8 +201,11 @@ def open_text_source(source: str | Path | None = None, text_column: str = "text"
         try:
             dataset = datasets.load_dataset(*loader_args[0], **loader_args[1])
         except Exception as error:  # offline, unknown name or config, unreadable files: one line naming the source
-            raise DataError(f"could not load the dataset {name}"
-                            + (f" (config {data_config})" if data_config else "") + f": {_first_line(error)}") from None
+            raise DataError(
+                f"could not load the dataset {name}"
+                + (f" (config {data_config})" if data_config else "")
+                + f": {_first_line(error)}"
+            ) from None
     identity = {"dataset": str(path) if path.exists() else name, "config": data_config}
     return _dataset_source(dataset, name, identity, text_column, split, split_flag)
 
@@ -199,11 +213,14 @@ def open_text_source(source: str | Path | None = None, text_column: str = "text"
 def _dataset_source(dataset, name, identity, text_column, split, split_flag) -> TextSource:
     dataset, split_name = _pick_split(dataset, name, split, split_flag)
     if text_column not in dataset.column_names:
-        raise DataError(f"dataset {name}{f' split {split_name!r}' if split_name else ''} has no column {text_column!r} "
-                        f"(columns: {', '.join(dataset.column_names)}); choose one with --text-column")
+        raise DataError(
+            f"dataset {name}{f' split {split_name!r}' if split_name else ''} has no column {text_column!r} "
+            f"(columns: {', '.join(dataset.column_names)}); choose one with --text-column"
+        )
     description = f"{name}" + (f" [{split_name}]" if split_name else "")
-    return TextSource(description, {**identity, "split": split_name, "column": text_column}, dataset=dataset,
-                      column=text_column)
+    return TextSource(
+        description, {**identity, "split": split_name, "column": text_column}, dataset=dataset, column=text_column
+    )
 
 
 def _first_line(error: BaseException) -> str:
@@ -250,8 +267,12 @@ def count_chars(source: TextSource, stop: int | None = None) -> int:
     return total
 
 
-def load_text(source: str | Path | None = None, text_column: str = "text", data_config: str | None = None,
-              split: str | None = None) -> str:
+def load_text(
+    source: str | Path | None = None,
+    text_column: str = "text",
+    data_config: str | None = None,
+    split: str | None = None,
+) -> str:
     """The whole text of `source` as one string (see `open_text_source`; for small texts: training streams it into
     the token cache instead)."""
     return "".join(text_blocks(open_text_source(source, text_column, data_config, split)))
@@ -292,7 +313,11 @@ def build_char_tokenizer(text, max_vocab: int | None = None):
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>", pad_token="<pad>", padding_side="left",
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        padding_side="left",
         clean_up_tokenization_spaces=False,
     )
 
@@ -365,7 +390,9 @@ def segment_stream(
     """Cuts `tokens` (a 1-D tensor, numpy array or memory-mapped cache) into `global_batch` contiguous rows and
     returns those of `rank` (see the module docstring)."""
     if global_batch % world_size:
-        raise DataError(f"the global batch size ({global_batch}) must be divisible by the number of processes ({world_size})")
+        raise DataError(
+            f"the global batch size ({global_batch}) must be divisible by the number of processes ({world_size})"
+        )
     tokens = as_token_tensor(tokens)
     row_length = (len(tokens) - 1) // global_batch
     if row_length < seg_len:

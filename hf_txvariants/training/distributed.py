@@ -45,17 +45,25 @@ def choose_device(local_world_size: int, gpu_count: int, force_cpu: bool = False
     if 0 < local_world_size <= gpu_count:
         return DeviceChoice(cpu=False)
     if gpu_count > 0:
-        return DeviceChoice(cpu=True, note=(
-            f"{local_world_size} processes on this machine but {gpu_count} GPU(s): every process trains on the CPU "
-            f"(gloo); start at most one process per GPU to train on the GPUs"))
+        return DeviceChoice(
+            cpu=True,
+            note=(
+                f"{local_world_size} processes on this machine but {gpu_count} GPU(s): every process trains on the CPU "
+                f"(gloo); start at most one process per GPU to train on the GPUs"
+            ),
+        )
     return DeviceChoice(cpu=not (mps and local_world_size == 1))
 
 
 def device_choice_from_environment(force_cpu: bool = False, environ=os.environ) -> DeviceChoice:
     """`choose_device` for this process: LOCAL_WORLD_SIZE from torchrun / accelerate launch, the visible GPUs, and
     `--cpu` or `accelerate launch --cpu` (ACCELERATE_USE_CPU)."""
-    return choose_device(int(environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count(),
-                         force_cpu or _flag(environ, "ACCELERATE_USE_CPU"), mps=torch.backends.mps.is_available())
+    return choose_device(
+        int(environ.get("LOCAL_WORLD_SIZE", "1")),
+        torch.cuda.device_count(),
+        force_cpu or _flag(environ, "ACCELERATE_USE_CPU"),
+        mps=torch.backends.mps.is_available(),
+    )
 
 
 def resolve_mixed_precision(flag: str | None, fsdp: bool, environ=os.environ) -> str:
@@ -65,8 +73,10 @@ def resolve_mixed_precision(flag: str | None, fsdp: bool, environ=os.environ) ->
     choices = MIXED_PRECISION_CHOICES if fsdp else MIXED_PRECISION_CHOICES + ("fp16",)
     if chosen not in choices:
         source = "--mixed-precision" if flag is not None else "the Accelerate config's mixed_precision"
-        raise ModelError(f"{source} is {chosen!r}; this training loop supports {', '.join(choices)}"
-                         + (" under FSDP" if fsdp else ""))
+        raise ModelError(
+            f"{source} is {chosen!r}; this training loop supports {', '.join(choices)}"
+            + (" under FSDP" if fsdp else "")
+        )
     return chosen
 
 
@@ -91,12 +101,16 @@ def fsdp_settings_from_environment(environ=os.environ) -> FsdpSettings | None:
     if not fsdp_requested(environ):
         return None
     if "LOCAL_RANK" not in environ:  # set by torchrun, which accelerate launch runs
-        raise ModelError("FSDP is asked for (ACCELERATE_USE_FSDP) but this process was not started by "
-                         "`accelerate launch` or torchrun: start it with `accelerate launch --config_file ...`")
+        raise ModelError(
+            "FSDP is asked for (ACCELERATE_USE_FSDP) but this process was not started by "
+            "`accelerate launch` or torchrun: start it with `accelerate launch --config_file ...`"
+        )
     version = environ.get("FSDP_VERSION", "1")
     if version != "2":
-        raise ModelError(f"the Accelerate config asks for fsdp_version {version}; this training loop shards with "
-                         "FSDP2 (fully_shard) only: set fsdp_version: 2")
+        raise ModelError(
+            f"the Accelerate config asks for fsdp_version {version}; this training loop shards with "
+            "FSDP2 (fully_shard) only: set fsdp_version: 2"
+        )
     refused = {
         "FSDP_OFFLOAD_PARAMS": "fsdp_offload_params: true",
         "FSDP_ACTIVATION_CHECKPOINTING": "fsdp_activation_checkpointing: true",
@@ -104,12 +118,15 @@ def fsdp_settings_from_environment(environ=os.environ) -> FsdpSettings | None:
     }
     for name, setting in refused.items():
         if _flag(environ, name):
-            raise ModelError(f"the Accelerate config sets {setting}, which this training loop does not support: "
-                             "set it to false")
+            raise ModelError(
+                f"the Accelerate config sets {setting}, which this training loop does not support: set it to false"
+            )
     state_dict_type = environ.get("FSDP_STATE_DICT_TYPE", "SHARDED_STATE_DICT")
     if state_dict_type != "SHARDED_STATE_DICT":
-        raise ModelError(f"the Accelerate config sets fsdp_state_dict_type {state_dict_type}; this training loop "
-                         "writes sharded checkpoints (one file per rank): set SHARDED_STATE_DICT")
+        raise ModelError(
+            f"the Accelerate config sets fsdp_state_dict_type {state_dict_type}; this training loop "
+            "writes sharded checkpoints (one file per rank): set SHARDED_STATE_DICT"
+        )
     policy = environ.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")
     if policy == "TRANSFORMER_BASED_WRAP":
         names = environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "")
@@ -117,10 +134,13 @@ def fsdp_settings_from_environment(environ=os.environ) -> FsdpSettings | None:
     elif policy == "NO_WRAP":
         wrap_classes = ()
     else:
-        raise ModelError(f"the Accelerate config sets fsdp_auto_wrap_policy {policy}; this training loop supports "
-                         "TRANSFORMER_BASED_WRAP (one unit per layer) or NO_WRAP")
-    return FsdpSettings(reshard_after_forward=_flag(environ, "FSDP_RESHARD_AFTER_FORWARD", "true"),
-                        wrap_classes=wrap_classes)
+        raise ModelError(
+            f"the Accelerate config sets fsdp_auto_wrap_policy {policy}; this training loop supports "
+            "TRANSFORMER_BASED_WRAP (one unit per layer) or NO_WRAP"
+        )
+    return FsdpSettings(
+        reshard_after_forward=_flag(environ, "FSDP_RESHARD_AFTER_FORWARD", "true"), wrap_classes=wrap_classes
+    )
 
 
 class ShardedModel:
@@ -135,24 +155,32 @@ class ShardedModel:
             raise ModelError("FSDP needs a process group: build the Accelerator under `accelerate launch` or torchrun")
         names = settings.wrap_classes if settings.wrap_classes is not None else tuple(model._no_split_modules or ())
         if getattr(model.config, "reversible", False):
-            raise ModelError(f"FSDP cannot train the reversible layers of {model.config.model_type}: their backward "
-                             "takes gradients against the parameters themselves, which FSDP swaps for gathered copies; "
-                             "pass --extra-config '{\"reversible\": false}' or train without FSDP")
+            raise ModelError(
+                f"FSDP cannot train the reversible layers of {model.config.model_type}: their backward "
+                "takes gradients against the parameters themselves, which FSDP swaps for gathered copies; "
+                "pass --extra-config '{\"reversible\": false}' or train without FSDP"
+            )
         units = [m for m in model.modules() if type(m).__name__ in names]
         missing = sorted(set(names) - {type(m).__name__ for m in units})
         if missing:
-            raise ModelError(f"FSDP: {type(model).__name__} has no module of class {', '.join(missing)} to shard "
-                             "(fsdp_transformer_layer_cls_to_wrap or the model's _no_split_modules)")
+            raise ModelError(
+                f"FSDP: {type(model).__name__} has no module of class {', '.join(missing)} to shard "
+                "(fsdp_transformer_layer_cls_to_wrap or the model's _no_split_modules)"
+            )
         # bf16: parameters gathered and computed in bf16, gradients reduced and master weights kept in fp32
-        self.policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                       if mixed_precision == "bf16" else MixedPrecisionPolicy())
+        self.policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if mixed_precision == "bf16"
+            else MixedPrecisionPolicy()
+        )
         self.model_class = type(model)  # fully_shard swaps in a subclass FSDP<name> defined in torch's own module
         mesh = init_device_mesh(device.type, (world_size,))
         model.to(device)
         for unit in units:
             fully_shard(unit, mesh=mesh, mp_policy=self.policy, reshard_after_forward=settings.reshard_after_forward)
-        self.module = fully_shard(model, mesh=mesh, mp_policy=self.policy,
-                                  reshard_after_forward=settings.reshard_after_forward)
+        self.module = fully_shard(
+            model, mesh=mesh, mp_policy=self.policy, reshard_after_forward=settings.reshard_after_forward
+        )
         self.units = len(units) + 1
 
     def local_fraction(self) -> tuple[int, int]:
@@ -164,9 +192,11 @@ class ShardedModel:
         local, total = self.local_fraction()
         compute = str(self.policy.param_dtype or torch.float32).replace("torch.", "")
         reduce = str(self.policy.reduce_dtype or self.policy.param_dtype or torch.float32).replace("torch.", "")
-        return (f"FSDP2 fully_shard, {self.units} units: rank {rank}/{world_size} on {device} holds {local:,} of "
-                f"{total:,} parameter elements ({100 * local / total:.1f}%); compute {compute}, gradients reduced "
-                f"in {reduce}")
+        return (
+            f"FSDP2 fully_shard, {self.units} units: rank {rank}/{world_size} on {device} holds {local:,} of "
+            f"{total:,} parameter elements ({100 * local / total:.1f}%); compute {compute}, gradients reduced "
+            f"in {reduce}"
+        )
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clips the gradients to a global norm `max_norm`; the norm is summed over every rank's shards."""
@@ -201,20 +231,28 @@ class ShardedModel:
 
         model_state, optim_state = get_state_dict(self.module, optimizer)
         Path(folder).mkdir(parents=True, exist_ok=True)
-        torch.save({"model": _to_local(model_state), "optimizer": _to_local(optim_state)},
-                   Path(folder) / SHARD_FILE.format(rank=rank))
+        torch.save(
+            {"model": _to_local(model_state), "optimizer": _to_local(optim_state)},
+            Path(folder) / SHARD_FILE.format(rank=rank),
+        )
 
     def load_shards(self, optimizer, folder: str | Path, rank: int):
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         path = Path(folder) / SHARD_FILE.format(rank=rank)
         if not path.exists():
-            raise ModelError(f"cannot resume from {folder}: no {path.name} (the checkpoint was not written by an "
-                             "FSDP run with this many processes)")
+            raise ModelError(
+                f"cannot resume from {folder}: no {path.name} (the checkpoint was not written by an "
+                "FSDP run with this many processes)"
+            )
         saved = torch.load(path, map_location="cpu", weights_only=True)
         model_template, optim_template = get_state_dict(self.module, optimizer)
-        set_state_dict(self.module, optimizer, model_state_dict=_like(model_template, saved["model"]),
-                       optim_state_dict=_like(optim_template, saved["optimizer"]))
+        set_state_dict(
+            self.module,
+            optimizer,
+            model_state_dict=_like(model_template, saved["model"]),
+            optim_state_dict=_like(optim_template, saved["optimizer"]),
+        )
 
 
 def _to_local(state):
@@ -239,8 +277,9 @@ def _like(template, saved):
         return type(template)(_like(t, s) for t, s in zip(template, saved))
     if isinstance(template, DTensor):
         local = saved.to(device=template.device, dtype=template.dtype)
-        return DTensor.from_local(local, template.device_mesh, template.placements, shape=template.shape,
-                                  stride=template.stride())
+        return DTensor.from_local(
+            local, template.device_mesh, template.placements, shape=template.shape, stride=template.stride()
+        )
     if isinstance(template, torch.Tensor):
         return saved.to(device=template.device, dtype=template.dtype)
     return saved
@@ -251,14 +290,18 @@ def register_checkpoint_hooks(accelerator, sharded: ShardedModel | None, optimiz
     a checkpoint written by an FSDP run is refused on load, one line, instead of failing inside Accelerate."""
     rank = accelerator.process_index
     if sharded is not None:
-        accelerator.register_save_state_pre_hook(lambda models, weights, folder: sharded.save_shards(optimizer, folder, rank))
+        accelerator.register_save_state_pre_hook(
+            lambda models, weights, folder: sharded.save_shards(optimizer, folder, rank)
+        )
         accelerator.register_load_state_pre_hook(lambda models, folder: sharded.load_shards(optimizer, folder, rank))
         return
 
     def refuse_sharded(models, folder):
         if any(Path(folder).glob(SHARD_FILE.format(rank="*"))):
-            raise ModelError(f"cannot resume from {folder}: it was written by an FSDP run; resume it with the same "
-                             "FSDP Accelerate config")
+            raise ModelError(
+                f"cannot resume from {folder}: it was written by an FSDP run; resume it with the same "
+                "FSDP Accelerate config"
+            )
 
     accelerator.register_load_state_pre_hook(refuse_sharded)
 

@@ -31,8 +31,9 @@ def summarize(nll_sum: float, count: int, seconds: float | None = None) -> dict:
 
 
 @torch.no_grad()
-def evaluate_stream(model, stream: SegmentStream, max_segments: int | None = None, progress: bool = False
-                    ) -> tuple[float, int]:
+def evaluate_stream(
+    model, stream: SegmentStream, max_segments: int | None = None, progress: bool = False
+) -> tuple[float, int]:
     """Sum of next-token nats and number of predicted tokens over the segments of `stream`, in order, with the memory
     (if the model has one) carried from each segment to the next and starting empty."""
     was_training = model.training
@@ -51,8 +52,9 @@ def evaluate_stream(model, stream: SegmentStream, max_segments: int | None = Non
     return nll, count
 
 
-def evaluate_text(model, tokens: torch.Tensor, batch_size: int, seg_len: int, max_segments: int | None = None,
-                  progress: bool = False) -> dict:
+def evaluate_text(
+    model, tokens: torch.Tensor, batch_size: int, seg_len: int, max_segments: int | None = None, progress: bool = False
+) -> dict:
     """Single-process evaluation of a token tensor cut into `batch_size` ordered rows (memory carried)."""
     stream = segment_stream(tokens, batch_size, seg_len, name="evaluation text")
     start = time.perf_counter()
@@ -61,8 +63,9 @@ def evaluate_text(model, tokens: torch.Tensor, batch_size: int, seg_len: int, ma
 
 
 @torch.no_grad()
-def evaluate_sliding_window(model, tokens: torch.Tensor, window: int, batch_size: int = 8, progress: bool = False
-                            ) -> dict:
+def evaluate_sliding_window(
+    model, tokens: torch.Tensor, window: int, batch_size: int = 8, progress: bool = False
+) -> dict:
     """The memory-less evaluation: every token `t >= window` is predicted by a fresh forward pass over the `window`
     tokens before it (the first window predicts its own tokens 1..window-1 and the next one)."""
     if window < 1 or batch_size < 1:

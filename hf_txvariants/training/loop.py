@@ -13,9 +13,9 @@ import contextlib
 import dataclasses
 import json
 import math
-import warnings
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -26,18 +26,40 @@ from ..txv_files import atomic_directory, atomic_write_bytes, explained_write_er
 from . import distributed
 from .data import DataError, segment_stream
 from .evaluation import evaluate_stream, summarize
-from .token_cache import plan_corpus
-from .models import (AUXILIARY_TERMS, ModelError, build_config, build_model, check_model_source, check_text_variant, init_memory,
-                     load_model, memory_state, objective_forward, set_training_progress, unwrapped, uses_memory,
-                     after_optimizer_step)
+from .models import (
+    AUXILIARY_TERMS,
+    ModelError,
+    after_optimizer_step,
+    build_config,
+    build_model,
+    check_model_source,
+    check_text_variant,
+    init_memory,
+    load_model,
+    memory_state,
+    objective_forward,
+    set_training_progress,
+    unwrapped,
+    uses_memory,
+)
 from .optimizers import build_optimizer, build_schedule
+from .token_cache import plan_corpus
 
 RUN_LOCK_NAME = ".txv.lock"  # in --output-dir, held by the main process for the whole run
 PARTIAL_SUFFIX = ".partial"  # checkpoints/.step-N.partial: a checkpoint being written (ignored by a resume)
 
 # Fields of the run that must not change on resume (the data order and memory layout depend on them).
-RESUME_FIELDS = ("batch_size", "seg_len", "grad_accum", "seed", "data", "valid_fraction", "data_config", "train_split",
-                 "valid_split")
+RESUME_FIELDS = (
+    "batch_size",
+    "seg_len",
+    "grad_accum",
+    "seed",
+    "data",
+    "valid_fraction",
+    "data_config",
+    "train_split",
+    "valid_split",
+)
 
 
 class JsonError(argparse.ArgumentTypeError, ValueError):
@@ -71,32 +93,47 @@ class TrainArgs:
     """Every setting of a training run; each field is a `txv train` flag (`--d-model`, `--resume latest`, ...)."""
 
     output_dir: str = _arg("txv-run", "folder for metrics.jsonl, TensorBoard logs, checkpoints/ and model/")
-    data: str | None = _arg(None, "training text: a text file, a folder of text files, a saved `datasets` folder, a "
-                                  "parquet/JSON/CSV file or folder, or a Hub dataset name (default: the embedded "
-                                  "corpus)")
+    data: str | None = _arg(
+        None,
+        "training text: a text file, a folder of text files, a saved `datasets` folder, a "
+        "parquet/JSON/CSV file or folder, or a Hub dataset name (default: the embedded "
+        "corpus)",
+    )
     data_config: str | None = _arg(None, "the config of a --data dataset, e.g. wikitext-103-raw-v1")
     train_split: str | None = _arg(None, "the split of a --data dataset to train on (default: train)")
-    valid_split: str | None = _arg(None, "the split of the dataset (--valid-data, else --data) to validate on, e.g. "
-                                         "validation (default: --valid-data's train split, else the last "
-                                         "--valid-fraction of --data)")
-    valid_data: str | None = _arg(None, "held-out text, any kind --data takes (default: the last --valid-fraction "
-                                        "of --data)")
-    valid_fraction: float = _arg(0.05, "fraction of the characters held out for validation when neither --valid-data "
-                                       "nor --valid-split is given")
+    valid_split: str | None = _arg(
+        None,
+        "the split of the dataset (--valid-data, else --data) to validate on, e.g. "
+        "validation (default: --valid-data's train split, else the last "
+        "--valid-fraction of --data)",
+    )
+    valid_data: str | None = _arg(
+        None, "held-out text, any kind --data takes (default: the last --valid-fraction of --data)"
+    )
+    valid_fraction: float = _arg(
+        0.05, "fraction of the characters held out for validation when neither --valid-data nor --valid-split is given"
+    )
     text_column: str = _arg("text", "column of a dataset that holds the text (each row one line)")
     max_chars: int | None = _arg(None, "use only the first N characters of --data")
-    tokenizer: str | None = _arg(None, "char (a character vocabulary of the training text), byte (the 256 byte "
-                                       "values, as for enwik8), word (Transformer-XL's word vocabulary of the "
-                                       "training text, <eos> at line ends), or a tokenizer folder / Hub name "
-                                       "(AutoTokenizer). Default: --model's tokenizer with --model, else char")
+    tokenizer: str | None = _arg(
+        None,
+        "char (a character vocabulary of the training text), byte (the 256 byte "
+        "values, as for enwik8), word (Transformer-XL's word vocabulary of the "
+        "training text, <eos> at line ends), or a tokenizer folder / Hub name "
+        "(AutoTokenizer). Default: --model's tokenizer with --model, else char",
+    )
     vocab_min_freq: int = _arg(0, "--tokenizer word: drop words seen fewer times (they become <unk>)")
     vocab_max_size: int | None = _arg(None, "--tokenizer word: keep at most the N most frequent words")
-    token_cache: str | None = _arg(None, "folder of the token cache (memory-mapped token ids, one tokenisation per "
-                                         "data and tokenizer; default: $TXV_TOKEN_CACHE, else "
-                                         "$HF_HOME/txv-token-cache)")
+    token_cache: str | None = _arg(
+        None,
+        "folder of the token cache (memory-mapped token ids, one tokenisation per "
+        "data and tokenizer; default: $TXV_TOKEN_CACHE, else "
+        "$HF_HOME/txv-token-cache)",
+    )
     variant: str = _arg("transfo-xl", "model variant (a registered text variant, see `txv train --help`)")
-    model: str | None = _arg(None, "start from this saved model folder or Hub repo id (and its tokenizer) instead of "
-                                   "a new config")
+    model: str | None = _arg(
+        None, "start from this saved model folder or Hub repo id (and its tokenizer) instead of a new config"
+    )
     d_model: int = _arg(128, "hidden size")
     n_layer: int = _arg(4, "number of layers")
     n_head: int = _arg(4, "attention heads per layer")
@@ -109,24 +146,33 @@ class TrainArgs:
     lr: float = _arg(1e-3, "peak learning rate (after the warm-up)")
     warmup_steps: int = _arg(20, "linear warm-up steps")
     lr_schedule: Literal["cosine", "constant"] = _arg(
-        "cosine", "after the warm-up: cosine decay to 0 at --max-steps, or constant (adaptive-span's schedule)")
+        "cosine", "after the warm-up: cosine decay to 0 at --max-steps, or constant (adaptive-span's schedule)"
+    )
     optimizer: Literal["adamw", "adagrad"] = _arg(
-        "adamw", "adamw (Adam with --weight-decay 0), or adagrad: adaptive-span's Adagrad, which clips each "
-                 "parameter tensor's gradient at --clip-norm instead of the global norm")
+        "adamw",
+        "adamw (Adam with --weight-decay 0), or adagrad: adaptive-span's Adagrad, which clips each "
+        "parameter tensor's gradient at --clip-norm instead of the global norm",
+    )
     weight_decay: float = _arg(0.0, "AdamW weight decay of the matrices")
-    clip_norm: float = _arg(0.25, "gradient-norm clipping (0: none): of all gradients together, or of each parameter "
-                                  "tensor with --optimizer adagrad")
+    clip_norm: float = _arg(
+        0.25,
+        "gradient-norm clipping (0: none): of all gradients together, or of each parameter "
+        "tensor with --optimizer adagrad",
+    )
     max_steps: int = _arg(200, "optimizer steps")
     eval_every: int = _arg(50, "validate every N steps (0: only at the end)")
     eval_batch_size: int = _arg(8, "validation rows")
     eval_segments: int | None = _arg(None, "validate on the first N segments of each row (default: all)")
     save_every: int = _arg(0, "write a checkpoint every N steps (0: only at the end)")
-    resume: str | None = _arg(None, "'latest' (the newest complete, loadable checkpoint of --output-dir) or a "
-                                    "checkpoint folder")
+    resume: str | None = _arg(
+        None, "'latest' (the newest complete, loadable checkpoint of --output-dir) or a checkpoint folder"
+    )
     seed: int = _arg(0, "random seed")
     mixed_precision: Literal["no", "bf16", "fp16"] | None = _arg(
-        None, "autocast precision (default: the Accelerate config's mixed_precision under `accelerate launch`, else "
-              "no); under FSDP, no or bf16")
+        None,
+        "autocast precision (default: the Accelerate config's mixed_precision under `accelerate launch`, else "
+        "no); under FSDP, no or bf16",
+    )
     cpu: bool = _arg(False, "train on CPU even with GPUs (so do all processes when there are more than GPUs: gloo)")
     tensorboard: bool = _arg(True, "log to TensorBoard in OUTPUT_DIR/logs")
     progress: bool = _arg(True, "show a progress bar")
@@ -136,8 +182,16 @@ class TrainArgs:
     def __post_init__(self):
         """Every bad setting is a ValueError naming the flag, before anything is loaded or trained."""
         self.extra_config = JsonDict(self.extra_config)
-        positive = ("d_model", "n_layer", "n_head", "seg_len", "batch_size", "grad_accum", "max_steps",
-                    "eval_batch_size")
+        positive = (
+            "d_model",
+            "n_layer",
+            "n_head",
+            "seg_len",
+            "batch_size",
+            "grad_accum",
+            "max_steps",
+            "eval_batch_size",
+        )
         optional_positive = ("d_inner", "max_chars", "eval_segments", "vocab_max_size")
         non_negative = ("mem_len", "warmup_steps", "eval_every", "save_every", "seed", "vocab_min_freq")
         for name in positive + optional_positive + non_negative:
@@ -147,8 +201,13 @@ class TrainArgs:
             low = 0 if name in non_negative else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise DataError(f"--{_flag(name)} must be an integer >= {low}, got {value!r}")
-        for name, low, high in (("lr", 0.0, None), ("dropout", 0.0, 1.0), ("weight_decay", 0.0, None),
-                                ("clip_norm", 0.0, None), ("valid_fraction", 0.0, 1.0)):
+        for name, low, high in (
+            ("lr", 0.0, None),
+            ("dropout", 0.0, 1.0),
+            ("weight_decay", 0.0, None),
+            ("clip_norm", 0.0, None),
+            ("valid_fraction", 0.0, 1.0),
+        ):
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             ok = ok and value >= low and (high is None or value < high) and (name != "lr" or value > 0)
@@ -166,8 +225,10 @@ class TrainArgs:
         if self.tokenizer is not None and not self.tokenizer:
             raise DataError("--tokenizer must be char, byte, word or a tokenizer folder / Hub name, got ''")
         if self.tokenizer != "word" and (self.vocab_min_freq or self.vocab_max_size is not None):
-            raise DataError(f"--vocab-min-freq / --vocab-max-size apply to --tokenizer word, not "
-                            f"--tokenizer {self.tokenizer or 'char (the default)'}")
+            raise DataError(
+                f"--vocab-min-freq / --vocab-max-size apply to --tokenizer word, not "
+                f"--tokenizer {self.tokenizer or 'char (the default)'}"
+            )
         if self.resume is not None and not self.resume:
             raise DataError("--resume must be 'latest' or a checkpoint folder, got an empty string")
 
@@ -176,8 +237,12 @@ def training_record(parts: dict[str, float]) -> dict[str, float]:
     """The logged training losses: `loss` (the objective optimised), `lm_loss` (its next-token part) with `bpc` (bits
     per token: per character with a character tokenizer) and `perplexity`, then each auxiliary term by name."""
     lm_loss = parts["lm_loss"]
-    record = {"loss": parts["loss"], "lm_loss": lm_loss, "bpc": lm_loss / math.log(2),
-              "perplexity": math.exp(min(lm_loss, 50.0))}
+    record = {
+        "loss": parts["loss"],
+        "lm_loss": lm_loss,
+        "bpc": lm_loss / math.log(2),
+        "perplexity": math.exp(min(lm_loss, 50.0)),
+    }
     record.update({name: value for name, value in parts.items() if name not in ("loss", "lm_loss")})
     return record
 
@@ -185,13 +250,22 @@ def training_record(parts: dict[str, float]) -> dict[str, float]:
 def describe_training(record: dict) -> str:
     """One console line of a training record: the objective, its next-token part and the auxiliary terms by name."""
     terms = "".join(f", {name} {record[name]:.4g}" for name in AUXILIARY_TERMS if name in record)
-    return (f"objective {record['loss']:.4f} (lm_loss {record['lm_loss']:.4f}: {record['bpc']:.4f} bits per token, "
-            f"perplexity {record['perplexity']:.3f}{terms})")
+    return (
+        f"objective {record['loss']:.4f} (lm_loss {record['lm_loss']:.4f}: {record['bpc']:.4f} bits per token, "
+        f"perplexity {record['perplexity']:.3f}{terms})"
+    )
 
 
 def _size_fields(args: TrainArgs) -> dict:
-    return dict(d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head, d_inner=args.d_inner,
-                mem_len=args.mem_len, seg_len=args.seg_len, dropout=args.dropout)
+    return dict(
+        d_model=args.d_model,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_inner=args.d_inner,
+        mem_len=args.mem_len,
+        seg_len=args.seg_len,
+        dropout=args.dropout,
+    )
 
 
 def _flag(name: str) -> str:
@@ -216,8 +290,11 @@ def _config_fingerprint(config) -> dict:
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     """The checkpoints/step-N folders of a run whose `run_state.json` (written last) exists, newest first."""
     folder = Path(output_dir) / "checkpoints"
-    steps = [(int(p.name.split("-")[1]), p) for p in folder.glob("step-*")
-             if p.name.split("-")[1].isdigit() and (p / "run_state.json").exists()]
+    steps = [
+        (int(p.name.split("-")[1]), p)
+        for p in folder.glob("step-*")
+        if p.name.split("-")[1].isdigit() and (p / "run_state.json").exists()
+    ]
     return [p for _, p in sorted(steps, reverse=True)]
 
 
@@ -239,8 +316,10 @@ def _check_rng_state(checkpoint: Path, rank: int):
             warnings.simplefilter("ignore")
             states = load(path, map_location="cpu")
     except Exception as error:  # torch raises several types for a missing, torn or unsafe file
-        raise ModelError(f"cannot resume from {checkpoint}: the RNG state {path.name} cannot be read safely "
-                         f"({type(error).__name__}: {_first_line(error)}); nothing in it was run") from None
+        raise ModelError(
+            f"cannot resume from {checkpoint}: the RNG state {path.name} cannot be read safely "
+            f"({type(error).__name__}: {_first_line(error)}); nothing in it was run"
+        ) from None
     expected = {"random_state", "numpy_random_seed", "torch_manual_seed"}
     if not isinstance(states, dict) or not expected <= set(states):
         raise ModelError(f"cannot resume from {checkpoint}: {path.name} is not an RNG state saved by Accelerate")
@@ -283,8 +362,7 @@ def _load_checkpoint(accelerator, candidates: list[Path], args, config, memories
             # every file the checkpoint was saved with (older checkpoints: the files it holds) must be there and load:
             # the line then names the file, and no file is skipped quietly
             files = state.get("files") or sorted(p.name for p in checkpoint.iterdir() if p.is_file())
-            check_checkpoint_files(checkpoint, [f for f in files if f != "run_state.json"]
-                                   + [f"memory_rank{rank}.pt"])
+            check_checkpoint_files(checkpoint, [f for f in files if f != "run_state.json"] + [f"memory_rank{rank}.pt"])
             accelerator.load_state(str(checkpoint))
             memory_file = checkpoint / f"memory_rank{rank}.pt"
             for memory, saved in zip(memories, torch.load(memory_file, weights_only=True)):
@@ -298,11 +376,14 @@ def _load_checkpoint(accelerator, candidates: list[Path], args, config, memories
         if float(failed) == 0:
             return checkpoint, state
         if index + 1 == len(candidates):
-            raise ModelError(f"cannot resume from {checkpoint}: it does not load ({failure or 'on another process'})"
-                             + ("; no older complete checkpoint is left" if len(candidates) > 1 else ""))
+            raise ModelError(
+                f"cannot resume from {checkpoint}: it does not load ({failure or 'on another process'})"
+                + ("; no older complete checkpoint is left" if len(candidates) > 1 else "")
+            )
         logging.getLogger(__name__).warning(
             f"skipping checkpoint {checkpoint}: it does not load ({failure or 'on another process'}); "
-            f"resuming from {candidates[index + 1]} instead")
+            f"resuming from {candidates[index + 1]} instead"
+        )
     raise ModelError("no checkpoint to resume from")
 
 
@@ -310,12 +391,18 @@ def _check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
     state = json.loads((checkpoint / "run_state.json").read_text())
     saved = state["config"]
     current = _config_fingerprint(config)
-    diffs = [f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in sorted(set(saved) | set(current))
-             if saved.get(k) != current.get(k)]
+    diffs = [
+        f"{k}={saved.get(k)!r} in the checkpoint, {current.get(k)!r} now"
+        for k in sorted(set(saved) | set(current))
+        if saved.get(k) != current.get(k)
+    ]
     if diffs:
         raise ModelError(f"cannot resume from {checkpoint}: the model config differs: " + "; ".join(diffs[:4]))
-    run_diffs = [f"{k}={state['args'].get(k)!r} in the checkpoint, {getattr(args, k)!r} now" for k in RESUME_FIELDS
-                 if state["args"].get(k) != getattr(args, k)]
+    run_diffs = [
+        f"{k}={state['args'].get(k)!r} in the checkpoint, {getattr(args, k)!r} now"
+        for k in RESUME_FIELDS
+        if state["args"].get(k) != getattr(args, k)
+    ]
     if state.get("world_size", 1) != world_size:
         run_diffs.append(f"{state.get('world_size')} processes in the checkpoint, {world_size} now")
     if run_diffs:
@@ -393,7 +480,9 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         check_model_source(args.model)
     else:
         check_text_variant(args.variant)
-        build_config(args.variant, 1 << 30, **{**_size_fields(args), **args.extra_config})  # bad fields fail before any work
+        build_config(
+            args.variant, 1 << 30, **{**_size_fields(args), **args.extra_config}
+        )  # bad fields fail before any work
 
     # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer), tokenised once into
     # the token cache: rank 0 first, then the other ranks map the same files
@@ -402,12 +491,17 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     plan = plan_corpus(args, tokenizer_source, resumed=checkpoint is not None)
     with accelerator.main_process_first():
         main = accelerator.is_main_process
-        corpus = plan.prepare(warn=distributed.announce if main else _silent,
-                              inform=distributed.announce if main and args.progress else None)
+        corpus = plan.prepare(
+            warn=distributed.announce if main else _silent,
+            inform=distributed.announce if main and args.progress else None,
+        )
     tokenizer = corpus.tokenizer
-    train_stream = segment_stream(corpus.train_ids, args.batch_size, args.seg_len, rank, world, name="the training text")
-    valid_stream = segment_stream(corpus.valid_ids, args.eval_batch_size, args.seg_len, rank, world,
-                                  name="the validation text")
+    train_stream = segment_stream(
+        corpus.train_ids, args.batch_size, args.seg_len, rank, world, name="the training text"
+    )
+    valid_stream = segment_stream(
+        corpus.valid_ids, args.eval_batch_size, args.seg_len, rank, world, name="the validation text"
+    )
 
     # model
     set_seed(args.seed)
@@ -415,7 +509,9 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         model = load_model(args.model)
         config = model.config
         if config.vocab_size < len(tokenizer):
-            raise ModelError(f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {config.vocab_size}")
+            raise ModelError(
+                f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {config.vocab_size}"
+            )
     else:
         config = build_config(args.variant, len(tokenizer), **{**_size_fields(args), **args.extra_config})
         config.eos_token_id = tokenizer.eos_token_id
@@ -449,8 +545,9 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         history = [m for m in read_metrics(output_dir) if m["step"] <= start_step] if checkpoint else []
         _log_path(output_dir).write_text("".join(json.dumps(m) + "\n" for m in history))
     if accelerator.trackers == [] and accelerator.log_with:
-        accelerator.init_trackers("txv", config={k: v for k, v in dataclasses.asdict(args).items()
-                                                 if isinstance(v, (int, float, str, bool))})
+        accelerator.init_trackers(
+            "txv", config={k: v for k, v in dataclasses.asdict(args).items() if isinstance(v, (int, float, str, bool))}
+        )
 
     def log(record: dict):
         if accelerator.is_main_process:
@@ -464,8 +561,15 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         totals = accelerator.reduce(torch.tensor([nll, float(count)], device=accelerator.device), reduction="sum")
         result = summarize(float(totals[0]), int(totals[1]))
         model.train()
-        log({"step": step, "split": "valid", "valid_loss": result["nats"], "valid_bpc": result["bpc"],
-             "valid_perplexity": result["perplexity"]})
+        log(
+            {
+                "step": step,
+                "split": "valid",
+                "valid_loss": result["nats"],
+                "valid_bpc": result["bpc"],
+                "valid_perplexity": result["perplexity"],
+            }
+        )
         if accelerator.is_main_process and step != args.max_steps:  # the final one is printed by the caller
             line = f"step {step}: validation {result['bpc']:.4f} bits per token, perplexity {result['perplexity']:.3f}"
             if train_record is not None:
@@ -496,8 +600,11 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
                 totals[name] = totals.get(name, 0.0) + value.float() / args.grad_accum
         grad_norm = None
         if args.clip_norm > 0 and args.optimizer != "adagrad":  # adagrad clips each parameter in its step
-            grad_norm = (sharded.clip_grad_norm_(args.clip_norm) if sharded
-                         else accelerator.clip_grad_norm_(model.parameters(), args.clip_norm))
+            grad_norm = (
+                sharded.clip_grad_norm_(args.clip_norm)
+                if sharded
+                else accelerator.clip_grad_norm_(model.parameters(), args.clip_norm)
+            )
         optimizer.step()
         after_optimizer_step(model)
         scheduler.step()
@@ -515,8 +622,13 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         log(record)
         if progress:
             progress.update(1)
-            progress.set_postfix({name: f"{value:.3g}" for name, value in record.items()
-                                  if name in ("loss", "lm_loss", "bpc", *AUXILIARY_TERMS)})
+            progress.set_postfix(
+                {
+                    name: f"{value:.3g}"
+                    for name, value in record.items()
+                    if name in ("loss", "lm_loss", "bpc", *AUXILIARY_TERMS)
+                }
+            )
         if on_step is not None:
             on_step(step)
         if args.eval_every and step % args.eval_every == 0 and step != args.max_steps:
@@ -535,10 +647,20 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
             with atomic_directory(model_dir, keep_existing=False) as staging:
                 (sharded or accelerator.unwrap_model(model)).save_pretrained(staging, state_dict=state_dict)
                 tokenizer.save_pretrained(staging)
-                (staging / "eval_results.json").write_text(json.dumps(
-                    {"valid_bpc": evals[-1]["bpc"], "valid_perplexity": evals[-1]["perplexity"],
-                     "valid_tokens": evals[-1]["tokens"], "train_steps": args.max_steps, "seg_len": args.seg_len,
-                     "batch_size": args.batch_size}, indent=2) + "\n")
+                (staging / "eval_results.json").write_text(
+                    json.dumps(
+                        {
+                            "valid_bpc": evals[-1]["bpc"],
+                            "valid_perplexity": evals[-1]["perplexity"],
+                            "valid_tokens": evals[-1]["tokens"],
+                            "train_steps": args.max_steps,
+                            "seg_len": args.seg_len,
+                            "batch_size": args.batch_size,
+                        },
+                        indent=2,
+                    )
+                    + "\n"
+                )
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return {
@@ -572,11 +694,17 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, args: TrainArgs, c
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 tokenizer.save_pretrained(staging / "tokenizer")
-                state = {"step": step, "world_size": accelerator.num_processes, "config": _config_fingerprint(config),
-                         "args": {k: v for k, v in dataclasses.asdict(args).items()},
-                         # what a resume must find (every rank's files are written: the wait above)
-                         "files": sorted(p.name for p in staging.iterdir() if p.is_file())}
-                atomic_write_bytes(staging / "run_state.json", (json.dumps(state, indent=2, default=str) + "\n").encode())
+                state = {
+                    "step": step,
+                    "world_size": accelerator.num_processes,
+                    "config": _config_fingerprint(config),
+                    "args": {k: v for k, v in dataclasses.asdict(args).items()},
+                    # what a resume must find (every rank's files are written: the wait above)
+                    "files": sorted(p.name for p in staging.iterdir() if p.is_file()),
+                }
+                atomic_write_bytes(
+                    staging / "run_state.json", (json.dumps(state, indent=2, default=str) + "\n").encode()
+                )
                 replace_directory(staging, folder)
         except BaseException:
             if accelerator.is_main_process:

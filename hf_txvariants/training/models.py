@@ -33,8 +33,10 @@ def text_variant_names() -> list[str]:
 def check_text_variant(variant: str):
     config_class(variant)  # unknown names first
     if variant in NON_TEXT_VARIANTS:
-        raise ModelError(f"variant {variant!r} is {NON_TEXT_VARIANTS[variant]}, not a text language model; "
-                         f"text variants: {', '.join(text_variant_names())}")
+        raise ModelError(
+            f"variant {variant!r} is {NON_TEXT_VARIANTS[variant]}, not a text language model; "
+            f"text variants: {', '.join(text_variant_names())}"
+        )
 
 
 def has_variant(name: str) -> bool:
@@ -64,13 +66,17 @@ def build_config(
     """A config of `variant` with the given size. Transformer-XL gets `cutoffs=[]` (plain softmax, right for
     characters), `memory_init="empty"` and `clamp_len=-1`; variants with absolute positions get
     `max_position_embeddings=seg_len` (their own default position type: for txv_vanilla, learned positions, whose
-    small initial scale matches the token embeddings; unscaled sinusoids of norm ~1 drown them). Variant-specific fields can be passed as `extra`."""
+    small initial scale matches the token embeddings; unscaled sinusoids of norm ~1 drown them). Variant-specific
+    fields can be passed as `extra`."""
     cls = config_class(variant)
     fields = set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "attribute_map", {}))
     kwargs = dict(vocab_size=vocab_size, hidden_size=d_model, dropout=dropout)
     # The size fields a variant has (the ACT RNN has no layers, heads or feed-forward).
-    for name, value in (("num_hidden_layers", n_layer), ("num_attention_heads", n_head),
-                        ("intermediate_size", d_inner or 4 * d_model)):
+    for name, value in (
+        ("num_hidden_layers", n_layer),
+        ("num_attention_heads", n_head),
+        ("intermediate_size", d_inner or 4 * d_model),
+    ):
         if name in fields:
             kwargs[name] = value
     if "mem_len" in fields:
@@ -128,8 +134,9 @@ def check_model_source(name: str | Path):
         raise ModelError(f"{config_file} is not valid JSON ({error})") from None
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type is None or model_type not in CONFIG_MAPPING:
-        raise ModelError(f"{config_file}: unknown model_type {model_type!r} (hf-txvariants registers "
-                         f"{', '.join(variant_names())})")
+        raise ModelError(
+            f"{config_file}: unknown model_type {model_type!r} (hf-txvariants registers {', '.join(variant_names())})"
+        )
 
 
 def load_model(path: str | Path, **kwargs):
@@ -138,9 +145,10 @@ def load_model(path: str | Path, **kwargs):
     weights file, an offline Hub. `kwargs` go to `from_pretrained` (e.g. dtype)."""
     import pickle
 
-    import hf_txvariants  # noqa: F401  (registers the variants)
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
+
+    import hf_txvariants  # noqa: F401  (registers the variants)
 
     name = str(path)
     check_model_source(name)
@@ -149,8 +157,9 @@ def load_model(path: str | Path, **kwargs):
     except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
         raise ModelError(f"could not load a causal LM from {name}: {_first_line(error)}") from None
     except RuntimeError as error:  # torch's readers raise RuntimeError for a torn file (e.g. a truncated zip)
-        raise ModelError(f"could not load a causal LM from {name}: the weights are unreadable "
-                         f"({_first_line(error)})") from None
+        raise ModelError(
+            f"could not load a causal LM from {name}: the weights are unreadable ({_first_line(error)})"
+        ) from None
 
 
 def _first_line(error: BaseException) -> str:
@@ -221,8 +230,7 @@ def restore_memory(memory, state, source: str = "the checkpoint"):
             states, seen = state["span_states"], state["seen_tokens"]
         else:
             states, mask, seen = state
-        memory.check_compatible(batch_size=states[0].shape[0], hidden_size=states[0].shape[-1],
-                                num_layers=len(states))
+        memory.check_compatible(batch_size=states[0].shape[0], hidden_size=states[0].shape[-1], num_layers=len(states))
     except (TypeError, ValueError, IndexError, KeyError, AttributeError) as error:
         raise ModelError(f"the memory saved in {source} does not fit this model: {error}") from None
     if isinstance(memory, SpanCache):
@@ -250,8 +258,11 @@ class TrainingLosses:
 
     def detached(self) -> dict[str, torch.Tensor]:
         """{"loss", "lm_loss", term names ...} -> detached scalars (for logging)."""
-        return {"loss": self.loss.detach(), "lm_loss": self.lm_loss.detach(),
-                **{name: value.detach() for name, value in self.terms.items()}}
+        return {
+            "loss": self.loss.detach(),
+            "lm_loss": self.lm_loss.detach(),
+            **{name: value.detach() for name, value in self.terms.items()},
+        }
 
 
 def training_losses(output) -> TrainingLosses:

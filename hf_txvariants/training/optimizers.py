@@ -42,7 +42,8 @@ def build_optimizer(name: str, model, lr: float, weight_decay: float, clip_norm:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+    )
 
 
 def build_schedule(name: str, optimizer, warmup_steps: int, max_steps: int):

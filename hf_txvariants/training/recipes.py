@@ -21,9 +21,23 @@ TRANSFO_XL_REPO = "kimiyoung/transformer-xl"
 ADAPTIVE_SPAN_REPO = "facebookresearch/adaptive-span"
 
 # pytorch/train.py: the argparse defaults the recipes read (what the run_*.sh scripts leave out).
-TRANSFO_XL_TRAIN_DEFAULTS = dict(clip=0.25, scheduler="cosine", eta_min=0.0, warmup_step=0, seed=1111,
-                                 eval_interval=4000, div_val=1, init="normal", init_std=0.02, proj_init_std=0.01,
-                                 init_range=0.1, clamp_len=-1, same_length=False, pre_lnorm=False, optim="adam")
+TRANSFO_XL_TRAIN_DEFAULTS = dict(
+    clip=0.25,
+    scheduler="cosine",
+    eta_min=0.0,
+    warmup_step=0,
+    seed=1111,
+    eval_interval=4000,
+    div_val=1,
+    init="normal",
+    init_std=0.02,
+    proj_init_std=0.01,
+    init_range=0.1,
+    clamp_len=-1,
+    same_length=False,
+    pre_lnorm=False,
+    optim="adam",
+)
 # pytorch/train.py: `eval_batch_size = 10`, and the adaptive softmax of --dataset wt103: cutoffs [20000, 40000,
 # 200000], `tie_projs = [False] + [True] * len(cutoffs)`.
 TRANSFO_XL_EVAL_BATCH_SIZE = 10
@@ -32,30 +46,121 @@ TRANSFO_XL_WT103_CUTOFFS = [20000, 40000, 200000]
 # The `train` flags of pytorch/run_*.sh (those that set the model or the optimisation), and the `eval` branch.
 TRANSFO_XL_SCRIPTS = {
     "wt103-base": dict(
-        dataset="wt103", adaptive=True, n_layer=16, d_model=410, n_head=10, d_head=41, d_inner=2100, dropout=0.1,
-        dropatt=0.0, optim="adam", lr=0.00025, warmup_step=0, max_step=200000, tgt_len=150, mem_len=150,
-        eval_tgt_len=150, batch_size=60, eval=dict(tgt_len=64, mem_len=640, clamp_len=400, same_length=True)),
+        dataset="wt103",
+        adaptive=True,
+        n_layer=16,
+        d_model=410,
+        n_head=10,
+        d_head=41,
+        d_inner=2100,
+        dropout=0.1,
+        dropatt=0.0,
+        optim="adam",
+        lr=0.00025,
+        warmup_step=0,
+        max_step=200000,
+        tgt_len=150,
+        mem_len=150,
+        eval_tgt_len=150,
+        batch_size=60,
+        eval=dict(tgt_len=64, mem_len=640, clamp_len=400, same_length=True),
+    ),
     "wt103-large": dict(
-        dataset="wt103", adaptive=True, div_val=4, n_layer=18, d_model=1024, n_head=16, d_head=64, d_inner=4096,
-        dropout=0.2, dropatt=0.2, optim="adam", lr=0.00025, warmup_step=16000, max_step=4000000, tgt_len=384,
-        mem_len=384, eval_tgt_len=128, batch_size=128,
-        eval=dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True)),
+        dataset="wt103",
+        adaptive=True,
+        div_val=4,
+        n_layer=18,
+        d_model=1024,
+        n_head=16,
+        d_head=64,
+        d_inner=4096,
+        dropout=0.2,
+        dropatt=0.2,
+        optim="adam",
+        lr=0.00025,
+        warmup_step=16000,
+        max_step=4000000,
+        tgt_len=384,
+        mem_len=384,
+        eval_tgt_len=128,
+        batch_size=128,
+        eval=dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True),
+    ),
     "enwik8-base": dict(
-        dataset="enwik8", n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0,
-        optim="adam", lr=0.00025, warmup_step=0, max_step=400000, tgt_len=512, mem_len=512, eval_tgt_len=128,
-        batch_size=22, eval=dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True)),
+        dataset="enwik8",
+        n_layer=12,
+        d_model=512,
+        n_head=8,
+        d_head=64,
+        d_inner=2048,
+        dropout=0.1,
+        dropatt=0.0,
+        optim="adam",
+        lr=0.00025,
+        warmup_step=0,
+        max_step=400000,
+        tgt_len=512,
+        mem_len=512,
+        eval_tgt_len=128,
+        batch_size=22,
+        eval=dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True),
+    ),
     "enwik8-large": dict(
-        dataset="enwik8", n_layer=24, d_model=1024, n_head=8, d_head=128, d_inner=3072, dropout=0.15, dropatt=0.15,
-        optim="adam", lr=0.00025, warmup_step=4000, max_step=400000, tgt_len=768, mem_len=768, eval_tgt_len=128,
-        batch_size=64, eval=dict(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True)),
+        dataset="enwik8",
+        n_layer=24,
+        d_model=1024,
+        n_head=8,
+        d_head=128,
+        d_inner=3072,
+        dropout=0.15,
+        dropatt=0.15,
+        optim="adam",
+        lr=0.00025,
+        warmup_step=4000,
+        max_step=400000,
+        tgt_len=768,
+        mem_len=768,
+        eval_tgt_len=128,
+        batch_size=64,
+        eval=dict(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True),
+    ),
     "text8-base": dict(
-        dataset="text8", n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0,
-        optim="adam", lr=0.00025, warmup_step=0, max_step=400000, tgt_len=512, mem_len=512, eval_tgt_len=128,
-        batch_size=22, eval=dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True)),
+        dataset="text8",
+        n_layer=12,
+        d_model=512,
+        n_head=8,
+        d_head=64,
+        d_inner=2048,
+        dropout=0.1,
+        dropatt=0.0,
+        optim="adam",
+        lr=0.00025,
+        warmup_step=0,
+        max_step=400000,
+        tgt_len=512,
+        mem_len=512,
+        eval_tgt_len=128,
+        batch_size=22,
+        eval=dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True),
+    ),
     "text8-large": dict(
-        dataset="text8", n_layer=24, d_model=1024, n_head=8, d_head=128, d_inner=3072, dropout=0.15, dropatt=0.15,
-        optim="adam", lr=0.00025, tgt_len=768, mem_len=768, eval_tgt_len=128, batch_size=64, max_step=400000,
-        eval=dict(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True)),
+        dataset="text8",
+        n_layer=24,
+        d_model=1024,
+        n_head=8,
+        d_head=128,
+        d_inner=3072,
+        dropout=0.15,
+        dropatt=0.15,
+        optim="adam",
+        lr=0.00025,
+        tgt_len=768,
+        mem_len=768,
+        eval_tgt_len=128,
+        batch_size=64,
+        max_step=400000,
+        eval=dict(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True),
+    ),
 }
 
 # What each corpus is made of in the originals, as a `--tokenizer`. kimiyoung's and adaptive-span's enwik8 (both
@@ -65,7 +170,7 @@ TRANSFO_XL_SCRIPTS = {
 TOKENIZERS = {"wt103": "word", "enwik8": "byte", "text8": "char"}
 VOCABULARIES = {
     "wt103": "every whitespace-separated word of the training set (min_freq 0, no max_size, case kept) + <eos> "
-             "per line (267,735 symbols)",
+    "per line (267,735 symbols)",
     "enwik8": "the bytes that occur in the training set, one symbol each (prep_enwik8.py)",
     "text8": "the characters of the training set (27: a-z and space; prep_text8.py)",
 }
@@ -90,16 +195,39 @@ def _transfo_xl_recipe(key: str) -> Recipe:
     script = {**TRANSFO_XL_TRAIN_DEFAULTS, **TRANSFO_XL_SCRIPTS[key]}
     dataset = script["dataset"]
     train_args = dict(
-        variant="transfo-xl", tokenizer=TOKENIZERS[dataset], n_layer=script["n_layer"], d_model=script["d_model"],
-        n_head=script["n_head"], d_inner=script["d_inner"], dropout=script["dropout"], seg_len=script["tgt_len"],
-        mem_len=script["mem_len"], batch_size=script["batch_size"], lr=script["lr"],
-        warmup_steps=script["warmup_step"], max_steps=script["max_step"], clip_norm=script["clip"],
-        optimizer="adamw", weight_decay=0.0, lr_schedule="cosine", seed=script["seed"],
-        eval_every=script["eval_interval"], eval_batch_size=TRANSFO_XL_EVAL_BATCH_SIZE)
-    extra = dict(head_dim=script["d_head"], attention_dropout=script["dropatt"], clamp_len=script["clamp_len"],
-                 same_length=script["same_length"], pre_lnorm=script["pre_lnorm"], init=script["init"],
-                 initializer_range=script["init_std"], proj_init_std=script["proj_init_std"],
-                 init_range=script["init_range"], memory_init="empty")
+        variant="transfo-xl",
+        tokenizer=TOKENIZERS[dataset],
+        n_layer=script["n_layer"],
+        d_model=script["d_model"],
+        n_head=script["n_head"],
+        d_inner=script["d_inner"],
+        dropout=script["dropout"],
+        seg_len=script["tgt_len"],
+        mem_len=script["mem_len"],
+        batch_size=script["batch_size"],
+        lr=script["lr"],
+        warmup_steps=script["warmup_step"],
+        max_steps=script["max_step"],
+        clip_norm=script["clip"],
+        optimizer="adamw",
+        weight_decay=0.0,
+        lr_schedule="cosine",
+        seed=script["seed"],
+        eval_every=script["eval_interval"],
+        eval_batch_size=TRANSFO_XL_EVAL_BATCH_SIZE,
+    )
+    extra = dict(
+        head_dim=script["d_head"],
+        attention_dropout=script["dropatt"],
+        clamp_len=script["clamp_len"],
+        same_length=script["same_length"],
+        pre_lnorm=script["pre_lnorm"],
+        init=script["init"],
+        initializer_range=script["init_std"],
+        proj_init_std=script["proj_init_std"],
+        init_range=script["init_range"],
+        memory_init="empty",
+    )
     if script.get("adaptive"):
         cutoffs = list(TRANSFO_XL_WT103_CUTOFFS)
         extra.update(cutoffs=cutoffs, div_val=script["div_val"], tie_projs=[False] + [True] * len(cutoffs))
@@ -109,27 +237,37 @@ def _transfo_xl_recipe(key: str) -> Recipe:
     size = key.split("-")[1]
     differences = ["Adam is AdamW with --weight-decay 0 (the same update)"]
     if script["eval_tgt_len"] != script["tgt_len"]:
-        differences.append(f"validation during training uses segments of --seg-len ({script['tgt_len']}); the "
-                           f"original's are eval_tgt_len {script['eval_tgt_len']} long, with the memory lengthened "
-                           "by tgt_len - eval_tgt_len")
+        differences.append(
+            f"validation during training uses segments of --seg-len ({script['tgt_len']}); the "
+            f"original's are eval_tgt_len {script['eval_tgt_len']} long, with the memory lengthened "
+            "by tgt_len - eval_tgt_len"
+        )
     if script["warmup_step"]:
-        differences.append("after the warm-up the original's cosine runs from step 0 of max_step (CosineAnnealingLR "
-                           "stepped at train_step), txv's from the end of the warm-up: the same curve within "
-                           f"{script['warmup_step']} steps")
+        differences.append(
+            "after the warm-up the original's cosine runs from step 0 of max_step (CosineAnnealingLR "
+            "stepped at train_step), txv's from the end of the warm-up: the same curve within "
+            f"{script['warmup_step']} steps"
+        )
     return Recipe(
         name=f"transfo-xl-{key}",
         source=f"{TRANSFO_XL_REPO} pytorch/run_{dataset}_{size}.sh train (+ pytorch/train.py defaults)",
-        train_args=train_args, extra_config=extra,
-        original_optimisation=(f"Adam lr {script['lr']}, linear warm-up {script['warmup_step']} steps then cosine "
-                               f"annealing to eta_min {script['eta_min']} at max_step {script['max_step']}, "
-                               f"gradient-norm clip {script['clip']}"),
+        train_args=train_args,
+        extra_config=extra,
+        original_optimisation=(
+            f"Adam lr {script['lr']}, linear warm-up {script['warmup_step']} steps then cosine "
+            f"annealing to eta_min {script['eta_min']} at max_step {script['max_step']}, "
+            f"gradient-norm clip {script['clip']}"
+        ),
         differences=tuple(differences),
-        evaluation=(f"run_{dataset}_{size}.sh eval: test split, tgt_len {evaluation['tgt_len']}, mem_len "
-                    f"{evaluation['mem_len']}, clamp_len {evaluation['clamp_len']}, same_length: set "
-                    f"\"clamp_len\": {evaluation['clamp_len']}, \"same_length\": true in OUT/model/config.json, then "
-                    f"`txv eval --model OUT/model --data TEST --seg-len {evaluation['tgt_len']} --mem-len "
-                    f"{evaluation['mem_len']} --batch-size 10`"),
-        vocabulary=VOCABULARIES[dataset])
+        evaluation=(
+            f"run_{dataset}_{size}.sh eval: test split, tgt_len {evaluation['tgt_len']}, mem_len "
+            f"{evaluation['mem_len']}, clamp_len {evaluation['clamp_len']}, same_length: set "
+            f'"clamp_len": {evaluation["clamp_len"]}, "same_length": true in OUT/model/config.json, then '
+            f"`txv eval --model OUT/model --data TEST --seg-len {evaluation['tgt_len']} --mem-len "
+            f"{evaluation['mem_len']} --batch-size 10`"
+        ),
+        vocabulary=VOCABULARIES[dataset],
+    )
 
 
 def _adaptive_span_recipe(preset: str) -> Recipe:
@@ -139,13 +277,26 @@ def _adaptive_span_recipe(preset: str) -> Recipe:
         raise DataError(f"adaptive-span preset {preset}: --optim {flags['optim']} has no txv train equivalent")
     config = config_kwargs(architecture_from_flags(flags, vocab_size=0), flags)
     train_args = dict(
-        variant="txv_adaptive_span_original", tokenizer=TOKENIZERS[spec["data"]],
-        n_layer=config.pop("num_hidden_layers"), d_model=config.pop("hidden_size"),
-        n_head=config.pop("num_attention_heads"), d_inner=config.pop("intermediate_size", None),
-        dropout=config.pop("dropout"), seg_len=flags["block_size"], mem_len=0, batch_size=flags["batch_size"],
-        grad_accum=flags["batch_split"], lr=flags["lr"], warmup_steps=flags["lr_warmup"],
-        max_steps=flags["nb_iter"] * flags["nb_batches_per_iter"], clip_norm=flags["grad_clip"],
-        optimizer="adagrad", weight_decay=0.0, lr_schedule="constant", eval_every=flags["nb_batches_per_iter"])
+        variant="txv_adaptive_span_original",
+        tokenizer=TOKENIZERS[spec["data"]],
+        n_layer=config.pop("num_hidden_layers"),
+        d_model=config.pop("hidden_size"),
+        n_head=config.pop("num_attention_heads"),
+        d_inner=config.pop("intermediate_size", None),
+        dropout=config.pop("dropout"),
+        seg_len=flags["block_size"],
+        mem_len=0,
+        batch_size=flags["batch_size"],
+        grad_accum=flags["batch_split"],
+        lr=flags["lr"],
+        warmup_steps=flags["lr_warmup"],
+        max_steps=flags["nb_iter"] * flags["nb_batches_per_iter"],
+        clip_norm=flags["grad_clip"],
+        optimizer="adagrad",
+        weight_decay=0.0,
+        lr_schedule="constant",
+        eval_every=flags["nb_batches_per_iter"],
+    )
     config.pop("vocab_size")
     differences = [
         "mem_len 0: the model keeps its own cache of past hidden states (attn_span, trimmed by adapt_span_cache)",
@@ -158,22 +309,29 @@ def _adaptive_span_recipe(preset: str) -> Recipe:
         differences.append(
             f"the script then fine-tunes {extra_steps} more steps at lr {tune['lr']} ({spec['fine_tune']}, resuming "
             f"the optimiser); a recipe is one stage: run `txv train --recipe adaptive-span-{preset.replace('_', '-')} "
-            f"--model OUT/model --lr {tune['lr']} --max-steps {extra_steps} --warmup-steps 0` (new Adagrad state)")
+            f"--model OUT/model --lr {tune['lr']} --max-steps {extra_steps} --warmup-steps 0` (new Adagrad state)"
+        )
     return Recipe(
         name=f"adaptive-span-{preset.replace('_', '-')}",
         source=f"{ADAPTIVE_SPAN_REPO} experiments/{preset}.sh (+ config.py defaults)",
-        train_args=train_args, extra_config=config,
-        original_optimisation=(f"Adagrad lr {flags['lr']} with each parameter's gradient clipped at "
-                               f"{flags['grad_clip']} (adagrad_with_grad_clip.py), linear warm-up {flags['lr_warmup']} "
-                               f"steps then constant, {flags['nb_iter']} iterations of {flags['nb_batches_per_iter']} "
-                               f"batches of {flags['batch_size']} x {flags['block_size']} "
-                               f"(batch split {flags['batch_split']})"),
+        train_args=train_args,
+        extra_config=config,
+        original_optimisation=(
+            f"Adagrad lr {flags['lr']} with each parameter's gradient clipped at "
+            f"{flags['grad_clip']} (adagrad_with_grad_clip.py), linear warm-up {flags['lr_warmup']} "
+            f"steps then constant, {flags['nb_iter']} iterations of {flags['nb_batches_per_iter']} "
+            f"batches of {flags['batch_size']} x {flags['block_size']} "
+            f"(batch split {flags['batch_split']})"
+        ),
         differences=tuple(differences),
-        evaluation=(f"experiments/{preset}.sh: --full-eval-mode --batch-sz 8 (every token of the validation and test "
-                    "text): `txv eval --model OUT/model --data TEST "
-                    f"--seg-len {flags['block_size']} --batch-size 8`; published: {spec['result']}"),
+        evaluation=(
+            f"experiments/{preset}.sh: --full-eval-mode --batch-sz 8 (every token of the validation and test "
+            "text): `txv eval --model OUT/model --data TEST "
+            f"--seg-len {flags['block_size']} --batch-size 8`; published: {spec['result']}"
+        ),
         vocabulary=VOCABULARIES[spec["data"]],
-        config_follows={"block_size": "seg_len", "attention_dropout": "dropout"})
+        config_follows={"block_size": "seg_len", "attention_dropout": "dropout"},
+    )
 
 
 def _all_recipes() -> dict[str, Recipe]:
@@ -231,8 +389,11 @@ def describe_recipe(name: str, args=None, given: set[str] = frozenset()) -> str:
             continue
         value = getattr(args, f.name)
         if f.name in given:
-            note = f"  (command line; recipe: {recipe.train_args[f.name]!r})" if f.name in recipe.train_args \
+            note = (
+                f"  (command line; recipe: {recipe.train_args[f.name]!r})"
+                if f.name in recipe.train_args
                 else "  (command line)"
+            )
         else:
             note = "" if f.name in recipe.train_args else "  (txv default)"
         lines.append(f"    {f.name}: {value!r}{note}")

@@ -37,8 +37,9 @@ class TxvSFTTrainer(SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = {**inputs, "use_cache": False}
         # transformers' Trainer.compute_loss: `model(**inputs)` with the labels, the loss the model returns
-        return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
-                                    num_items_in_batch=num_items_in_batch)
+        return Trainer.compute_loss(
+            self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
 
 
 __all__ = ["TxvSFTTrainer"]

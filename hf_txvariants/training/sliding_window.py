@@ -11,8 +11,9 @@ def sliding_window_log_probs(model, input_ids: torch.LongTensor, window: int, wi
 
     `window` is the model's input length. The first `window` tokens are scored in one pass (token t sees the t
     tokens before it); after that the window moves by one token and is recomputed from scratch, so every token
-    t >= window sees exactly the `window` tokens before it, at the cost of a full forward pass per token. `windows_per_batch` stacks that many shifted windows into
-    one forward pass (same arithmetic, fewer Python calls). `model` is any causal LM returning `logits`."""
+    t >= window sees exactly the `window` tokens before it, at the cost of a full forward pass per token.
+    `windows_per_batch` stacks that many shifted windows into one forward pass (same arithmetic, fewer Python calls).
+    `model` is any causal LM returning `logits`."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
     if window < 2:
@@ -35,7 +36,6 @@ def sliding_window_log_probs(model, input_ids: torch.LongTensor, window: int, wi
         wanted = torch.stack([input_ids[:, t] for t in group])  # [group, batch]
         scores.append(last.gather(-1, wanted[..., None])[..., 0].t())
     return torch.cat(scores, dim=1)
-
 
 
 __all__ = ["sliding_window_log_probs"]

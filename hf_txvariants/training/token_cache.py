@@ -155,18 +155,29 @@ class CorpusPlan:
         else:
             tokenizer = build_char_tokenizer(self.train.blocks())
         _save_folder_atomically(tokenizer, folder, stamp)
-        log.inform(f"built a {self.tokenizer_spec} vocabulary of {len(tokenizer):,} tokens from "
-                   f"{self.train.source.description} in {time.perf_counter() - began:.1f}s (cached in {folder})")
+        log.inform(
+            f"built a {self.tokenizer_spec} vocabulary of {len(tokenizer):,} tokens from "
+            f"{self.train.source.description} in {time.perf_counter() - began:.1f}s (cached in {folder})"
+        )
         return tokenizer
 
     # ------------------------------------------------------------------------------------------------- ids
     def _token_ids(self, part: CorpusPart, encoder, log) -> tuple[np.ndarray, Path]:
-        identity = {"source": part.source.identity, "range": part.spec, "role": part.role,
-                    "tokenizer": self.tokenizer_spec}
+        identity = {
+            "source": part.source.identity,
+            "range": part.spec,
+            "role": part.role,
+            "tokenizer": self.tokenizer_spec,
+        }
         name = _entry_name(part.source, part.role, identity)
         ids_file, header = self.cache_dir / f"{name}.ids", self.cache_dir / f"{name}.json"
-        stamp = {"format": CACHE_FORMAT, "data": part.source.fingerprint(), "range": part.spec, "role": part.role,
-                 "tokenizer": encoder.fingerprint}
+        stamp = {
+            "format": CACHE_FORMAT,
+            "data": part.source.fingerprint(),
+            "range": part.spec,
+            "role": part.role,
+            "tokenizer": encoder.fingerprint,
+        }
         reason = _stale_reason(header, stamp, what="tokens")
         if reason is None:
             ids, problem = _map_ids(ids_file, json.loads(header.read_text()))
@@ -176,10 +187,13 @@ class CorpusPlan:
         if reason != "missing":
             log.warn(f"rebuilding the token cache {ids_file}: {reason}")
         began = time.perf_counter()
-        count = write_token_ids(ids_file, header, part.blocks(encoder.line_ends), encoder,
-                                {**stamp, "source": part.source.description})
-        log.inform(f"tokenised {part.source.description} ({part.role}): {count:,} tokens in "
-            f"{time.perf_counter() - began:.1f}s (cached in {ids_file})")
+        count = write_token_ids(
+            ids_file, header, part.blocks(encoder.line_ends), encoder, {**stamp, "source": part.source.description}
+        )
+        log.inform(
+            f"tokenised {part.source.description} ({part.role}): {count:,} tokens in "
+            f"{time.perf_counter() - began:.1f}s (cached in {ids_file})"
+        )
         ids, problem = _map_ids(ids_file, json.loads(header.read_text()))
         if problem is not None:
             raise DataError(f"the token cache {ids_file} just written does not read back: {problem}")
@@ -245,8 +259,9 @@ def _map_ids(ids_file: Path, record: dict) -> tuple[np.ndarray | None, str | Non
 
 
 def _load_tokenizer(folder: Path):
-    import hf_txvariants  # noqa: F401  (registers TransfoXLTokenizer with AutoTokenizer)
     from transformers import AutoTokenizer
+
+    import hf_txvariants  # noqa: F401  (registers TransfoXLTokenizer with AutoTokenizer)
 
     return AutoTokenizer.from_pretrained(str(folder))
 
@@ -268,11 +283,13 @@ def plan_corpus(args, tokenizer_source=None, resumed: bool = False) -> CorpusPla
     train_source = open_text_source(args.data, args.text_column, args.data_config, args.train_split, "--train-split")
     holdout = None
     if args.valid_data is not None:
-        valid_source = open_text_source(args.valid_data, args.text_column, args.data_config, args.valid_split,
-                                        "--valid-split")
+        valid_source = open_text_source(
+            args.valid_data, args.text_column, args.data_config, args.valid_split, "--valid-split"
+        )
     elif args.valid_split is not None:
-        valid_source = open_text_source(args.data, args.text_column, args.data_config, args.valid_split,
-                                        "--valid-split")
+        valid_source = open_text_source(
+            args.data, args.text_column, args.data_config, args.valid_split, "--valid-split"
+        )
     else:
         valid_source, holdout = train_source, args.valid_fraction
     shared = {}
@@ -302,8 +319,9 @@ def _tokenizer_name(source) -> str:
 
 def load_tokenizer(source, flag: str | None = None):
     """`AutoTokenizer.from_pretrained(source)` (a folder or Hub name), or a `ModelError` naming it."""
-    import hf_txvariants  # noqa: F401  (registers TransfoXLTokenizer)
     from transformers import AutoTokenizer
+
+    import hf_txvariants  # noqa: F401  (registers TransfoXLTokenizer)
 
     from .models import ModelError
 

@@ -20,8 +20,16 @@ from transformers import Trainer
 
 from ..txv_compat import output_cache
 from .callbacks import SpanClampCallback, TrainingProgressCallback
-from .models import (ModelError, init_memory, memory_batch_size, memory_state, restore_memory, training_losses, unwrapped,
-                     uses_memory)
+from .models import (
+    ModelError,
+    init_memory,
+    memory_batch_size,
+    memory_state,
+    restore_memory,
+    training_losses,
+    unwrapped,
+    uses_memory,
+)
 
 logger = logging.getLogger(__name__)
 MEMORY_FILE = "txv_memory_rank{rank}.pt"
@@ -62,8 +70,10 @@ class MemoryTrainer(Trainer):
         self._objective_sums: dict[str, float] = {}
         self._objective_count = 0
         model = unwrapped(self.model)
-        needs = {TrainingProgressCallback: hasattr(model, "set_training_progress"),
-                 SpanClampCallback: any(hasattr(m, "clamp_spans_") for m in (model, getattr(model, "base_model", None)))}
+        needs = {
+            TrainingProgressCallback: hasattr(model, "set_training_progress"),
+            SpanClampCallback: any(hasattr(m, "clamp_spans_") for m in (model, getattr(model, "base_model", None))),
+        }
         for callback_class, needed in needs.items():
             present = any(isinstance(c, callback_class) for c in self.callback_handler.callbacks)
             if needed and not present:
@@ -93,9 +103,13 @@ class MemoryTrainer(Trainer):
         from .checkpoint_files import check_checkpoint_files
 
         rank = self.args.process_index
-        required = [("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-                     "pytorch_model.bin.index.json"), "optimizer.pt", "scheduler.pt", "trainer_state.json",
-                    "rng_state.pth" if self.args.world_size == 1 else f"rng_state_{rank}.pth"]
+        required = [
+            ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json"),
+            "optimizer.pt",
+            "scheduler.pt",
+            "trainer_state.json",
+            "rng_state.pth" if self.args.world_size == 1 else f"rng_state_{rank}.pth",
+        ]
         if uses_memory(self.model):
             required.append(MEMORY_FILE.format(rank=rank))
         try:
@@ -193,7 +207,10 @@ class MemoryTrainer(Trainer):
             self.eval_memory = None
         loss = metrics.get(f"{metric_key_prefix}_loss")
         if loss is not None:
-            extra = {f"{metric_key_prefix}_bpc": loss / math.log(2), f"{metric_key_prefix}_perplexity": math.exp(min(loss, 50))}
+            extra = {
+                f"{metric_key_prefix}_bpc": loss / math.log(2),
+                f"{metric_key_prefix}_perplexity": math.exp(min(loss, 50)),
+            }
             metrics.update(extra)
             self.log(extra)
         return metrics
@@ -212,11 +229,14 @@ def train_with_trainer(args) -> dict:
     from .token_cache import plan_corpus
 
     if args.resume:
-        raise ModelError("--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
-                         "`train(resume_from_checkpoint=...)`")
+        raise ModelError(
+            "--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
+            "`train(resume_from_checkpoint=...)`"
+        )
     if fsdp_requested():  # Trainer would hand FSDP to Accelerate, which runs DDP on CPU: refuse rather than pretend
-        raise ModelError("--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an "
-                         "FSDP config")
+        raise ModelError(
+            "--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an FSDP config"
+        )
     if args.optimizer != "adamw":
         raise ModelError(f"--optimizer {args.optimizer} is offered by the Accelerate loop only: drop --trainer")
     if args.model:
@@ -229,26 +249,48 @@ def train_with_trainer(args) -> dict:
     if args.model:
         model = load_model(args.model)
         if model.config.vocab_size < len(tokenizer):
-            raise ModelError(f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size "
-                             f"{model.config.vocab_size}")
+            raise ModelError(
+                f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {model.config.vocab_size}"
+            )
     else:
-        config = build_config(args.variant, len(tokenizer), d_model=args.d_model, n_layer=args.n_layer,
-                              n_head=args.n_head, d_inner=args.d_inner, mem_len=args.mem_len, seg_len=args.seg_len,
-                              dropout=args.dropout, **args.extra_config)
+        config = build_config(
+            args.variant,
+            len(tokenizer),
+            d_model=args.d_model,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            d_inner=args.d_inner,
+            mem_len=args.mem_len,
+            seg_len=args.seg_len,
+            dropout=args.dropout,
+            **args.extra_config,
+        )
         config.eos_token_id = tokenizer.eos_token_id
         model = build_model(config)
     train_set = segment_dataset(corpus.train_ids, args.batch_size, args.seg_len, name="the training text")
     valid_set = segment_dataset(corpus.valid_ids, args.eval_batch_size, args.seg_len, name="the validation text")
     training_args = TrainingArguments(
-        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, max_steps=args.max_steps,
-        warmup_steps=args.warmup_steps, max_grad_norm=args.clip_norm,
+        output_dir=args.output_dir,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size,
+        learning_rate=args.lr,
+        max_steps=args.max_steps,
+        warmup_steps=args.warmup_steps,
+        max_grad_norm=args.clip_norm,
         lr_scheduler_type="cosine" if args.lr_schedule == "cosine" else "constant_with_warmup",
-        weight_decay=args.weight_decay, eval_strategy="steps" if args.eval_every else "no",
-        eval_steps=args.eval_every or None, logging_steps=10, save_strategy="steps" if args.save_every else "no",
-        save_steps=args.save_every or 500, report_to=["tensorboard"] if args.tensorboard else [], seed=args.seed,
-        bf16=args.mixed_precision == "bf16", fp16=args.mixed_precision == "fp16", use_cpu=args.cpu,
-        disable_tqdm=not args.progress, dataloader_pin_memory=torch.cuda.is_available(),
+        weight_decay=args.weight_decay,
+        eval_strategy="steps" if args.eval_every else "no",
+        eval_steps=args.eval_every or None,
+        logging_steps=10,
+        save_strategy="steps" if args.save_every else "no",
+        save_steps=args.save_every or 500,
+        report_to=["tensorboard"] if args.tensorboard else [],
+        seed=args.seed,
+        bf16=args.mixed_precision == "bf16",
+        fp16=args.mixed_precision == "fp16",
+        use_cpu=args.cpu,
+        disable_tqdm=not args.progress,
+        dataloader_pin_memory=torch.cuda.is_available(),
     )
     trainer = MemoryTrainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=valid_set)
     with contextlib.ExitStack() as held:  # one run per output folder, as in the Accelerate loop

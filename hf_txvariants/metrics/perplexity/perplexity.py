@@ -1,7 +1,7 @@
 """Perplexity: exp of the mean negative log-likelihood per token (nats). Shipped with hf_txvariants, works offline.
 
-    >>> metric = evaluate.load("hf_txvariants/metrics/perplexity/perplexity.py")
-    >>> metric.compute(nll=[0.5, 1.0], num_tokens=[10, 30])
+>>> metric = evaluate.load("hf_txvariants/metrics/perplexity/perplexity.py")
+>>> metric.compute(nll=[0.5, 1.0], num_tokens=[10, 30])
 """
 
 import math
