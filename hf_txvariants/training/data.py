@@ -40,6 +40,8 @@ def _embedded_corpus_file() -> bytes:
 BLOCK_CHARS = 1 << 22
 FILE_READ_CHARS = 1 << 20
 DATASET_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
+# suffixes that make a --data that does not exist a missing file rather than a Hub dataset name
+FILE_SUFFIXES = {".txt", ".text", ".raw", ".tokens", ".gz", ".bz2", ".xz", ".zip", *DATASET_FORMATS}
 
 
 @dataclass
@@ -193,7 +195,13 @@ def open_text_source(
             loader_args = ((str(path), data_config), {})
         else:
             loader_args = ((formats.pop(),), {"data_files": [str(f) for f in files]})
-    elif Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name:
+    elif (
+        Path(name).is_absolute()
+        or name.startswith((".", "~"))
+        or name.count("/") > 1
+        or "\\" in name
+        or Path(name).suffix.lower() in FILE_SUFFIXES
+    ):  # a path (a Hub dataset is `name` or `owner/name`, without a file suffix)
         raise DataError(f"data file not found: {path}")
     else:  # a Hub dataset name
         loader_args = ((name, data_config), {})
