@@ -11,6 +11,7 @@ import contextlib
 import gzip
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -348,6 +349,11 @@ def as_token_tensor(tokens) -> torch.Tensor:
     import numpy as np
 
     if isinstance(tokens, np.ndarray):
+        if not tokens.flags.writeable:
+            # a read-only memory map: torch warns that writing would be undefined; the streams only slice and copy
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+                return torch.from_numpy(tokens)
         return torch.from_numpy(tokens)
     return torch.tensor(tokens, dtype=torch.long)
 
