@@ -31,3 +31,13 @@ def fresh_dynamo_state():
     transformers' output decorators) would otherwise carry from one test's compiled model into the next."""
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine (a module
+    opts in with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,31 +21,12 @@ from hf_txvariants.training.corpus_tokenizers import CorpusEncoder, build_byte_t
 from hf_txvariants.training.data import DataError, open_text_source, text_blocks
 from hf_txvariants.training.models import ModelError
 from hf_txvariants.training.token_cache import plan_corpus
+from tiny_configs import TINY_TRAINING
 
-TINY = dict(
-    d_model=32,
-    n_layer=2,
-    n_head=2,
-    seg_len=16,
-    mem_len=16,
-    batch_size=4,
-    eval_every=0,
-    eval_batch_size=2,
-    eval_segments=2,
-    warmup_steps=1,
-    lr=3e-3,
-    max_steps=2,
-    progress=False,
-    tensorboard=False,
-)
+TINY = {**{k: v for k, v in TINY_TRAINING.items() if k != "max_chars"}, "max_steps": 2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -35,13 +35,7 @@ EXPECTED = {
 METRICS = {"valid_bpc": 2.345, "valid_perplexity": 5.08}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -26,49 +26,17 @@ from hf_txvariants.cli import main
 from hf_txvariants.training import read_metrics
 from hf_txvariants.training.loop import complete_checkpoints
 from hf_txvariants.txv_files import atomic_directory
-from tests.tiny_configs import TINY_CONFIGS, model_class, tiny_config
+from tests.tiny_configs import TINY_CONFIGS, TINY_TRAINING_FLAGS, model_class, tiny_config
 
 resource = pytest.importorskip("resource", reason="file-size limits need a POSIX system")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LEGACY_FOLDER = FIXTURES / "transfo_xl_tokenizer" / "wt103_like"
 PYTORCH_CHECKPOINT = FIXTURES / "kimiyoung" / "pt_wt103" / "model.pt"
-TINY_FLAGS = [
-    "--max-chars",
-    "20000",
-    "--d-model",
-    "32",
-    "--n-layer",
-    "2",
-    "--n-head",
-    "2",
-    "--seg-len",
-    "16",
-    "--mem-len",
-    "16",
-    "--batch-size",
-    "4",
-    "--eval-every",
-    "0",
-    "--eval-batch-size",
-    "2",
-    "--eval-segments",
-    "2",
-    "--warmup-steps",
-    "1",
-    "--lr",
-    "3e-3",
-    "--no-progress",
-    "--no-tensorboard",
-]
+TINY_FLAGS = TINY_TRAINING_FLAGS
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _env():

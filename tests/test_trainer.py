@@ -21,13 +21,7 @@ from hf_txvariants.training.trainer import MemoryTrainer, OrderedSegmentSampler
 TEXT = ("Transformer-XL carries a memory of the previous segment. " * 40).strip()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _args(tmp_path, **kwargs):

@@ -16,60 +16,13 @@ from hf_txvariants.cli import main
 from hf_txvariants.training import TrainArgs, read_metrics, segment_stream, train
 from hf_txvariants.training.data import build_char_tokenizer, default_corpus, encode, load_text
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import TINY_TRAINING, TINY_TRAINING_FLAGS
 
-TINY = dict(
-    max_chars=20000,
-    d_model=32,
-    n_layer=2,
-    n_head=2,
-    seg_len=16,
-    mem_len=16,
-    batch_size=4,
-    eval_every=0,
-    eval_batch_size=2,
-    eval_segments=2,
-    warmup_steps=1,
-    lr=3e-3,
-    progress=False,
-    tensorboard=False,
-)
-TINY_FLAGS = [
-    "--max-chars",
-    "20000",
-    "--d-model",
-    "32",
-    "--n-layer",
-    "2",
-    "--n-head",
-    "2",
-    "--seg-len",
-    "16",
-    "--mem-len",
-    "16",
-    "--batch-size",
-    "4",
-    "--eval-every",
-    "0",
-    "--eval-batch-size",
-    "2",
-    "--eval-segments",
-    "2",
-    "--warmup-steps",
-    "1",
-    "--lr",
-    "3e-3",
-    "--no-progress",
-    "--no-tensorboard",
-]
+TINY = TINY_TRAINING
+TINY_FLAGS = TINY_TRAINING_FLAGS
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one torch thread is fastest, and avoids oversubscribing a shared 2-core CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _env():

@@ -24,26 +24,9 @@ from hf_txvariants.training import (
 )
 from hf_txvariants.training.data import default_corpus
 from hf_txvariants.training.models import init_memory, objective_forward
+from tiny_configs import TINY_TRAINING
 
-TINY = dict(
-    max_chars=20000,
-    d_model=32,
-    n_layer=2,
-    n_head=2,
-    seg_len=16,
-    mem_len=16,
-    batch_size=4,
-    eval_every=0,
-    eval_batch_size=2,
-    eval_segments=2,
-    warmup_steps=1,
-    lr=3e-3,
-    dropout=0.0,
-    progress=False,
-    tensorboard=False,
-    save_model=False,
-    seed=0,
-)
+TINY = dict(TINY_TRAINING, dropout=0.0, save_model=False, seed=0)
 SPAN = dict(attn_span=32, adapt_span_init=0.5, adapt_span_ramp=4)
 # the objective's weights, by the name of the term they multiply
 WEIGHTS = {
@@ -54,12 +37,7 @@ WEIGHTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train_records(folder) -> list[dict]:

@@ -186,3 +186,38 @@ def attention_cases(model_types: dict) -> list:
         if default != "eager":
             cases.append(pytest.param(name, "eager", id=f"{name}-eager"))
     return cases
+
+
+# A tiny `txv train` run (TrainArgs fields), shared by the training, objective, data-pipeline and reliability tests,
+# and the same as command-line flags.
+TINY_TRAINING = dict(
+    max_chars=20000,
+    d_model=32,
+    n_layer=2,
+    n_head=2,
+    seg_len=16,
+    mem_len=16,
+    batch_size=4,
+    eval_every=0,
+    eval_batch_size=2,
+    eval_segments=2,
+    warmup_steps=1,
+    lr=3e-3,
+    progress=False,
+    tensorboard=False,
+)
+
+
+def training_flags(fields: dict) -> list[str]:
+    """`txv train` flags for TrainArgs `fields` (False booleans as `--no-<flag>`)."""
+    flags = []
+    for name, value in fields.items():
+        flag = "--" + name.replace("_", "-")
+        if value is False:
+            flags.append(flag.replace("--", "--no-", 1))
+        elif value is not True:
+            flags += [flag, str(value)]
+    return flags
+
+
+TINY_TRAINING_FLAGS = training_flags(TINY_TRAINING)
