@@ -26,4 +26,12 @@ class SpanClampCallback(TrainerCallback):
             after_optimizer_step(model)
 
 
-__all__ = ["SpanClampCallback", "TrainingProgressCallback"]
+def add_objective_callbacks(trainer):
+    """Gives a Trainer the callbacks the variants' objectives need (Al-Rfou's schedule, the span clamp), unless it has
+    them; each leaves models without the matching method alone."""
+    for callback_class in (TrainingProgressCallback, SpanClampCallback):
+        if not any(isinstance(c, callback_class) for c in trainer.callback_handler.callbacks):
+            trainer.add_callback(callback_class())
+
+
+__all__ = ["SpanClampCallback", "TrainingProgressCallback", "add_objective_callbacks"]

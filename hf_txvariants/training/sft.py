@@ -22,7 +22,7 @@ from __future__ import annotations
 from transformers import Trainer
 from trl import SFTTrainer
 
-from .callbacks import SpanClampCallback, TrainingProgressCallback
+from .callbacks import add_objective_callbacks
 
 
 class TxvSFTTrainer(SFTTrainer):
@@ -30,9 +30,7 @@ class TxvSFTTrainer(SFTTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for callback_class in (TrainingProgressCallback, SpanClampCallback):
-            if not any(isinstance(c, callback_class) for c in self.callback_handler.callbacks):
-                self.add_callback(callback_class())
+        add_objective_callbacks(self)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = {**inputs, "use_cache": False}

@@ -19,7 +19,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer
 
 from ..txv_compat import output_cache
-from .callbacks import SpanClampCallback, TrainingProgressCallback
+from .callbacks import add_objective_callbacks
 from .models import (
     ModelError,
     init_memory,
@@ -27,7 +27,6 @@ from .models import (
     memory_state,
     restore_memory,
     training_losses,
-    unwrapped,
     uses_memory,
 )
 
@@ -58,8 +57,9 @@ class MemoryTrainer(Trainer):
     - The training loss is the model's `outputs.loss`: the next-token loss plus the variant's auxiliary terms (span
       penalty, ponder cost, Al-Rfou's intermediate and future-target losses); Al-Rfou's schedule of intermediate
       losses is driven by a `TrainingProgressCallback` and adaptive spans are clamped after each optimiser step by a
-      `SpanClampCallback`, each added when the model needs it. Each training log line adds
-      `lm_loss` (the next-token part) and every auxiliary term by name, averaged since the last log.
+      `SpanClampCallback` (each added unless present; a no-op for models without the schedule or spans). Each
+      training log line adds `lm_loss` (the next-token part) and every auxiliary term by name, averaged since the
+      last log.
     - Evaluation reports the next-token part as `<prefix>_loss`, with `<prefix>_bpc` (bits per token: per character
       for a character tokenizer) and `<prefix>_perplexity`."""
 
@@ -69,15 +69,7 @@ class MemoryTrainer(Trainer):
         self.eval_memory = None
         self._objective_sums: dict[str, float] = {}
         self._objective_count = 0
-        model = unwrapped(self.model)
-        needs = {
-            TrainingProgressCallback: hasattr(model, "set_training_progress"),
-            SpanClampCallback: any(hasattr(m, "clamp_spans_") for m in (model, getattr(model, "base_model", None))),
-        }
-        for callback_class, needed in needs.items():
-            present = any(isinstance(c, callback_class) for c in self.callback_handler.callbacks)
-            if needed and not present:
-                self.add_callback(callback_class())
+        add_objective_callbacks(self)
         if self.args.world_size > 1 and uses_memory(self.model):
             raise ValueError(
                 "MemoryTrainer carries memory on one process only (Trainer deals batches to processes round-robin, "
