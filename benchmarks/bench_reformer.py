@@ -1,12 +1,14 @@
 """Our Reformer (txv_reformer) against transformers' ReformerModelWithLMHead on the same config and weights: time
-and peak memory of a training step (forward + backward) and of a forward pass, CPU; and the peak training memory of
-a 12-layer reversible model against a 1-layer one (and against 12 layers with stored activations).
+and peak memory of a training step (forward + backward) and of a forward pass, on CPU or CUDA; and the peak training
+memory of a 12-layer reversible model against a 1-layer one (and against 12 layers with stored activations).
 
     python benchmarks/bench_reformer.py
     python benchmarks/bench_reformer.py --length 1024 --repeats 1
+    python benchmarks/bench_reformer.py --device cuda --length 16384
 
-Peak memory is the growth of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) during
-the call, with glibc's mmap threshold fixed so that freed tensors go back to the OS.
+Peak memory, CPU: the growth of the process's peak resident set (VmHWM, reset through /proc/self/clear_refs) during
+the call, with glibc's mmap threshold fixed so that freed tensors go back to the OS; CUDA: `max_memory_allocated`
+above the memory held before the call. fp32 on both.
 """
 
 from __future__ import annotations
@@ -38,15 +40,28 @@ def _kib(field):
     return 0
 
 
-def measure(function, repeats):
+def measure(function, repeats, device):
+    """Best time of `repeats` calls after a warm-up, and the peak memory (MiB) one call adds."""
+    on_gpu = device.type == "cuda"
     gc.collect()
     function()
     best = float("inf")
     for _ in range(repeats):
+        if on_gpu:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         function()
+        if on_gpu:
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     gc.collect()
+    if on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        function()
+        torch.cuda.synchronize()
+        return best, (torch.cuda.max_memory_allocated() - base) / 2**20
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")
     base = _kib("VmRSS")
@@ -83,16 +98,21 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     length = args.length
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, L = {length}, batch 1")
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {device} ({name}), L = {length}, batch 1, fp32")
     layers = ["local", "lsh"] * 3
     torch.manual_seed(0)
     theirs = ReformerModelWithLMHead(ReformerConfig(**config_kwargs(length, layers)))
     ours = TxvReformerForCausalLM(TxvReformerConfig(**config_kwargs(length, layers)))
     missing = ours.load_state_dict(theirs.state_dict(), strict=False)
     assert not missing.missing_keys, missing.missing_keys
-    ids = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(0))
+    theirs.to(device)
+    ours.to(device)
+    ids = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
 
     def step(model):
         def run():
@@ -115,14 +135,14 @@ def main():
     print(f"same weights, hash seed fixed: training loss transformers {loss_theirs:.6f}, ours {loss_ours:.6f}")
     print("| measurement | transformers ReformerModelWithLMHead | txv_reformer | ratio (ours / theirs) |")
     print("|---|---|---|---|")
-    t_theirs, m_theirs = measure(step(theirs), args.repeats)
-    t_ours, m_ours = measure(step(ours), args.repeats)
+    t_theirs, m_theirs = measure(step(theirs), args.repeats, device)
+    t_ours, m_ours = measure(step(ours), args.repeats, device)
     print(f"| training step time (s), 6 layers | {t_theirs:.2f} | {t_ours:.2f} | {t_ours / t_theirs:.2f} |")
     print(f"| training step peak MiB, 6 layers | {m_theirs:.0f} | {m_ours:.0f} | {m_ours / max(m_theirs, 1e-9):.2f} |")
     for model in (theirs, ours):
         model.eval()
-    t_theirs, m_theirs = measure(forward(theirs), args.repeats)
-    t_ours, m_ours = measure(forward(ours), args.repeats)
+    t_theirs, m_theirs = measure(forward(theirs), args.repeats, device)
+    t_ours, m_ours = measure(forward(ours), args.repeats, device)
     print(f"| forward time (s), 6 layers | {t_theirs:.2f} | {t_ours:.2f} | {t_ours / t_theirs:.2f} |")
     print(f"| forward peak MiB, 6 layers | {m_theirs:.0f} | {m_ours:.0f} | {m_ours / max(m_theirs, 1e-9):.2f} |")
     del theirs, ours
@@ -139,8 +159,8 @@ def main():
     ):
         kwargs = config_kwargs(length, (["local", "lsh"] * 6)[:depth] if depth > 1 else ["lsh"])
         torch.manual_seed(0)
-        model = TxvReformerForCausalLM(TxvReformerConfig(**kwargs, reversible=reversible)).train()
-        _, peak = measure(step(model), 1)
+        model = TxvReformerForCausalLM(TxvReformerConfig(**kwargs, reversible=reversible)).train().to(device)
+        _, peak = measure(step(model), 1, device)
         results[(name, depth)] = peak
         base = results[("reversible", 1)]
         print(f"| {name} | {depth} | {peak:.0f} | {peak / max(base, 1e-9):.2f} |", flush=True)

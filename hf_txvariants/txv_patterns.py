@@ -855,6 +855,11 @@ def flex_block_mask(pattern, num_heads, q_len, k_len, device, q_offset=0, block_
 
 
 _compiled_flex = None
+# torch.compile keeps a few kernels per function (torch._dynamo.config.recompile_limit, 8) and past that runs
+# flex_attention unfused, materialising every score (measured on an H100 at 16k: 50x the time and 76x the memory of
+# the fused kernel). Each pattern, grad mode and length is a kernel of its own, so a process with a few patterns (a
+# benchmark, a sweep, evaluation at another length) passes 8 quickly: FlexAttention calls run under this limit.
+FLEX_RECOMPILE_LIMIT = 64
 
 
 def flex_pattern_attention(query, key, value, pattern, scaling, key_padding_mask=None, q_offset=0, compile=None):
@@ -877,12 +882,15 @@ def flex_pattern_attention(query, key, value, pattern, scaling, key_padding_mask
         def score_mod(score, b, h, q_idx, kv_idx):
             return torch.where(key_padding_mask[b, kv_idx], score, minimum)
 
-    function = flex_attention
-    if compile if compile is not None else query.device.type == "cuda":
+    compiled = compile if compile is not None else query.device.type == "cuda"
+    if not compiled or torch.compiler.is_compiling():  # inside a compiled model the model's graph holds the kernel
+        output = flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    else:
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=False)
-        function = _compiled_flex
-    output = function(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+        limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            output = _compiled_flex(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
     return output[..., :head_dim].transpose(1, 2).contiguous()
 
 
@@ -988,7 +996,9 @@ def choose_implementation(pattern, implementation, dense_implementation, device,
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     if implementation == "auto":
-        if device.type == "cuda" and not training_dropout and not pattern.causal_in_tiles:
+        # FlexAttention only for whole sequences: a decoding step would build a BlockMask and compile a kernel for
+        # every new key length.
+        if device.type == "cuda" and full_sequence and not training_dropout and not pattern.causal_in_tiles:
             implementation = "flex"
         else:
             implementation = "blocked"
