@@ -8,10 +8,10 @@ FlexAttention training, and the compiled Transformer-XL. Skipped where CUDA is a
 from __future__ import annotations
 
 import pytest
-import tiny_configs
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import tiny_configs
 from test_mixed_precision import (
     PRECISIONS,
     VARIANTS,
