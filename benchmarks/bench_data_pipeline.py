@@ -10,7 +10,8 @@ Transformer-XL pipeline (kimiyoung/transformer-xl's `data_utils.get_lm_corpus`, 
         [--original ~/transformer-xl/pytorch]
 
 Each pipeline runs in a fresh process (imports before the clock starts) and reports its wall time and its peak
-resident memory (`ru_maxrss`, imports included):
+resident memory (`ru_maxrss`, imports included; for the build also the largest helper process's, as the word
+vocabulary is counted by one process per CPU):
 1. `build`: `plan_corpus(...).prepare()` with an empty cache (word level: the vocabulary of train.txt is counted, then
    train.txt and valid.txt are tokenised and written to the cache);
 2. `reload`: the same call again, which maps the cached ids (and loads the cached vocabulary);
@@ -38,7 +39,9 @@ args = TrainArgs(data=train_file, valid_data=valid_file or None, tokenizer=token
 start = time.perf_counter()
 corpus = plan_corpus(args).prepare(warn=print)
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+helper_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest helper (word numbering)
+print(json.dumps({"seconds": seconds, "peak_rss_gib": peak, "helper_peak_rss_gib": helper_peak,
                   "train_tokens": len(corpus.train_ids), "valid_tokens": len(corpus.valid_ids),
                   "vocab": len(corpus.tokenizer), "dtype": str(corpus.train_ids.dtype)}))
 """
@@ -89,7 +92,8 @@ def main(argv=None):
         results["original"] = _run(peer)
     build, reload = results["build"], results["reload"]
     print(
-        f"build: {build['seconds']:.1f} s, peak RSS {build['peak_rss_gib']:.2f} GiB, "
+        f"build: {build['seconds']:.1f} s, peak RSS {build['peak_rss_gib']:.2f} GiB "
+        f"(largest helper process {build['helper_peak_rss_gib']:.2f} GiB), "
         f"{build['train_tokens'] + build['valid_tokens']:,} tokens ({build['dtype']}), vocabulary {build['vocab']:,}"
     )
     print(f"reload from the cache: {reload['seconds']:.2f} s, peak RSS {reload['peak_rss_gib']:.2f} GiB")

@@ -222,14 +222,20 @@ def is_row_suffix(rows: torch.Tensor, table: torch.Tensor) -> bool:
     )
 
 
+STEP_FRACTION = 8  # an append of one position or at most 1/STEP_FRACTION of the window is a step: room is kept
+
+
 class AppendBuffers:
     """Appending to the tensors a cache keeps (the memory of each layer, its keys and values) in place, in evaluation.
 
     `append(name, window, new, dim)` is `torch.cat([window, new], dim)`; when `window` is the view this object last
     handed out under `name` (`keep(name, view)`), `new` is written into the preallocated buffer right after it and a
     view of the buffer is returned: no copy of the window, which a step of `generate()` or of an acting agent would
-    otherwise pay per layer (the memory, keys and values: `[batch, mem_len, hidden]` each). The buffer holds room for
-    as many appends again as the window is long; when it is full, the window is copied to the start of a new buffer.
+    otherwise pay per layer (the memory, keys and values: `[batch, mem_len, hidden]` each). For steps (an append of
+    one position, or of at most 1/8 of the window) a buffer holds room for as many positions again as the window is
+    long; when it is full, the window is copied to the start of a new buffer. A larger append (a segment in
+    evaluation) gets a buffer of exactly `[window; new]`, as `torch.cat` would: room for further segments would
+    double the memory, keys and values that evaluation holds per layer, to save one copy of the window in two.
     Only what lies after the last view handed out is ever written, so no tensor handed out (kept by the caller,
     returned as the cache) ever changes. Used only without autograd (an in-place write would invalidate the saved
     tensors of a graph); the cache drops the buffers whenever it replaces its tensors otherwise."""
@@ -242,7 +248,7 @@ class AppendBuffers:
         length, added = window.shape[dim], new.shape[dim]
         if entry is None or entry[3] is not window or entry[2] + added > entry[0].shape[dim]:
             shape = list(window.shape)
-            shape[dim] = 2 * (length + added)
+            shape[dim] = length + added + (length if added <= max(1, length // STEP_FRACTION) else 0)
             buffer = window.new_empty(shape)
             buffer.narrow(dim, 0, length).copy_(window)
             entry = self._entries[name] = [buffer, dim, length, None]

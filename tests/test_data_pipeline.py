@@ -97,7 +97,14 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes_and_load_without_the_plugin(tmp_p
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert ids == list(text.encode("utf-8"))  # the literal "<eos>" in the text stays bytes
     assert tokenizer.decode(ids) == text
-    assert CorpusEncoder(tokenizer).encode(text).tolist() == ids
+    encoder = CorpusEncoder(tokenizer)
+    assert encoder.utf8_bytes  # recognised: the corpus is encoded by str.encode ...
+    assert encoder.encode(text).tolist() == ids
+    encoder.utf8_bytes = False  # ... as its Rust pipeline encodes it
+    assert encoder.encode(text + "<pad>\n" + text).tolist() == list((text + "<pad>\n" + text).encode("utf-8"))
+    tokenizer.backend_tokenizer.encode_special_tokens = False  # "<eos>" would be a token: not the bytes any more
+    assert not CorpusEncoder(tokenizer).utf8_bytes
+    tokenizer.backend_tokenizer.encode_special_tokens = True
     assert len(tokenizer) == 258 and (tokenizer.eos_token_id, tokenizer.pad_token_id) == (256, 257)
     tokenizer.save_pretrained(tmp_path / "byte")
     (tmp_path / "text.txt").write_text(text, encoding="utf-8", newline="")
@@ -139,6 +146,46 @@ def test_word_vocabulary_and_ids_match_the_original_vocab(tmp_path):
         assert corpus.train_ids.tolist() == reference.encode_file(train_file)
         assert corpus.valid_ids.tolist() == reference.encode_file(valid_file)
     assert len(set(reference.idx2sym)) < len(set(Counter(train_file.read_text().split())))  # some words became <unk>
+
+
+@pytest.mark.parametrize("processes", [1, 2, 3])
+@pytest.mark.parametrize(("min_freq", "max_size"), [(0, None), (2, None), (0, 7), (2, 9)])
+def test_one_pass_word_numbering_equals_counting_then_encoding(tmp_path, min_freq, max_size, processes):
+    """`WordNumbering` reads the training text once, its blocks shared by `processes`; the reference counts it (the
+    original's Counter, line by line) and then encodes it with the built tokenizer. Many small blocks (a placeholder
+    per block; words first met in a block of another process), words that look like the line-end placeholder (NUL
+    characters) and a literal `<eos>`, which the original counts as a word, and counts that tie at the `max_size`
+    boundary."""
+    from hf_txvariants.training.corpus_tokenizers import WordNumbering
+
+    rng = random.Random(min_freq * 100 + (max_size or 0))
+    words = ["a", "b", "c", "d", "e", "f", "<eos>", "<unk>", "\x00", "\x00\x00", "x\x00y", "été", "g", "h"]
+    words += [f"w{i}" for i in range(40)]  # rarer words, first met in later blocks
+    weights = [1.0 / (i + 1) ** 0.5 for i in range(len(words))]
+    lines = [" ".join(rng.choices(words, weights, k=rng.randint(0, 6))) for _ in range(300)]
+    text = "\n".join(lines) + "\n"
+    blocks, position = [], 0
+    while position < len(text):  # blocks ending at a line end, of 1 to 5 lines
+        end = position
+        for _ in range(rng.randint(1, 5)):
+            end = text.find("\n", end) + 1 or len(text)
+        blocks.append(text[position:end])
+        position = end
+    reference = ReferenceVocab(special=["<eos>", "<unk>"], min_freq=min_freq, max_size=max_size)
+    for line in text.splitlines(keepends=True):
+        reference.counter.update(reference.tokenize(line))
+    reference.build_vocab()
+    expected = [reference.sym2idx.get(s, 1) for line in lines for s in reference.tokenize(line, add_eos=True)]
+
+    numbering = WordNumbering(iter(blocks), tmp_path, min_freq, max_size, processes)
+    try:
+        assert numbering.tokenizer.idx2sym == reference.idx2sym
+        assert np.concatenate(list(numbering.token_ids(np.int32))).tolist() == expected
+        encoder = CorpusEncoder(numbering.tokenizer)
+        assert np.concatenate([encoder.encode(block) for block in blocks]).tolist() == expected
+    finally:
+        numbering.close()
+    assert not list(tmp_path.iterdir())  # the numbers' temporary file leaves nothing behind
 
 
 def test_word_tokenizer_saves_as_transfo_xl_and_reloads_with_the_same_ids(tmp_path):

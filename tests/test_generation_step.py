@@ -238,7 +238,7 @@ def test_append_buffers_equal_concatenation_and_never_change_a_tensor_handed_out
     buffers, generator = AppendBuffers(), torch.Generator().manual_seed(0)
     window = torch.randn(2, 3, 4, generator=generator)
     expected, handed_out = window.clone(), []
-    for step in range(12):  # a buffer holds 2 * (3 + 1) positions: refilled every few steps
+    for step in range(12):  # a buffer holds 3 + 1 + 3 positions: refilled every few steps
         new = torch.randn(2, 1, 4, generator=generator)
         extended = buffers.append("memory", window, new, 1)
         expected = torch.cat([expected, new], 1)
@@ -256,6 +256,22 @@ def test_append_buffers_equal_concatenation_and_never_change_a_tensor_handed_out
     assert appended._base is not window._base
     for tensor, values in handed_out:
         assert torch.equal(tensor, values)
+
+
+@pytest.mark.exact
+def test_append_buffers_keep_no_room_after_a_segment():
+    """A segment's append (more than a step) allocates `[window; new]` exactly, as `torch.cat` does, so evaluation
+    holds one segment's memory, keys and values per layer, not twice that; a step's append keeps room."""
+    from hf_txvariants.txv_cache import AppendBuffers
+
+    buffers = AppendBuffers()
+    window, segment = torch.randn(2, 16, 4), torch.randn(2, 16, 4)
+    extended = buffers.append("memory", window, segment, 1)
+    assert torch.equal(extended, torch.cat([window, segment], 1))
+    assert extended._base.shape[1] == 32  # no room
+    stepped = buffers.append("step", window, segment[:, :1], 1)
+    assert torch.equal(stepped, torch.cat([window, segment[:, :1]], 1))
+    assert stepped._base.shape[1] == 16 + 1 + 16  # room for as many steps as the window is long
 
 
 def test_acting_steps_equal_recomputing_with_and_without_in_place_memory():

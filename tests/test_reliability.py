@@ -346,9 +346,10 @@ def test_trainer_path_holds_the_same_lock_and_saves_the_model_folder_whole(tmp_p
 # ------------------------------------------------------------------------------------------------ the token cache
 def test_the_token_cache_on_a_full_disk_keeps_the_previous_cache(tmp_path):
     """The data changes, so the word-level cache is rebuilt, and the disk fills: first while the new vocabulary is
-    written, then (more room) while the new ids are written. Each time an OSError names the file and the cause and no
-    partial file is left in the cache folder; the first time the cache is exactly as before (the old data still
-    maps from it); once there is room the rebuild succeeds."""
+    written, then (more room) while the training text's word numbers are written (a temporary file, 4 bytes a token,
+    larger than the ids). Each time an OSError names the file and the cause and no partial file is left in the cache
+    folder; the first time the cache is exactly as before (the old data still maps from it); once there is room the
+    rebuild succeeds."""
     from hf_txvariants.training import TrainArgs
     from hf_txvariants.training.token_cache import plan_corpus
 
@@ -369,10 +370,11 @@ def test_the_token_cache_on_a_full_disk_keeps_the_previous_cache(tmp_path):
     assert np.array_equal(np.array(plan_corpus(args).prepare().train_ids), first_ids)  # a hit, as before
 
     data.write_text("".join(f"w{i % 89} w{i % 11}\n" for i in range(40000)))
-    with file_size_limit(100_000), pytest.raises(OSError) as failure:  # the vocabulary fits, the ids do not
+    with file_size_limit(100_000), pytest.raises(OSError) as failure:  # the vocabulary fits, the numbers do not
         plan_corpus(args).prepare()
     message = str(failure.value)
-    assert ".ids (left as it was): File too large" in message and str(cache) in message, message
+    assert message.startswith(f"could not write {cache} (the training text's word numbers, a temporary file)")
+    assert message.endswith("File too large"), message
     assert not list(cache.glob(".*"))
     assert len(plan_corpus(args).prepare().train_ids) > len(first_ids)  # rebuilt once there is room
 

@@ -4,10 +4,13 @@ corpus into token ids block by block, in Rust where the tokenizer allows it.
 * `byte` (the papers' enwik8 setup: every byte of the UTF-8 text is a symbol): a `PreTrainedTokenizerFast` whose
   ids 0..255 are the byte values (a `tokenizers` ByteLevel pre-tokenizer and decoder with a BPE model without
   merges), then `<eos>` (256) and `<pad>` (257). A plain `tokenizer.json` folder: `AutoTokenizer` loads it without
-  this plugin and without `trust_remote_code`, which a custom tokenizer class could not offer.
+  this plugin and without `trust_remote_code`, which a custom tokenizer class could not offer. Its ids being the text's
+  bytes, `CorpusEncoder` encodes a corpus with it through `str.encode` (recognised by its whole backend pipeline).
 * `word` (Transformer-XL's word-level setups, WikiText-103): the vocabulary the original `Vocab.build_vocab` builds
   (kimiyoung/transformer-xl data_utils.py): the lines split at whitespace and counted, the special symbols `<eos>`
   and `<unk>` first, then `Counter.most_common(max_size)` in order, stopping at the first count below `min_freq`.
+  The training text is read once for both the vocabulary and its ids (`WordNumbering`): words are numbered in order
+  of first appearance while they are counted, and the numbers become ids once the vocabulary is known.
   Saved as the plugin's `TransfoXLTokenizer` (vocab.json) with `whitespace_split=True`, so that a prompt is split as
   the corpus was.
 * A word-level `TransfoXLTokenizer` (built here or converted from the original checkpoints) encodes a corpus as the
@@ -19,15 +22,18 @@ corpus into token ids block by block, in Rust where the tokenizer allows it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import tempfile
-from collections import Counter
-from itertools import repeat
+from collections import defaultdict
+from itertools import count, repeat
 from pathlib import Path
 
 import numpy as np
 
+from ..txv_files import explained_write_errors
 from .data import DataError
 
 WORD_SPECIALS = ("<eos>", "<unk>")
@@ -78,32 +84,99 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 # --------------------------------------------------------------------------------------------------------------------
 # word
-def count_words(blocks) -> Counter:
-    """Word counts of the text blocks (whitespace split), inserted in order of first occurrence, as the original
-    `Vocab.count_file` counts a file line by line (its `<eos>` is not counted: `add_eos=False`)."""
-    counts = Counter()
-    for block in blocks:
-        counts.update(block.split())
-    return counts
+LINE_END = -1  # a line end among a block's word numbers
+
+
+class _Numbering:
+    """One process's pass over its blocks: each word numbered in order of first appearance and counted, each block's
+    numbers written to `file` (int32, text order, a line end as LINE_END), so that the training text is split and
+    looked up once, not once to count and again to encode. A line end enters the numbering as a placeholder that is
+    not a word (NUL characters found neither in the block nor among the words numbered so far) and is taken out
+    after the block: the original counts `<eos>` only where the text holds it."""
+
+    def __init__(self, file=None):
+        self.numbering = defaultdict(count().__next__)
+        self.counts = np.zeros(0, np.int64)
+        self.file = file  # counts has an entry for every number given so far, the placeholders' included
+        self.blocks = []  # per block: (its number of ids, the numbers first given in it: [start, end))
+
+    def add(self, block: str):
+        numbering = self.numbering
+        line_end = "\0"
+        while line_end in block or line_end in numbering:
+            line_end += "\0"
+        words = block.replace("\n", f" {line_end} ").split() if "\n" in block else block.split()
+        ids = np.fromiter(map(numbering.__getitem__, words), dtype=np.int32, count=len(words))
+        start = len(self.counts)
+        block_counts = np.bincount(ids, minlength=start)
+        self.counts = np.pad(self.counts, (0, len(block_counts) - start)) + block_counts
+        if line_end in numbering:
+            ids[ids == numbering.pop(line_end)] = LINE_END
+        self.blocks.append((len(ids), start, len(self.counts)))
+        if self.file is not None:
+            self.file.write(ids.tobytes())
+
+    def result(self) -> tuple[list[str], np.ndarray, np.ndarray, list]:
+        """The words in order of first appearance (the order in which the original's `Counter` meets them), their
+        counts (int64), their numbers (increasing, with gaps where line ends were numbered) and the blocks' record."""
+        words = list(self.numbering)
+        numbers = np.fromiter(self.numbering.values(), dtype=np.int64, count=len(words))
+        return words, self.counts[numbers], numbers, self.blocks
+
+
+def _numbering_process(connection, file):
+    """A forked helper of `WordNumbering`: numbers the blocks it is sent (None ends), answers its `result()`."""
+    try:
+        numbering = _Numbering(file)
+        while (block := connection.recv()) is not None:
+            numbering.add(block)
+        file.flush()
+        connection.send(("done", numbering.result()))
+    except BaseException as error:  # sent to the parent, which raises it
+        connection.send(("failed", error))
+
+
+def _merge(results: list, owners: list[int]) -> tuple[list[str], np.ndarray, list[np.ndarray]]:
+    """The words of all processes in order of first appearance in the text, their counts, and per process the global
+    index of each of its words. Block by block in text order (`owners`: the process of each block), a block's new
+    words in its process's numbering order, which is their order in the block, unless another block met them first."""
+    index = {}
+    next_block = [0] * len(results)
+    for owner in owners:
+        words, _, numbers, blocks = results[owner]
+        _, start, end = blocks[next_block[owner]]
+        next_block[owner] += 1
+        first, last = np.searchsorted(numbers, [start, end])
+        for word in words[first:last]:
+            index.setdefault(word, len(index))
+    counts = np.zeros(len(index), np.int64)
+    global_index = []
+    for words, word_counts, _, _ in results:
+        positions = np.fromiter(map(index.__getitem__, words), dtype=np.int64, count=len(words))
+        np.add.at(counts, positions, word_counts)
+        global_index.append(positions)
+    return list(index), counts, global_index
 
 
 def word_vocabulary(
-    counts: Counter, min_freq: int = 0, max_size: int | None = None, special=WORD_SPECIALS
+    words: list[str], counts: np.ndarray, min_freq: int = 0, max_size: int | None = None, special=WORD_SPECIALS
 ) -> list[str]:
-    """The symbols in id order, as the original `Vocab.build_vocab`: the specials, then the most common words."""
+    """The symbols in id order, as the original `Vocab.build_vocab`: the specials, then the most common words
+    (`Counter.most_common(max_size)`: by count, ties in order of first appearance), stopping at a count below
+    `min_freq`. `words` in order of first appearance with their `counts` (`_Numbering.result`)."""
     symbols = dict.fromkeys(special)
-    for word, count in counts.most_common(max_size):
-        if count < min_freq:
+    order = np.argsort(-counts, kind="stable")
+    for index in order[:max_size].tolist():
+        if counts[index] < min_freq:
             break
-        symbols.setdefault(word, None)
+        symbols.setdefault(words[index], None)
     return list(symbols)
 
 
-def build_word_tokenizer(blocks, min_freq: int = 0, max_size: int | None = None):
-    """A `TransfoXLTokenizer` over the word vocabulary of `blocks` (see the module docstring)."""
+def word_tokenizer(symbols: list[str], min_freq: int = 0, max_size: int | None = None):
+    """A `TransfoXLTokenizer` whose ids are `symbols` in order (see the module docstring)."""
     from ..tokenization_transfo_xl import TransfoXLTokenizer
 
-    symbols = word_vocabulary(count_words(blocks), min_freq, max_size)
     if len(symbols) == len(WORD_SPECIALS):
         raise DataError("cannot build a word vocabulary: the training text has no words")
     with tempfile.TemporaryDirectory() as folder:
@@ -120,6 +193,110 @@ def build_word_tokenizer(blocks, min_freq: int = 0, max_size: int | None = None)
             eos_token="<eos>",
             additional_special_tokens=[],
         )
+
+
+def build_word_tokenizer(blocks, min_freq: int = 0, max_size: int | None = None):
+    """A `TransfoXLTokenizer` over the word vocabulary of `blocks` (see the module docstring)."""
+    numbering = _Numbering()
+    for block in blocks:
+        numbering.add(block)
+    words, counts, _, _ = numbering.result()
+    return word_tokenizer(word_vocabulary(words, counts, min_freq, max_size), min_freq, max_size)
+
+
+def numbering_processes() -> int:
+    """The processes `WordNumbering` uses: the CPUs this process may run on, at most 8."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+class WordNumbering:
+    """The word vocabulary of the training text and its token ids from one pass over it (`_Numbering`), spread over
+    `processes`: this one numbers every `processes`-th block and forked helpers (started at the second block, so a
+    small text forks nothing) the others, each into its own unnamed temporary file in `folder` (4 bytes a token; gone
+    when closed, also after a crash). `_merge` puts the words in the order in which one pass would have met them;
+    `token_ids()` then turns the numbers into the ids `CorpusEncoder` would give, a block at a time."""
+
+    def __init__(self, blocks, folder: Path, min_freq: int = 0, max_size: int | None = None, processes=None):
+        processes = processes or numbering_processes()
+        self.files = [tempfile.TemporaryFile(dir=folder, prefix=".txv-word-numbers-") for _ in range(processes)]
+        try:
+            with explained_write_errors(f"{folder} (the training text's word numbers, a temporary file)"):
+                results, self.owners = self._number(blocks, processes)
+            words, counts, global_index = _merge(results, self.owners)
+            self.tokenizer = word_tokenizer(word_vocabulary(words, counts, min_freq, max_size), min_freq, max_size)
+            table, unknown = self.tokenizer.sym2idx, self.tokenizer.unk_idx
+            ids_of_words = np.fromiter((table.get(word, unknown) for word in words), np.int64, count=len(words))
+            # per process, number -> token id; the last entry (LINE_END = -1) and the placeholders' are <eos>
+            self.id_tables = []
+            for (_, _, numbers, _), positions in zip(results, global_index):
+                id_table = np.full(int(numbers[-1]) + 2 if len(numbers) else 1, table["<eos>"], np.int64)
+                id_table[numbers] = ids_of_words[positions]
+                self.id_tables.append(id_table)
+            self.block_sizes = [[size for size, _, _ in blocks] for _, _, _, blocks in results]
+        except BaseException:
+            self.close()
+            raise
+
+    def _number(self, blocks, processes: int) -> tuple[list, list[int]]:
+        own = _Numbering(self.files[0])
+        helpers, owners = [], []
+        try:
+            for position, block in enumerate(blocks):
+                owner = position % processes
+                if owner == 0:
+                    own.add(block)
+                else:
+                    if not helpers:
+                        helpers = self._start_helpers(processes)
+                    helpers[owner - 1][1].send(block)
+                owners.append(owner)
+            own.file.flush()
+            results = [own.result()]
+            for process, connection in helpers:
+                connection.send(None)
+                status, answer = connection.recv()
+                if status == "failed":
+                    raise answer
+                process.join()
+                results.append(answer)
+            results += [_Numbering().result()] * (processes - len(results))  # helpers never started: no blocks
+            return results, owners
+        finally:
+            for process, _ in helpers:
+                if process.is_alive():
+                    process.terminate()
+
+    def _start_helpers(self, processes: int) -> list:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")  # a fork starts at once; a fresh interpreter imports torch
+        helpers = []
+        for file in self.files[1:processes]:
+            parent_end, child_end = context.Pipe()
+            process = context.Process(target=_numbering_process, args=(child_end, file), daemon=True)
+            process.start()
+            helpers.append((process, parent_end))
+        return helpers
+
+    def token_ids(self, dtype):
+        """The training text's token ids, block by block, as `CorpusEncoder(self.tokenizer).encode` gives them."""
+        numbers = []
+        for file in self.files:
+            size = file.seek(0, 2) // 4
+            numbers.append(np.memmap(file, dtype=np.int32, mode="r", shape=(size,)) if size else None)
+        offsets = [0] * len(self.files)
+        next_block = [0] * len(self.files)
+        for owner in self.owners:
+            size = self.block_sizes[owner][next_block[owner]]
+            next_block[owner] += 1
+            if size:
+                chunk = numbers[owner][offsets[owner] : offsets[owner] + size]
+                yield self.id_tables[owner][chunk].astype(dtype)
+            offsets[owner] += size
+
+    def close(self):
+        for file in self.files:
+            file.close()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -142,6 +319,7 @@ class CorpusEncoder:
         self.dtype = np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.int32)
         self.line_ends = _is_word_level_transfo_xl(tokenizer)  # a newline is `<eos>`; the text ends with one
         self.backend = None if self.line_ends else getattr(tokenizer, "backend_tokenizer", None)
+        self.utf8_bytes = self.backend is not None and _is_byte_tokenizer(self.backend)  # ids = the text's bytes
         digest = hashlib.sha256(json.dumps({"format": self.FORMAT, "class": type(tokenizer).__name__}).encode())
         if self.line_ends:
             self._words = dict(tokenizer.sym2idx)
@@ -166,6 +344,8 @@ class CorpusEncoder:
         """The ids of one block of text (1-D, `self.dtype`)."""
         if self.line_ends:
             return self._encode_words(block)
+        if self.utf8_bytes:
+            return np.frombuffer(block.encode("utf-8"), dtype=np.uint8).astype(self.dtype)
         pieces = _pieces(block, ENCODE_PIECE_CHARS)
         if self.backend is not None:
             try:
@@ -194,6 +374,17 @@ class CorpusEncoder:
                 )
             ids[unknown] = self._unk
         return ids.astype(self.dtype)
+
+
+@functools.cache
+def _byte_backend_json() -> str:
+    return build_byte_tokenizer().backend_tokenizer.to_str()
+
+
+def _is_byte_tokenizer(backend) -> bool:
+    """Whether `backend` is `build_byte_tokenizer`'s (its whole pipeline, and a literal special token kept as bytes),
+    whose ids are the UTF-8 bytes of the text: encoded by `str.encode` then, 100x faster than its Rust pipeline."""
+    return backend.encode_special_tokens and backend.to_str() == _byte_backend_json()
 
 
 def _is_word_level_transfo_xl(tokenizer) -> bool:

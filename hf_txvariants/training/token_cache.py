@@ -4,7 +4,9 @@
 `CorpusPlan.prepare(log)` returns the tokenizer and the token ids of the training and validation text as read-only
 memory maps (run it on one process first: under DDP rank 0 tokenises while the others wait, then every rank maps the
 same files). The text is streamed block by block (data.text_blocks): each block is encoded and its ids appended to
-the file, so memory stays at a block, never the corpus.
+the file, so memory stays at a block, never the corpus. A word vocabulary built from the training text is counted in
+the same pass that numbers the text's words (`corpus_tokenizers.WordNumbering`, the numbers in an unnamed temporary
+file in the cache folder), so that text is read and split once.
 
 Cache layout, in `--token-cache` (default `$HF_HOME/txv-token-cache`, i.e. ~/.cache/huggingface/txv-token-cache;
 `TXV_TOKEN_CACHE` overrides the default): per part of the corpus
@@ -122,18 +124,28 @@ class CorpusPlan:
         log = _Log(warn, inform or _silent)
         from .corpus_tokenizers import CorpusEncoder
 
-        tokenizer = self.tokenizer if self.tokenizer is not None else self._built_tokenizer(log)
-        encoder = CorpusEncoder(tokenizer)
-        train_ids, train_file = self._token_ids(self.train, encoder, log)
+        numbering = None  # a word vocabulary built now comes with the training text's ids (`WordNumbering`)
+        try:
+            if self.tokenizer is not None:
+                tokenizer = self.tokenizer
+            else:
+                tokenizer, numbering = self._built_tokenizer(log)
+            encoder = CorpusEncoder(tokenizer)
+            train_ids, train_file = self._token_ids(self.train, encoder, log, numbering)
+        finally:
+            if numbering is not None:
+                numbering.close()
         valid_ids, valid_file = self._token_ids(self.valid, encoder, log)
         return PreparedCorpus(tokenizer, train_ids, valid_ids, [train_file, valid_file])
 
     # ---------------------------------------------------------------------------------------------- tokenizer
     def _built_tokenizer(self, log):
-        from .corpus_tokenizers import build_byte_tokenizer, build_word_tokenizer
+        """The tokenizer (from the cache or built from the training text), and the `WordNumbering` that built a word
+        vocabulary now (else None)."""
+        from .corpus_tokenizers import WordNumbering, build_byte_tokenizer
 
         if self.tokenizer_spec == "byte":
-            return build_byte_tokenizer()
+            return build_byte_tokenizer(), None
         settings = {"tokenizer": self.tokenizer_spec, "format": CACHE_FORMAT}
         if self.tokenizer_spec == "word":
             settings.update(min_freq=self.vocab_min_freq, max_size=self.vocab_max_size)
@@ -144,25 +156,36 @@ class CorpusPlan:
         reason = _stale_reason(folder / "txv-source.json", stamp, what="vocabulary")
         if reason is None:
             try:
-                return _load_tokenizer(folder)
+                return _load_tokenizer(folder), None
             except Exception as error:  # a damaged folder: rebuilt
                 reason = f"it does not load ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})"
         if reason != "missing":
             log.warn(f"rebuilding the {self.tokenizer_spec} vocabulary cached in {folder}: {reason}")
         began = time.perf_counter()
+        numbering = None
         if self.tokenizer_spec == "word":
-            tokenizer = build_word_tokenizer(self.train.blocks(), self.vocab_min_freq, self.vocab_max_size)
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            blocks = self.train.blocks(line_ends=True)  # as the encoder reads them
+            numbering = WordNumbering(blocks, self.cache_dir, self.vocab_min_freq, self.vocab_max_size)
+            tokenizer = numbering.tokenizer
         else:
             tokenizer = build_char_tokenizer(self.train.blocks())
-        _save_folder_atomically(tokenizer, folder, stamp)
+        try:
+            _save_folder_atomically(tokenizer, folder, stamp)
+        except BaseException:
+            if numbering is not None:
+                numbering.close()
+            raise
         log.inform(
             f"built a {self.tokenizer_spec} vocabulary of {len(tokenizer):,} tokens from "
             f"{self.train.source.description} in {time.perf_counter() - began:.1f}s (cached in {folder})"
         )
-        return tokenizer
+        return tokenizer, numbering
 
     # ------------------------------------------------------------------------------------------------- ids
-    def _token_ids(self, part: CorpusPart, encoder, log) -> tuple[np.ndarray, Path]:
+    def _token_ids(self, part: CorpusPart, encoder, log, numbering=None) -> tuple[np.ndarray, Path]:
+        """The part's ids from the cache, or encoded now and cached (`numbering`: the training text's ids, already
+        numbered while its word vocabulary was counted)."""
         identity = {
             "source": part.source.identity,
             "range": part.spec,
@@ -187,9 +210,11 @@ class CorpusPlan:
         if reason != "missing":
             log.warn(f"rebuilding the token cache {ids_file}: {reason}")
         began = time.perf_counter()
-        count = write_token_ids(
-            ids_file, header, part.blocks(encoder.line_ends), encoder, {**stamp, "source": part.source.description}
-        )
+        if numbering is not None:
+            id_chunks = numbering.token_ids(encoder.dtype)
+        else:
+            id_chunks = map(encoder.encode, part.blocks(encoder.line_ends))
+        count = write_token_ids(ids_file, header, id_chunks, encoder, {**stamp, "source": part.source.description})
         log.inform(
             f"tokenised {part.source.description} ({part.role}): {count:,} tokens in "
             f"{time.perf_counter() - began:.1f}s (cached in {ids_file})"
@@ -200,17 +225,17 @@ class CorpusPlan:
         return ids, ids_file
 
 
-def write_token_ids(ids_file: Path, header: Path, blocks, encoder, stamp: dict) -> int:
-    """Encodes `blocks` one by one, appending the ids to `ids_file`; then writes `header` (the JSON that makes the
-    cache valid). Both are written atomically; the old header goes first, so an interruption leaves no valid cache."""
+def write_token_ids(ids_file: Path, header: Path, id_chunks, encoder, stamp: dict) -> int:
+    """Appends the token ids of `id_chunks` (arrays, in text order) to `ids_file`; then writes `header` (the JSON
+    that makes the cache valid). Both are written atomically; the old header goes first, so an interruption leaves no
+    valid cache."""
     header.unlink(missing_ok=True)
     dtype = encoder.dtype.newbyteorder("<")
     count = 0
 
     def write(f):
         nonlocal count
-        for block in blocks:
-            ids = encoder.encode(block)
+        for ids in id_chunks:
             if len(ids) and int(ids.max()) >= encoder.vocab_size:
                 raise DataError(f"the tokenizer produced id {int(ids.max())} >= its size {encoder.vocab_size}")
             f.write(ids.astype(dtype, copy=False).tobytes())
