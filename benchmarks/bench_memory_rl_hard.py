@@ -70,6 +70,9 @@ def build_policy(agent: str, envs, mem_len: int):
     return make_policy(agent, envs.single_observation_space, envs.single_action_space, mem_len=mem_len)
 
 
+FROZEN_EPISODES = 64  # episodes of the final policy, frozen, greedy and sampled
+
+
 def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: int = 40) -> dict:
     import torch
 
@@ -95,6 +98,15 @@ def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: 
 
     history = train_ppo(policy, envs, ppo, seed=seed, log=log)
     envs.close()
+    # the final policy frozen (what a user saves and runs), on fresh envs of another seed
+    from hf_txvariants.rl.evaluate import evaluate_policy
+
+    frozen = {}
+    for name, greedy in (("frozen_greedy", True), ("frozen_sampled", False)):
+        eval_envs = make_vector_env(task, NUM_ENVS, seed=10_000 + seed, previous_action=previous_action)
+        returns = evaluate_policy(policy, eval_envs, FROZEN_EPISODES, deterministic=greedy, seed=10_000 + seed)
+        eval_envs.close()
+        frozen[name] = float(np.mean(returns))
     return {
         "task": task,
         "agent": agent,
@@ -102,6 +114,7 @@ def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: 
         "previous_action": previous_action,
         "mem_len": setting["mem_len"],
         "parameters": policy.num_parameters,
+        **frozen,
         **history.to_dict(),
     }
 
@@ -109,8 +122,9 @@ def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: 
 def results_table(runs: list[dict], level: float = 0.9) -> str:
     lines = [
         "| task | agent | parameters | seeds | MMER mean ± std | MMER per seed | steps to 0.0 per seed | "
-        f"steps to {level} per seed | steps/s | POPGym GRU / best of 13 (published, 15M steps) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"steps to {level} per seed | final policy frozen, greedy / sampled, per seed | steps/s | "
+        "POPGym GRU / best of 13 (published, 15M steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task in TASKS:
         for agent in AGENTS:
@@ -124,11 +138,15 @@ def results_table(runs: list[dict], level: float = 0.9) -> str:
             )
             gru, best, which = POPGYM_PUBLISHED.get(task, (None, None, None))
             published = "" if best is None else f"{'?' if gru is None else f'{gru:.3f}'} / {best:.3f} ({which})"
+            frozen = " ; ".join(
+                f"{r['frozen_greedy']:.2f} / {r['frozen_sampled']:.2f}" if "frozen_greedy" in r else "not run"
+                for r in rows
+            )
             lines.append(
                 f"| {task} ({rows[0]['settings']['total_steps'] // 1000}k steps) | {agent} | "
                 f"{rows[0]['parameters']:,} | {', '.join(str(r['seed']) for r in rows)} | "
                 f"{mmer.mean():.3f} ± {mmer.std():.3f} | {' / '.join(f'{m:.2f}' for m in mmer)} | "
-                f"{onset} | {reached} | "
+                f"{onset} | {reached} | {frozen} | "
                 f"{np.mean([r['steps_per_second'] for r in rows]):,.0f} | {published} |"
             )
     seconds = sum(r["seconds"] for r in runs)

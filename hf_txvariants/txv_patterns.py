@@ -856,9 +856,10 @@ def flex_block_mask(pattern, num_heads, q_len, k_len, device, q_offset=0, block_
 
 _compiled_flex = None
 # torch.compile keeps a few kernels per function (torch._dynamo.config.recompile_limit, 8) and past that runs
-# flex_attention unfused, materialising every score (measured on an H100 at 16k: 50x the time and 76x the memory of
-# the fused kernel). Each pattern, grad mode and length is a kernel of its own, so a process with a few patterns (a
-# benchmark, a sweep, evaluation at another length) passes 8 quickly: FlexAttention calls run under this limit.
+# flex_attention unfused, materialising every score (measured on an H100 at 16k, 4 layers, the fixed merged pattern:
+# a forward of 305 ms and 26.8 GB against 9 ms and 0.26 GB fused). Each pattern, grad mode and length is a kernel of
+# its own, so a process with a few patterns (a benchmark, a sweep, evaluation at another length) passes 8 quickly:
+# FlexAttention calls run under this limit.
 FLEX_RECOMPILE_LIMIT = 64
 
 
