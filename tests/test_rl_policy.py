@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -249,6 +250,20 @@ def test_train_ppo_runs_and_refuses_what_it_cannot_use():
     next_step = gym.vector.SyncVectorEnv([ProofOfMemoryEnv])
     with pytest.raises(ValueError, match="autoreset_mode=AutoresetMode.SAME_STEP"):
         train_ppo(policy, next_step, settings, seed=0)
+
+
+def test_target_kl_stops_an_update_after_the_epoch_that_passes_it():
+    """`target_kl` (CleanRL's): once the approximate KL of an epoch's last minibatch exceeds it, the update's other
+    epochs are skipped. With two minibatches the first epoch's second one already sees a moved policy, so a tiny target
+    stops every update after one epoch; without a target every update runs all its epochs."""
+    envs = make_vector_env("txv/ProofOfMemory-v0", 4, seed=0)
+    policy = build("gtrxl", envs.single_observation_space, envs.single_action_space)
+    settings = PPOSettings(total_steps=256, rollout_steps=32, segment_length=8, epochs=3, minibatches=2)
+    assert train_ppo(policy, envs, settings, seed=0).epochs_run == [3, 3]
+    stopped = train_ppo(policy, envs, dataclasses.replace(settings, target_kl=1e-12), seed=0)
+    assert stopped.epochs_run == [1, 1]
+    with pytest.raises(ValueError, match="PPOSettings.target_kl must be > 0 or None, got 0"):
+        train_ppo(policy, envs, dataclasses.replace(settings, target_kl=0), seed=0)
 
 
 def test_example_runs_from_the_command_line(tmp_path):

@@ -41,6 +41,9 @@ class PPOSettings:
     final_entropy_coef: float | None = None  # anneal linearly towards this (ppo_trxl's entropy schedule); None: same
     max_grad_norm: float = 0.5
     return_window: int = 100
+    # stop an update's epochs after one whose last minibatch moved the policy beyond this approximate KL from the
+    # rollout's policy (CleanRL's target_kl, e.g. 0.015): a guard against an update that collapses the policy
+    target_kl: float | None = None
 
     def check(self, num_envs: int):
         for name in ("total_steps", "rollout_steps", "segment_length", "epochs", "minibatches", "return_window"):
@@ -50,6 +53,8 @@ class PPOSettings:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"PPOSettings.{name} must be >= 0, got {value}")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ValueError(f"PPOSettings.target_kl must be > 0 or None, got {self.target_kl}")
         if self.rollout_steps % self.segment_length:
             raise ValueError(
                 f"PPOSettings.rollout_steps ({self.rollout_steps}) must be a multiple of segment_length "
@@ -91,6 +96,7 @@ class TrainingHistory:
     mean_returns: list = field(default_factory=list)
     learning_rates: list = field(default_factory=list)  # what update i used
     entropy_coefs: list = field(default_factory=list)
+    epochs_run: list = field(default_factory=list)  # fewer than settings.epochs where target_kl stopped update i
     episodes: int = 0
     seconds: float = 0.0
 
@@ -207,7 +213,8 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
         advantages, returns = generalised_advantages(
             rollout["rewards"], rollout["values"], rollout["dones"], next_value, settings.gamma, settings.gae_lambda
         )
-        _update(policy, optimizer, settings, rollout, snapshots, advantages, returns, entropy_coef)
+        epochs_run = _update(policy, optimizer, settings, rollout, snapshots, advantages, returns, entropy_coef)
+        history.epochs_run.append(epochs_run)
         history.learning_rates.append(learning_rate)
         history.entropy_coefs.append(entropy_coef)
         history.steps.append((len(history.steps) + 1) * steps_per_update)
@@ -220,7 +227,10 @@ def train_ppo(policy: MemoryPolicy, envs, settings: PPOSettings, seed: int = 0, 
     return history
 
 
-def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advantages, returns, entropy_coef: float):
+def _update(
+    policy, optimizer, settings: PPOSettings, rollout, snapshots, advantages, returns, entropy_coef: float
+) -> int:
+    """The PPO epochs over one rollout; returns how many ran (`settings.target_kl` may stop them early)."""
     policy.train()
     segment_length = settings.segment_length
     segments = {k: _to_segments(v, segment_length) for k, v in rollout.items()}
@@ -228,7 +238,7 @@ def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advant
     segments["returns"] = _to_segments(returns, segment_length)
     stored = {k: torch.cat([s[k] for s in snapshots]) for k in snapshots[0]}  # segment-major, as `_to_segments`
     count = segments["actions"].shape[0]
-    for _ in range(settings.epochs):
+    for epoch in range(settings.epochs):
         for rows in torch.randperm(count, device=segments["actions"].device).chunk(settings.minibatches):
             state = policy.restore({k: v[rows] for k, v in stored.items()})
             log_probs, entropy, values = policy.evaluate_actions(
@@ -236,7 +246,8 @@ def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advant
             )
             advantages = segments["advantages"][rows]
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-            ratio = (log_probs - segments["log_probs"][rows]).exp()
+            log_ratio = log_probs - segments["log_probs"][rows]
+            ratio = log_ratio.exp()
             clipped = ratio.clamp(1 - settings.clip, 1 + settings.clip)
             policy_loss = -torch.min(ratio * advantages, clipped * advantages).mean()
             value_loss = (values - segments["returns"][rows]).pow(2).mean()
@@ -246,6 +257,12 @@ def _update(policy, optimizer, settings: PPOSettings, rollout, snapshots, advant
             nn.utils.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
             optimizer.step()
             policy.body.after_optimizer_step()
+        if settings.target_kl is not None:
+            with torch.no_grad():  # the "k3" estimate of KL(rollout policy || current), CleanRL's approx_kl
+                approx_kl = float(((ratio - 1) - log_ratio).mean())  # of the epoch's last minibatch
+            if approx_kl > settings.target_kl:
+                return epoch + 1
+    return settings.epochs
 
 
 __all__ = ["PPOSettings", "TrainingHistory", "generalised_advantages", "linear_schedule", "train_ppo"]
