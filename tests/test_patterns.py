@@ -328,6 +328,10 @@ def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+    reason="torch.compile lowers FlexAttention for CPU only with AVX2 kernels (inductor's flex_cpu)",
+)
 def test_compiled_flex_keeps_its_fused_kernel_past_the_global_recompile_limit(caplog):
     """Each pattern is a kernel of its own; past torch's recompile limit torch.compile would run flex_attention unfused
     (every score materialised: on an H100 at 16k, 305 ms and 26.8 GB a forward against 9 ms and 0.26 GB). The

@@ -136,16 +136,21 @@ def _numbering_process(connection, file):
         connection.send(("failed", error))
 
 
+def _blocks_in_text_order(results: list, owners: list[int]):
+    """`(process, its record of the block)` for every block in text order (`owners`: the process of each block; a
+    process's records are in the order it was sent its blocks)."""
+    records = [iter(blocks) for _, _, _, blocks in results]
+    for owner in owners:
+        yield owner, next(records[owner])
+
+
 def _merge(results: list, owners: list[int]) -> tuple[list[str], np.ndarray, list[np.ndarray]]:
     """The words of all processes in order of first appearance in the text, their counts, and per process the global
-    index of each of its words. Block by block in text order (`owners`: the process of each block), a block's new
-    words in its process's numbering order, which is their order in the block, unless another block met them first."""
+    index of each of its words. Block by block in text order, a block's new words in its process's numbering order,
+    which is their order in the block, unless another block met them first."""
     index = {}
-    next_block = [0] * len(results)
-    for owner in owners:
-        words, _, numbers, blocks = results[owner]
-        _, start, end = blocks[next_block[owner]]
-        next_block[owner] += 1
+    for owner, (_, start, end) in _blocks_in_text_order(results, owners):
+        words, _, numbers, _ = results[owner]
         first, last = np.searchsorted(numbers, [start, end])
         for word in words[first:last]:
             index.setdefault(word, len(index))
@@ -232,7 +237,7 @@ class WordNumbering:
                 id_table = np.full(int(numbers[-1]) + 2 if len(numbers) else 1, table["<eos>"], np.int64)
                 id_table[numbers] = ids_of_words[positions]
                 self.id_tables.append(id_table)
-            self.block_sizes = [[size for size, _, _ in blocks] for _, _, _, blocks in results]
+            self.blocks = list(_blocks_in_text_order(results, self.owners))
         except BaseException:
             self.close()
             raise
@@ -285,10 +290,7 @@ class WordNumbering:
             size = file.seek(0, 2) // 4
             numbers.append(np.memmap(file, dtype=np.int32, mode="r", shape=(size,)) if size else None)
         offsets = [0] * len(self.files)
-        next_block = [0] * len(self.files)
-        for owner in self.owners:
-            size = self.block_sizes[owner][next_block[owner]]
-            next_block[owner] += 1
+        for owner, (size, _, _) in self.blocks:
             if size:
                 chunk = numbers[owner][offsets[owner] : offsets[owner] + size]
                 yield self.id_tables[owner][chunk].astype(dtype)

@@ -43,6 +43,27 @@ TRANSFO_XL_TRAIN_DEFAULTS = dict(
 TRANSFO_XL_EVAL_BATCH_SIZE = 10
 TRANSFO_XL_WT103_CUTOFFS = [20000, 40000, 200000]
 
+# pytorch/run_enwik8_base.sh (run_text8_base.sh sets the same flags)
+_ENWIK8_BASE = dict(
+    dataset="enwik8",
+    n_layer=12,
+    d_model=512,
+    n_head=8,
+    d_head=64,
+    d_inner=2048,
+    dropout=0.1,
+    dropatt=0.0,
+    optim="adam",
+    lr=0.00025,
+    warmup_step=0,
+    max_step=400000,
+    tgt_len=512,
+    mem_len=512,
+    eval_tgt_len=128,
+    batch_size=22,
+    eval=dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True),
+)
+
 # The `train` flags of pytorch/run_*.sh (those that set the model or the optimisation), and the `eval` branch.
 TRANSFO_XL_SCRIPTS = {
     "wt103-base": dict(
@@ -86,25 +107,7 @@ TRANSFO_XL_SCRIPTS = {
         batch_size=128,
         eval=dict(tgt_len=128, mem_len=1600, clamp_len=1000, same_length=True),
     ),
-    "enwik8-base": dict(
-        dataset="enwik8",
-        n_layer=12,
-        d_model=512,
-        n_head=8,
-        d_head=64,
-        d_inner=2048,
-        dropout=0.1,
-        dropatt=0.0,
-        optim="adam",
-        lr=0.00025,
-        warmup_step=0,
-        max_step=400000,
-        tgt_len=512,
-        mem_len=512,
-        eval_tgt_len=128,
-        batch_size=22,
-        eval=dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True),
-    ),
+    "enwik8-base": _ENWIK8_BASE,
     "enwik8-large": dict(
         dataset="enwik8",
         n_layer=24,
@@ -124,25 +127,7 @@ TRANSFO_XL_SCRIPTS = {
         batch_size=64,
         eval=dict(tgt_len=128, mem_len=3800, clamp_len=1000, same_length=True),
     ),
-    "text8-base": dict(
-        dataset="text8",
-        n_layer=12,
-        d_model=512,
-        n_head=8,
-        d_head=64,
-        d_inner=2048,
-        dropout=0.1,
-        dropatt=0.0,
-        optim="adam",
-        lr=0.00025,
-        warmup_step=0,
-        max_step=400000,
-        tgt_len=512,
-        mem_len=512,
-        eval_tgt_len=128,
-        batch_size=22,
-        eval=dict(tgt_len=80, mem_len=2100, clamp_len=820, same_length=True),
-    ),
+    "text8-base": {**_ENWIK8_BASE, "dataset": "text8"},  # run_text8_base.sh: run_enwik8_base.sh's flags
     "text8-large": dict(
         dataset="text8",
         n_layer=24,
