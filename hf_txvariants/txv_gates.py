@@ -93,6 +93,30 @@ class GRUGate(GatingLayer):
         candidate = torch.tanh(self.w_g(y) + self.u_g(reset * x))
         return (1 - update) * x + update * candidate
 
+    def stacked_weights(self) -> tuple[torch.Tensor, ...]:
+        """For `fused`, transposed for `torch.addmm`: `[W_r; W_z; W_g]^T`, the bias `[0; -b_g; 0]` of that product,
+        `[U_r; U_z]^T` and `U_g^T`."""
+        zeros = torch.zeros_like(self.gate_bias)
+        return (
+            torch.cat([self.w_r.weight, self.w_z.weight, self.w_g.weight]).t().contiguous(),
+            torch.cat([zeros, -self.gate_bias, zeros]),
+            torch.cat([self.u_r.weight, self.u_z.weight]).t().contiguous(),
+            self.u_g.weight.t().contiguous(),
+        )
+
+    @staticmethod
+    def fused(x: torch.Tensor, y: torch.Tensor, stacked: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """`forward`'s maths for `x`, `y` `[rows, hidden]` in three products instead of six and four element-wise ops
+        instead of nine (in place: no autograd), with weights stacked once (`stacked_weights`); equal to `forward`
+        within float rounding."""
+        w_stack, bias, u_reset_update, u_g = stacked
+        hidden = x.shape[-1]
+        from_y = torch.addmm(bias, y, w_stack)  # [W_r y, W_z y - b_g, W_g y]
+        reset_update = torch.addmm(from_y[:, : 2 * hidden], x, u_reset_update).sigmoid_()
+        reset, update = reset_update.split(hidden, dim=-1)
+        candidate = torch.addmm(from_y[:, 2 * hidden :], reset * x, u_g).tanh_()
+        return torch.lerp(x, candidate, update)  # (1 - z) x + z h
+
 
 GATES: dict[str, type[GatingLayer]] = {
     "residual": ResidualGate,

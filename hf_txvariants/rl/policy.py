@@ -33,6 +33,7 @@ from torch import nn
 from ..configuration_gtrxl import GTrXLConfig
 from ..modeling_gtrxl import GTrXLModel
 from ..txv_cache import MemoryCache
+from ..txv_xl_step import StepMemory, StepWeights, step_support, xl_step
 
 
 def _space_size(space) -> int:
@@ -134,14 +135,31 @@ class GTrXLBody(MemoryBody):
         if config.mem_len < 0:
             raise ValueError(f"config.mem_len must be >= 0, got {config.mem_len}")
         self.config = config
-        self.hidden_size = config.hidden_size
+        self.hidden_size, self.mem_len = config.hidden_size, config.mem_len
         self.model = GTrXLModel(config)
+        self._forget_step_cache()
+
+    def _forget_step_cache(self):
+        """Drops what the one-step path keeps about the model: whether it can step (`step_support`), its parameter
+        list and the stacked weights; all made again at the next step. Called by `train` / `eval` and when the model
+        is moved or cast (`_apply`): replace a part (e.g. wrap it with PEFT) before either, or call this."""
+        self._step_support: str | None = None  # why the one-step path cannot serve this model ("" if it can)
+        self._step_parameters: list | None = None
+        self._step_weights: StepWeights | None = None
+
+    def train(self, mode: bool = True):
+        self._forget_step_cache()
+        return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):
+        self._forget_step_cache()
+        return super()._apply(fn, *args, **kwargs)
 
     @property
     def memoryless(self) -> bool:
         """`mem_len=0`: every step attends only to itself (GTrXL's own network without a memory, a baseline of
         exactly its parameters); the state is None."""
-        return self.config.mem_len == 0
+        return self.mem_len == 0
 
     def to_config(self) -> dict:
         return {"kind": self.kind, "config": self.config.to_dict()}
@@ -166,11 +184,39 @@ class GTrXLBody(MemoryBody):
         mask = torch.full((num_envs, config.mem_len), config.memory_init == "zeros", dtype=torch.bool, device=device)
         return self.restore({"memory": memory, "memory_mask": mask})
 
+    def stepping(self, inputs: torch.Tensor) -> bool:
+        """Whether this call takes the one-step path (`txv_xl_step`): one position per row, evaluation without
+        autograd or autocast, and a model that path supports (else the general backbone computes the same)."""
+        if inputs.shape[1] != 1 or self.model.training or torch.is_grad_enabled():
+            return False
+        if torch.is_autocast_enabled(inputs.device.type):
+            return False
+        if self._step_support is None:
+            self._step_support = step_support(self.model) or ""
+        return not self._step_support
+
+    def step_weights(self) -> StepWeights:
+        """The weights in the form a step uses, made again whenever a parameter changed: an optimiser step or a load
+        writes in place, which moves the parameter's version (moving or casting the model goes through `_apply`)."""
+        if self._step_parameters is None:
+            self._step_parameters = list(self.model.parameters())
+        token = tuple(parameter._version for parameter in self._step_parameters)
+        if self._step_weights is None or self._step_weights.token != token:
+            self._step_weights = StepWeights(self.model, token)
+        return self._step_weights
+
     def forward(self, inputs, state, episode_starts):
         if self.memoryless:  # each step is its own sequence of one
             envs, steps, hidden = inputs.shape
             out = self.model(inputs_embeds=inputs.reshape(envs * steps, 1, hidden), use_cache=False)
             return out.last_hidden_state.reshape(envs, steps, hidden), None
+        if self.stepping(inputs) and state is not None and state.memory_length == self.mem_len:
+            if not isinstance(state, StepMemory):
+                state = StepMemory.from_cache(state)
+            hidden = xl_step(self.step_weights(), state, inputs[:, 0], episode_starts[:, 0])
+            return hidden[:, None], state
+        if isinstance(state, StepMemory):
+            state = state.to_cache()
         # the backbone itself (the model's forward would only check `inputs_embeds`, made here by the encoder, and
         # wrap the same two results in a ModelOutput)
         out = self.model.run_backbone(inputs, None, state, True, False, episode_starts=episode_starts)
@@ -181,6 +227,9 @@ class GTrXLBody(MemoryBody):
         acting goes on updating the state itself)."""
         if self.memoryless:
             return {}
+        if isinstance(state, StepMemory):
+            memory, mask = state.memory()
+            return {"memory": torch.stack(memory, dim=1), "memory_mask": mask}  # both new tensors
         if state is None or state.memories is None or state.memory_length != self.config.mem_len:
             raise ValueError(
                 f"the GTrXL state must hold mem_len={self.config.mem_len} slots (start from "

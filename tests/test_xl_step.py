@@ -1,0 +1,135 @@
+"""The one-step path of an acting agent (`txv_xl_step`): the same outputs and memory as the general XL backbone, step
+by step, for every residual form and gate, across episode starts, weight changes and the window's moves back to the
+front of its buffers; the general path takes over where the step path cannot run.
+
+Tolerance: both paths compute the same maths with the float operations in another order (stacked gate products, the
+1 / sqrt(head_dim) scale and the position term folded into the query's weights, the softmax over the same keys), so
+they differ by float32 rounding: about 4e-7 on these outputs of order 1. 1e-5 leaves a wide margin for other CPU
+kernels (AVX2, AVX-512 or none) and still fails on any real difference (a wrong distance, mask or weight moves the
+outputs by more than 1e-3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gym = pytest.importorskip("gymnasium")
+
+from hf_txvariants.rl import MemoryPolicy  # noqa: E402
+from hf_txvariants.txv_cache import MemoryCache  # noqa: E402
+from hf_txvariants.txv_gates import GRUGate  # noqa: E402
+from hf_txvariants.txv_xl_step import StepMemory, step_support  # noqa: E402
+
+TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+TINY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, mem_len=5)
+RESIDUAL_FORMS = [
+    dict(gate_type="gru"),
+    dict(gate_type="gru", gate_bias=0.0),
+    dict(gate_type="trxl_i"),
+    dict(gate_type="output"),
+    dict(gate_type="highway"),
+    dict(gate_type="input"),
+    dict(gate_type="sigmoid_tanh"),
+    dict(gate_type="trxl"),  # post-norm: no norm before the attention
+    dict(gate_type="trxl", pre_lnorm=True),
+]
+
+
+def tiny_policy(**fields) -> MemoryPolicy:
+    torch.manual_seed(0)
+    space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+    policy = MemoryPolicy.gtrxl(space, gym.spaces.Discrete(3), **{**TINY, **fields}).eval()
+    with torch.no_grad():  # biases away from their zero init, so a mix-up of u and v, or a lost bias, shows
+        for name, parameter in policy.named_parameters():
+            if "bias" in name:
+                parameter.normal_(0.0, 0.3)
+    return policy
+
+
+def general_step(body, inputs, state, starts):
+    """One step through the general backbone (autograd on: the step path is for inference only)."""
+    with torch.enable_grad():
+        hidden, state = body(inputs, state, starts)
+    return hidden.detach(), state
+
+
+@pytest.mark.parametrize("fields", RESIDUAL_FORMS, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("memory_init", ["empty", "zeros"])
+def test_the_step_path_equals_the_general_backbone_step_by_step(fields, memory_init):
+    policy = tiny_policy(memory_init=memory_init, **fields)
+    body = policy.body
+    assert step_support(body.model) is None
+    generator = torch.Generator().manual_seed(1)
+    rows, steps = 4, 3 * body.mem_len + 2  # the window moves back to the front of its buffers twice
+    fast_state, general_state = policy.initial_state(rows), policy.initial_state(rows)
+    for t in range(steps):
+        inputs = torch.randn(rows, 1, body.hidden_size, generator=generator)
+        starts = torch.rand(rows, 1, generator=generator) < 0.2
+        starts[:, 0] |= t == 0
+        with torch.no_grad():
+            fast, fast_state = body(inputs, fast_state, starts)
+        general, general_state = general_step(body, inputs, general_state, starts)
+        assert isinstance(fast_state, StepMemory) and isinstance(general_state, MemoryCache)
+        torch.testing.assert_close(fast, general, **TOLERANCE)
+        fast_snapshot, general_snapshot = body.snapshot(fast_state), body.snapshot(general_state)
+        assert torch.equal(fast_snapshot["memory_mask"], general_snapshot["memory_mask"])
+        torch.testing.assert_close(fast_snapshot["memory"], general_snapshot["memory"], **TOLERANCE)
+        if t == body.mem_len:  # an optimiser-like in-place change: the step path must use the new weights
+            with torch.no_grad():
+                for parameter in body.parameters():
+                    parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+
+
+def test_a_state_from_the_step_path_continues_in_the_general_path():
+    """A `StepMemory` handed to a pass the step path does not take (several steps, autograd) is the same memory."""
+    policy = tiny_policy()
+    body = policy.body
+    generator = torch.Generator().manual_seed(2)
+    rows = 3
+    fast_state, general_state = policy.initial_state(rows), policy.initial_state(rows)
+    for t in range(7):
+        inputs = torch.randn(rows, 1, body.hidden_size, generator=generator)
+        starts = torch.full((rows, 1), t == 0)
+        with torch.no_grad():
+            _, fast_state = body(inputs, fast_state, starts)
+        _, general_state = general_step(body, inputs, general_state, starts)
+    segment = torch.randn(rows, 4, body.hidden_size, generator=generator)
+    starts = torch.zeros(rows, 4, dtype=torch.bool)
+    from_fast, _ = body(segment, fast_state, starts)
+    from_general, _ = body(segment, general_state, starts)
+    torch.testing.assert_close(from_fast, from_general, **TOLERANCE)
+    from_fast.sum().backward()  # the general path's graph, through the restored memory's keys
+    assert body.model.layers[0].attention.qkv_net.weight.grad is not None
+
+
+def test_the_step_path_names_what_it_cannot_run_and_the_general_path_acts_instead():
+    policy = tiny_policy(adapt_span_enabled=True, attn_span=6)
+    assert "adaptive span" in step_support(policy.body.model)
+    state = policy.initial_state(2)
+    step = policy.act(torch.zeros(2, 3), state, torch.ones(2, dtype=torch.bool))
+    assert isinstance(step.state, MemoryCache)
+
+    short_window = tiny_policy(attn_span=3)
+    assert "attention window" in step_support(short_window.body.model)
+
+
+def test_moving_or_switching_mode_forgets_what_the_step_path_kept():
+    policy = tiny_policy()
+    state = policy.initial_state(2)
+    policy.act(torch.zeros(2, 3), state, torch.ones(2, dtype=torch.bool))
+    assert policy.body._step_weights is not None
+    policy.train()
+    assert policy.body._step_weights is None and policy.body._step_support is None
+    policy.eval().act(torch.zeros(2, 3), policy.initial_state(2), torch.ones(2, dtype=torch.bool))
+    policy.to(torch.float64)  # (a cast or a move replaces every parameter's storage)
+    assert policy.body._step_weights is None and policy.body._step_parameters is None
+
+
+def test_the_fused_gru_gate_equals_the_gate():
+    torch.manual_seed(0)
+    gate = GRUGate(8, gate_bias=1.5)
+    with torch.no_grad():
+        gate.gate_bias.normal_(1.0, 0.5)  # a learned, uneven b_g
+        x, y = torch.randn(5, 8), torch.randn(5, 8)
+        torch.testing.assert_close(GRUGate.fused(x, y, gate.stacked_weights()), gate(x, y), **TOLERANCE)
