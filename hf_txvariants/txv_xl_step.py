@@ -197,7 +197,7 @@ class StepMemory:
         self.blocked[:, :mem_len] = ~memory_mask
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self.token = None  # the weights the keys and values were made with
+        self.weights = None  # the `StepWeights` the keys and values were made with
 
     @classmethod
     def from_cache(cls, cache: MemoryCache) -> StepMemory:
@@ -242,10 +242,10 @@ class StepMemory:
             values[:, :, window] = value
             self.keys.append(keys)
             self.values.append(values)
-        self.token = weights.token
+        self.weights = weights
 
     def begin(self, weights: StepWeights, episode_starts: torch.Tensor):
-        if self.token != weights.token:
+        if self.weights is not weights:  # made for other weights (or the same, made again: no harm)
             self._make_keys_values(weights)
         if self.start + self.mem_len == self.capacity:  # no room for the new slot: the window back to the front
             window = slice(self.start, self.capacity)
