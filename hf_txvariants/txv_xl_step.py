@@ -211,6 +211,10 @@ class StepMemory:
     def memory_length(self) -> int:
         return self.mem_len
 
+    @property
+    def batch_size(self) -> int:
+        return self.blocked.shape[0]
+
     def memory(self) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Views of each layer's memory vectors `[rows, mem_len, hidden]` and the mask `[rows, mem_len]` (True: may be
         attended)."""

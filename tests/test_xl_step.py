@@ -114,6 +114,13 @@ def test_the_step_path_names_what_it_cannot_run_and_the_general_path_acts_instea
     assert "attention window" in step_support(short_window.body.model)
 
 
+def test_a_state_for_other_envs_is_refused_by_count():
+    policy = tiny_policy()
+    step = policy.act(torch.zeros(3, 3), policy.initial_state(3), torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="memory of 3 envs, but 2 observations"):
+        policy.act(torch.zeros(2, 3), step.state, torch.zeros(2, dtype=torch.bool))
+
+
 def test_moving_or_switching_mode_forgets_what_the_step_path_kept():
     policy = tiny_policy()
     state = policy.initial_state(2)

@@ -213,6 +213,10 @@ class GTrXLBody(MemoryBody):
         if self.stepping(inputs) and state is not None and state.memory_length == self.mem_len:
             if not isinstance(state, StepMemory):
                 state = StepMemory.from_cache(state)
+            if state.batch_size != inputs.shape[0]:
+                raise ValueError(
+                    f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations came"
+                )
             hidden = xl_step(self.step_weights(), state, inputs[:, 0], episode_starts[:, 0])
             return hidden[:, None], state
         if isinstance(state, StepMemory):
