@@ -88,10 +88,9 @@ class GRUGate(GatingLayer):
     matrices = ("w_r", "u_r", "w_z", "u_z", "w_g", "u_g")
 
     def forward(self, x, y):
-        reset = torch.sigmoid(self.w_r(y) + self.u_r(x))
-        update = torch.sigmoid(self.w_z(y) + self.u_z(x) - self.gate_bias)
-        candidate = torch.tanh(self.w_g(y) + self.u_g(reset * x))
-        return (1 - update) * x + update * candidate
+        shape = x.shape
+        out = self.fused(x.reshape(-1, shape[-1]), y.reshape(-1, shape[-1]), self.stacked_weights())
+        return out.view(shape)
 
     def stacked_weights(self) -> tuple[torch.Tensor, ...]:
         """For `fused`, transposed for `torch.addmm`: `[W_r; W_z; W_g]^T`, the bias `[0; -b_g; 0]` of that product,
@@ -106,16 +105,17 @@ class GRUGate(GatingLayer):
 
     @staticmethod
     def fused(x: torch.Tensor, y: torch.Tensor, stacked: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """`forward`'s maths for `x`, `y` `[rows, hidden]` in three products instead of six and four element-wise ops
-        instead of nine (in place: no autograd), with weights stacked once (`stacked_weights`); equal to `forward`
-        within float rounding."""
+        """The gate for `x`, `y` `[rows, hidden]` and weights `stacked_weights()` (made once per step when acting, see
+        `txv_xl_step`): the six products as three, the bias inside the first, and four element-wise ops. The in-place
+        activations are safe under autograd (each overwrites a product's output, which no backward reads)."""
         w_stack, bias, u_reset_update, u_g = stacked
         hidden = x.shape[-1]
         from_y = torch.addmm(bias, y, w_stack)  # [W_r y, W_z y - b_g, W_g y]
-        reset_update = torch.addmm(from_y[:, : 2 * hidden], x, u_reset_update).sigmoid_()
+        reset_update = torch.addmm(from_y[:, : 2 * hidden], x, u_reset_update).sigmoid_()  # [r, z]
         reset, update = reset_update.split(hidden, dim=-1)
-        candidate = torch.addmm(from_y[:, 2 * hidden :], reset * x, u_g).tanh_()
-        return torch.lerp(x, candidate, update)  # (1 - z) x + z h
+        candidate = torch.addmm(from_y[:, 2 * hidden :], reset * x, u_g).tanh_()  # h
+        # (1 - z) x + z h; under autocast the products are in its dtype and x is not
+        return torch.lerp(x, candidate.to(x.dtype), update.to(x.dtype))
 
 
 GATES: dict[str, type[GatingLayer]] = {

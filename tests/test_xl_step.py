@@ -18,7 +18,6 @@ gym = pytest.importorskip("gymnasium")
 
 from hf_txvariants.rl import MemoryPolicy  # noqa: E402
 from hf_txvariants.txv_cache import MemoryCache  # noqa: E402
-from hf_txvariants.txv_gates import GRUGate  # noqa: E402
 from hf_txvariants.txv_xl_step import StepMemory, step_support  # noqa: E402
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
@@ -131,12 +130,3 @@ def test_moving_or_switching_mode_forgets_what_the_step_path_kept():
     policy.eval().act(torch.zeros(2, 3), policy.initial_state(2), torch.ones(2, dtype=torch.bool))
     policy.to(torch.float64)  # (a cast or a move replaces every parameter's storage)
     assert policy.body._step_weights is None and policy.body._step_parameters is None
-
-
-def test_the_fused_gru_gate_equals_the_gate():
-    torch.manual_seed(0)
-    gate = GRUGate(8, gate_bias=1.5)
-    with torch.no_grad():
-        gate.gate_bias.normal_(1.0, 0.5)  # a learned, uneven b_g
-        x, y = torch.randn(5, 8), torch.randn(5, 8)
-        torch.testing.assert_close(GRUGate.fused(x, y, gate.stacked_weights()), gate(x, y), **TOLERANCE)
