@@ -2,9 +2,9 @@
 by step, for every residual form and gate, across episode starts, weight changes and the window's moves back to the
 front of its buffers; the general path takes over where the step path cannot run.
 
-Tolerance: both paths compute the same maths with the float operations in another order (stacked gate products, the
-1 / sqrt(head_dim) scale and the position term folded into the query's weights, the softmax over the same keys), so
-they differ by float32 rounding: about 4e-7 on these outputs of order 1. 1e-5 leaves a wide margin for other CPU
+Tolerance: both paths compute the same maths with the float operations in another order (the 1 / sqrt(head_dim)
+scale and the position term folded into the query's weights, the scores accumulated in another order), so they differ
+by float32 rounding: about 4e-7 on these outputs of order 1. 1e-5 leaves a wide margin for other CPU
 kernels (AVX2, AVX-512 or none) and still fails on any real difference (a wrong distance, mask or weight moves the
 outputs by more than 1e-3)."""
 
