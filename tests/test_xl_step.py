@@ -120,6 +120,16 @@ def test_a_state_for_other_envs_is_refused_by_count():
         policy.act(torch.zeros(2, 3), step.state, torch.zeros(2, dtype=torch.bool))
 
 
+def test_a_state_made_under_inference_mode_goes_on_outside_it():
+    policy = tiny_policy()
+    observations, starts = torch.zeros(2, 3), torch.zeros(2, dtype=torch.bool)
+    with torch.inference_mode():
+        state = policy.act(observations, policy.initial_state(2), ~starts).state
+    expected = policy.act(observations, policy.restore(policy.snapshot(state)), starts)
+    step = policy.act(observations, state, starts)
+    torch.testing.assert_close(step.values, expected.values, **TOLERANCE)
+
+
 def test_moving_or_switching_mode_forgets_what_the_step_path_kept():
     policy = tiny_policy()
     state = policy.initial_state(2)

@@ -213,6 +213,8 @@ class GTrXLBody(MemoryBody):
         if self.stepping(inputs) and state is not None and state.memory_length == self.mem_len:
             if not isinstance(state, StepMemory):
                 state = StepMemory.from_cache(state)
+            elif state.blocked.is_inference() and not torch.is_inference_mode_enabled():
+                state = StepMemory.from_cache(state.to_cache())  # made under inference_mode: not writable outside it
             if state.batch_size != inputs.shape[0]:
                 raise ValueError(
                     f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations came"
