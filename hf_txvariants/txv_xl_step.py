@@ -4,13 +4,13 @@ position per row and call, each layer attending to its last `mem_len` memory slo
 `XLBackboneMixin.run_backbone` gives the same outputs for any segment length, padding and mechanism. For one position
 per row that generality is most of the cost: about 310 aten ops, 60 module calls and the cache's bookkeeping per step
 of the RL benchmark's 2-layer GTrXL in 16 environments, where each small kernel takes ~3 us on a CPU
-(benchmarks/RESULTS.md, "Acting speed"). Here a step is about 60 aten ops, on state kept in the form a step needs:
+(benchmarks/RESULTS.md, "Acting speed"). Here that step is 113 aten ops, on state kept in the form a step needs:
 
 - `StepWeights`: made once per version of the weights (`token`, kept by the caller). Every matrix transposed for
   `torch.addmm`; 1 / sqrt(head_dim) folded into W_q and u; the position term (q + v) . W_r R_(K-1-j), linear in the
   layer's normed input, as one product with W_q (W_r R) block by head and the bias v . W_r R (key slot j of the window
-  always sits at distance K - 1 - j from the new position, so these are constants); a GRU gate's six products as three
-  (`GRUGate.stacked_weights` / `GRUGate.fused`).
+  always sits at distance K - 1 - j from the new position, so these are constants); a GRU gate's stacked matrices
+  (`GRUGate.stacked_weights`, for `GRUGate.fused`, the gate's own maths).
 - `StepMemory`: per layer the memory vectors (the inputs the layer saw, what `MemoryCache` holds), their keys
   `[rows, heads, head_dim, slots]` and values `[rows, heads, slots, head_dim]`, in buffers with room for `mem_len`
   more slots. The window is a view; a step writes one slot per tensor and moves the view by one, and every `mem_len`
