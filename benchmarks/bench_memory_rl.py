@@ -109,14 +109,16 @@ def plot_curves(runs: list[dict], tasks, agents, path: Path):
             curves = np.array([[np.nan if v is None else v for v in r["mean_returns"]] for r in rows], dtype=float)
             scored = np.isfinite(curves).all(axis=0)  # updates where every seed's 100-episode window is full
             steps, curves = steps[scored], curves[:, scored]
-            line = axis.plot(steps, curves.mean(axis=0), label=f"{agent} ({len(rows)} seeds)")[0]
-            axis.fill_between(steps, curves.min(axis=0), curves.max(axis=0), alpha=0.15, color=line.get_color())
+            color = f"C{list(agents).index(agent)}"  # one colour per agent in every panel
+            axis.plot(steps, curves.mean(axis=0), label=f"{agent} ({len(rows)} seeds)", color=color)
+            axis.fill_between(steps, curves.min(axis=0), curves.max(axis=0), alpha=0.15, color=color)
         axis.axhline(1.0, color="grey", linestyle=":", linewidth=1)
         axis.set_title(task)
         axis.set_xlabel("environment steps")
         axis.set_ylim(-1.05, 1.05)
     axes[0][0].set_ylabel("mean return, last 100 episodes")
-    axes[0][-1].legend(loc="lower right", fontsize=8)
+    for axis in axes[0]:  # each panel names its own agents and seed counts
+        axis.legend(loc="lower right", fontsize=7)
     figure.tight_layout()
     from hf_txvariants.txv_files import atomic_write_bytes
 
