@@ -170,13 +170,12 @@ class StepWeights:
     def __init__(self, model, token: tuple):
         config = model.config
         self.token = token
-        self.mem_len = config.mem_len
-        self.key_count = config.mem_len + 1  # the memory and the new position (`step_support` checks the window)
+        key_count = config.mem_len + 1  # the memory and the new position (`step_support` checks the window)
         parameter = next(model.parameters())
         table = relative_position_embeddings(
-            self.key_count, config.hidden_size, getattr(config, "clamp_len", 0), parameter.dtype, parameter.device
+            key_count, config.hidden_size, getattr(config, "clamp_len", 0), parameter.dtype, parameter.device
         )
-        self.layers = [LayerStepWeights(layer, self.key_count, table) for layer in model.layers]
+        self.layers = [LayerStepWeights(layer, key_count, table) for layer in model.layers]
         self.final_norm = model.norm
 
 
