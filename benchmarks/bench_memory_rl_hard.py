@@ -9,7 +9,8 @@ back-propagation must hold the cue and the answer for the GRU to learn the depen
 memory without gradient, so for them the segment is a cost, not a reach):
 - RepeatPreviousMedium: the answer was shown 31 steps before: mem_len 64, segments of 64 (400k steps: the budget the
   issue's TrXL-I solves it in).
-- RepeatPreviousHard: 63 steps before: mem_len 96, segments of 128.
+- RepeatPreviousHard: 63 steps before: mem_len 64, segments of 128. (The first runs used mem_len 96; they are kept
+  and reported apart: a window longer than the lag only adds slots that dilute attention at initialisation.)
 - AutoencodeEasy / Medium: the first card seen is recalled last, 103 / 207 steps later: mem_len 112 / 208, segments 128.
 - CountRecallEasy / Medium: a count over the whole episode (51 / 103 steps): mem_len 64 / 112, segments 64 / 128.
 No learning-rate or entropy annealing (PPOSettings has none here).
@@ -42,7 +43,7 @@ ROLLOUT_STEPS = 128
 AGENTS = ["gtrxl", "gtrxl_bg0", "trxl_i", "gru", "gru256"]  # gtrxl_bg0: GTrXL with b_g = 0 (gates half open at init)
 TASKS = {
     "RepeatPreviousMedium": dict(total_steps=400_000, mem_len=64, segment_length=64),
-    "RepeatPreviousHard": dict(total_steps=1_000_000, mem_len=96, segment_length=128),
+    "RepeatPreviousHard": dict(total_steps=1_000_000, mem_len=64, segment_length=128),
     "AutoencodeEasy": dict(total_steps=1_000_000, mem_len=112, segment_length=128),
     "AutoencodeMedium": dict(total_steps=1_000_000, mem_len=208, segment_length=128),
     "CountRecallEasy": dict(total_steps=1_000_000, mem_len=64, segment_length=64),
@@ -71,6 +72,20 @@ def build_policy(agent: str, envs, mem_len: int):
 
 
 FROZEN_EPISODES = 64  # episodes of the final policy, frozen, greedy and sampled
+
+
+TRANSFORMER_AGENTS = ("gtrxl", "gtrxl_bg0", "trxl_i")  # the GRU bodies have no memory window: mem_len is unused
+
+
+def run_setting(run: dict) -> tuple:
+    """What makes two stored runs the same run: the GRU's ignore mem_len, so changing it keeps their runs."""
+    mem_len = run["mem_len"] if run["agent"] in TRANSFORMER_AGENTS else None
+    return (run["task"], run["agent"], run["seed"], run["previous_action"], mem_len)
+
+
+def is_current(run: dict) -> bool:
+    """Whether a stored run used today's `TASKS` settings (earlier settings are kept and reported apart)."""
+    return run["agent"] not in TRANSFORMER_AGENTS or run["mem_len"] == TASKS[run["task"]]["mem_len"]
 
 
 def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: int = 40) -> dict:
@@ -121,34 +136,37 @@ def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: 
 
 def results_table(runs: list[dict], level: float = 0.9) -> str:
     lines = [
-        "| task | agent | parameters | seeds | MMER mean ± std | MMER per seed | steps to 0.0 per seed | "
+        "| task | agent | mem_len | parameters | seeds | MMER mean ± std | MMER per seed | steps to 0.0 per seed | "
         f"steps to {level} per seed | final policy frozen, greedy / sampled, per seed | steps/s | "
         "POPGym GRU / best of 13 (published, 15M steps) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for task in TASKS:
-        for agent in AGENTS:
-            rows = sorted((r for r in runs if r["task"] == task and r["agent"] == agent), key=lambda r: r["seed"])
-            if not rows:
-                continue
-            mmer = np.array([r["mmer"] for r in rows])
-            reached, onset = (
-                " / ".join("never" if (n := steps_to_reach(r, at)) is None else f"{n / 1000:.0f}k" for r in rows)
-                for at in (level, 0.0)
-            )
-            gru, best, which = POPGYM_PUBLISHED.get(task, (None, None, None))
-            published = "" if best is None else f"{'?' if gru is None else f'{gru:.3f}'} / {best:.3f} ({which})"
-            frozen = " ; ".join(
-                f"{r['frozen_greedy']:.2f} / {r['frozen_sampled']:.2f}" if "frozen_greedy" in r else "not run"
-                for r in rows
-            )
-            lines.append(
-                f"| {task} ({rows[0]['settings']['total_steps'] // 1000}k steps) | {agent} | "
-                f"{rows[0]['parameters']:,} | {', '.join(str(r['seed']) for r in rows)} | "
-                f"{mmer.mean():.3f} ± {mmer.std():.3f} | {' / '.join(f'{m:.2f}' for m in mmer)} | "
-                f"{onset} | {reached} | {frozen} | "
-                f"{np.mean([r['steps_per_second'] for r in rows]):,.0f} | {published} |"
-            )
+
+    def group(run):  # task, agent, and the mem_len of a transformer run (None for the GRU)
+        task, agent, _, _, mem_len = run_setting(run)
+        return task, agent, mem_len
+
+    order = lambda g: (list(TASKS).index(g[0]), AGENTS.index(g[1]), g[2] != TASKS[g[0]]["mem_len"])  # noqa: E731
+    for task, agent, mem_len in sorted({group(r) for r in runs}, key=order):
+        rows = sorted((r for r in runs if group(r) == (task, agent, mem_len)), key=lambda r: r["seed"])
+        mmer = np.array([r["mmer"] for r in rows])
+        reached, onset = (
+            " / ".join("never" if (n := steps_to_reach(r, at)) is None else f"{n / 1000:.0f}k" for r in rows)
+            for at in (level, 0.0)
+        )
+        gru, best, which = POPGYM_PUBLISHED.get(task, (None, None, None))
+        published = "" if best is None else f"{'?' if gru is None else f'{gru:.3f}'} / {best:.3f} ({which})"
+        frozen = " ; ".join(
+            f"{r['frozen_greedy']:.2f} / {r['frozen_sampled']:.2f}" if "frozen_greedy" in r else "not run" for r in rows
+        )
+        lines.append(
+            f"| {task} ({rows[0]['settings']['total_steps'] // 1000}k steps) | {agent} | "
+            f"{'-' if mem_len is None else mem_len}{'' if is_current(rows[0]) else ' (earlier)'} | "
+            f"{rows[0]['parameters']:,} | {', '.join(str(r['seed']) for r in rows)} | "
+            f"{mmer.mean():.3f} ± {mmer.std():.3f} | {' / '.join(f'{m:.2f}' for m in mmer)} | "
+            f"{onset} | {reached} | {frozen} | "
+            f"{np.mean([r['steps_per_second'] for r in rows]):,.0f} | {published} |"
+        )
     seconds = sum(r["seconds"] for r in runs)
     lines.append(
         f"\n{len(runs)} runs, {sum(r['steps'][-1] for r in runs):,} environment steps, "
@@ -176,7 +194,7 @@ def main(argv=None):
     if args.report:
         tasks = [t for t in TASKS if any(r["task"] == t for r in runs)]
         agents = [a for a in AGENTS if any(r["agent"] == a for r in runs)]
-        plot_curves(runs, tasks, agents, args.plot)
+        plot_curves([r for r in runs if is_current(r)], tasks, agents, args.plot)
         print(results_table(runs))
         return
     previous_action = not args.no_previous_action
@@ -190,8 +208,9 @@ def main(argv=None):
     for task in args.tasks:
         for agent in args.agents:
             for seed in args.seeds:
-                key = (task, agent, seed, previous_action)
-                if any((r["task"], r["agent"], r["seed"], r["previous_action"]) == key for r in runs):
+                planned = {"task": task, "agent": agent, "seed": seed, "previous_action": previous_action}
+                key = run_setting({**planned, "mem_len": TASKS[task]["mem_len"]})
+                if any(run_setting(r) == key for r in runs):
                     continue
                 started = time.perf_counter()
                 run = run_one(task, agent, seed, previous_action)

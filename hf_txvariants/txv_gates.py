@@ -114,8 +114,9 @@ class GRUGate(GatingLayer):
         reset_update = torch.addmm(from_y[:, : 2 * hidden], x, u_reset_update).sigmoid_()  # [r, z]
         reset, update = reset_update.split(hidden, dim=-1)
         candidate = torch.addmm(from_y[:, 2 * hidden :], reset * x, u_g).tanh_()  # h
-        # (1 - z) x + z h; under autocast the products are in its dtype and x is not
-        return torch.lerp(x, candidate.to(x.dtype), update.to(x.dtype))
+        if candidate.dtype != x.dtype:  # under autocast the products are in its dtype and x is not
+            candidate, update = candidate.to(x.dtype), update.to(x.dtype)
+        return torch.lerp(x, candidate, update)  # (1 - z) x + z h
 
 
 GATES: dict[str, type[GatingLayer]] = {

@@ -84,21 +84,27 @@ class LayerStepWeights:
         attention = layer.part("attention")
         self.residual = layer.residual
         self.heads, self.head_dim = attention.num_heads, attention.head_dim
-        inner = self.heads * self.head_dim
+        heads, head_dim = self.heads, self.head_dim
+        inner = heads * head_dim
         scale = attention.scaling
         qkv = attention.qkv_net.weight
-        query_weight = qkv[:inner].t() * scale
-        self.query_weight = query_weight.contiguous()
-        self.content_bias = (attention.r_w_bias * scale).reshape(inner)  # u
-        self.key_value_weight = qkv[inner:].t().contiguous()
+        query_weight = qkv[:inner].t() * scale  # [hidden, inner]
+        self.key_value_weight = qkv[inner:].t().contiguous()  # [hidden, keys then values]
         # The position term (q + v) . W_r R_(K-1-j) is linear in the context: one product with W_q (W_r R)_h per
-        # head h, whose columns are [head, key slot], and the bias v . (W_r R)_h. Key slot j of the window sits at
+        # head h, whose columns are the key slots, and the bias v . (W_r R)_h. Key slot j of the window sits at
         # distance K - 1 - j: row j of the table.
         positions = F.linear(position_table[:key_count], attention.r_net.weight)  # [K, inner]
-        position_keys = positions.view(key_count, self.heads, self.head_dim).permute(1, 2, 0)  # [heads, d, K]
-        block_diagonal = torch.block_diag(*position_keys)  # [inner, heads * K]
-        self.position_weight = query_weight @ block_diagonal
-        self.position_bias = (attention.r_r_bias * scale).reshape(inner) @ block_diagonal
+        position_keys = positions.view(key_count, heads, head_dim).permute(1, 2, 0)  # [heads, d, K]
+        by_head = query_weight.view(-1, heads, 1, head_dim)
+        position_weight = (by_head @ position_keys).squeeze(2)  # [hidden, heads, K]
+        position_bias = (attention.r_r_bias * scale)[:, None] @ position_keys  # [heads, 1, K]
+        # One product gives a step everything its attention needs, grouped by head so that each part is a view with
+        # one stride per (row, head): [query + u, position term + its bias, key, value], 3 d + K columns a head.
+        key_value = self.key_value_weight.view(-1, 2, heads, head_dim).transpose(1, 2).flatten(2)  # [hidden, heads, 2d]
+        self.projection_weight = torch.cat([by_head.squeeze(2), position_weight, key_value], dim=2).flatten(1)
+        self.projection_bias = torch.cat(
+            [(attention.r_w_bias * scale), position_bias.squeeze(1), qkv.new_zeros(heads, 2 * head_dim)], dim=1
+        ).flatten()
         self.output_weight = attention.o_net.weight.t().contiguous()
         self.attention_norm = layer.part("attention_norm")
         self.feed_forward_norm = layer.part("feed_forward_norm")
@@ -116,14 +122,13 @@ class LayerStepWeights:
                 for gate in (layer.attention_gate, layer.feed_forward_gate)
             )
 
-    def memory_keys_values(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys `[rows, heads, head_dim, slots]` and values `[rows, heads, slots, head_dim]` of memory vectors
-        `[rows, slots, hidden]`."""
+    def memory_keys_values(self, vectors: torch.Tensor) -> torch.Tensor:
+        """The keys and values of memory vectors `[rows, slots, hidden]`, as `[rows, heads, 2 (key, value), head_dim,
+        slots]`."""
         context = vectors if self.residual == "post_norm" else _layer_norm(self.attention_norm, vectors)
-        key, value = torch.matmul(context, self.key_value_weight).chunk(2, dim=-1)
         rows, slots = vectors.shape[:2]
-        shape = (rows, slots, self.heads, self.head_dim)
-        return key.reshape(shape).permute(0, 2, 3, 1), value.reshape(shape).transpose(1, 2)
+        key_value = torch.matmul(context, self.key_value_weight).view(rows, slots, 2, self.heads, self.head_dim)
+        return key_value.permute(0, 3, 2, 4, 1)
 
     def gate(self, which: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         gate, stacked = self.gates[which]
@@ -150,16 +155,15 @@ class LayerStepWeights:
         """The attention output `[rows, hidden]` of the new position over the window; writes the position's memory
         vector, key and value into `memory`."""
         rows, heads, head_dim = hidden.shape[0], self.heads, self.head_dim
-        key, value = torch.mm(context, self.key_value_weight).view(rows, 2 * heads, head_dim).split(heads, dim=1)
-        keys, values, blocked = memory.write(index, hidden, key, value)  # [rows * heads, d, K], [.., K, d], [rows, K]
-        key_count = blocked.shape[1]
+        key_count = memory.window_blocked.shape[-1]
+        projected = torch.addmm(self.projection_bias, context, self.projection_weight).view(rows, heads, -1)
+        keys, values = memory.write(index, hidden, projected[..., head_dim + key_count :])  # [rows * heads, d, K]
         # A_j = (q + u) . k_j + (q + v) . W_r R_(K-1-j): the position term, masked, then the content term (one product
         # per row and head) accumulated into it
-        scores = torch.addmm(self.position_bias, context, self.position_weight).view(rows, heads, key_count)
-        scores = scores.masked_fill_(blocked[:, None], float("-inf")).view(rows * heads, 1, key_count)
-        content_query = torch.addmm(self.content_bias, context, self.query_weight).view(rows * heads, 1, head_dim)
-        weights = torch.baddbmm(scores, content_query, keys).softmax(dim=-1)
-        output = torch.bmm(weights, values)  # [rows * heads, 1, head_dim]
+        scores = projected[..., head_dim : head_dim + key_count].masked_fill_(memory.window_blocked, float("-inf"))
+        content_query = projected[..., :head_dim].view(rows * heads, 1, head_dim)
+        weights = torch.baddbmm(scores.view(rows * heads, 1, key_count), content_query, keys).softmax(dim=-1)
+        output = torch.bmm(weights, values.transpose(1, 2))  # [rows * heads, 1, head_dim]
         return torch.mm(output.view(rows, heads * head_dim), self.output_weight)
 
 
@@ -194,8 +198,8 @@ class StepMemory:
             self.vectors.append(buffer)
         self.blocked = memory_mask.new_ones(rows, self.capacity)
         self.blocked[:, :mem_len] = ~memory_mask
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        self.keys_values: list[torch.Tensor] = []  # per layer [rows, heads, 2 (key, value), head_dim, capacity]
+        self.window_blocked = None  # `blocked` over this step's window, [rows, 1, mem_len + 1] (set by `begin`)
         self.weights = None  # the `StepWeights` the keys and values were made with
 
     @classmethod
@@ -235,16 +239,12 @@ class StepMemory:
     def _make_keys_values(self, weights: StepWeights):
         vectors, _ = self.memory()
         window = slice(self.start, self.start + self.mem_len)
-        self.keys, self.values = [], []
+        self.keys_values = []
         for layer, layer_vectors in zip(weights.layers, vectors):
-            key, value = layer.memory_keys_values(layer_vectors)
-            rows, heads = key.shape[:2]
-            keys = key.new_empty(rows, heads, key.shape[2], self.capacity)
-            keys[..., window] = key
-            values = value.new_empty(rows, heads, self.capacity, value.shape[3])
-            values[:, :, window] = value
-            self.keys.append(keys)
-            self.values.append(values)
+            key_value = layer.memory_keys_values(layer_vectors)
+            buffer = key_value.new_empty(*key_value.shape[:-1], self.capacity)
+            buffer[..., window] = key_value
+            self.keys_values.append(buffer)
         self.weights = weights
 
     def begin(self, weights: StepWeights, episode_starts: torch.Tensor):
@@ -254,33 +254,27 @@ class StepMemory:
             window = slice(self.start, self.capacity)
             for buffer in self.vectors:
                 buffer[:, : self.mem_len] = buffer[:, window]
-            for buffer in self.keys:
+            for buffer in self.keys_values:
                 buffer[..., : self.mem_len] = buffer[..., window]
-            for buffer in self.values:
-                buffer[:, :, : self.mem_len] = buffer[:, :, window]
             self.blocked[:, : self.mem_len] = self.blocked[:, window]
             self.start = 0
         new = self.start + self.mem_len
         # a row whose episode starts attends to nothing before it, now or later (`MemoryCache.reset_rows`, "empty")
         self.blocked[:, self.start : new].bitwise_or_(episode_starts[:, None])
-        self.blocked[:, new] = False
+        self.blocked.select(1, new).fill_(False)
+        self.window_blocked = self.blocked[:, None, self.start : new + 1]
 
-    def write(self, index: int, hidden: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
-        """Writes layer `index`'s new slot (key and value `[rows, heads, head_dim]`); returns the window's keys
-        `[rows * heads, head_dim, mem_len + 1]`, values `[rows * heads, mem_len + 1, head_dim]` and `blocked [rows,
-        mem_len + 1]`."""
+    def write(self, index: int, hidden: torch.Tensor, key_value: torch.Tensor):
+        """Writes layer `index`'s new slot (`key_value [rows, heads, 2 * head_dim]`, key then value); returns the
+        window's keys and values, each `[rows * heads, head_dim, mem_len + 1]`."""
         new = self.start + self.mem_len
         self.vectors[index].select(1, new).copy_(hidden)
-        keys, values = self.keys[index], self.values[index]
-        keys.select(3, new).copy_(key)
-        values.select(2, new).copy_(value)
-        window = slice(self.start, new + 1)
-        rows, heads, head_dim, _ = keys.shape
-        return (
-            keys[..., window].view(rows * heads, head_dim, self.mem_len + 1),
-            values[:, :, window].view(rows * heads, self.mem_len + 1, head_dim),
-            self.blocked[:, window],
-        )
+        buffer = self.keys_values[index]
+        rows, heads, _, head_dim, _ = buffer.shape
+        buffer.select(4, new).copy_(key_value.view(rows, heads, 2, head_dim))
+        window = buffer[..., self.start : new + 1]
+        shape = (rows * heads, head_dim, self.mem_len + 1)
+        return window[:, :, 0].view(shape), window[:, :, 1].view(shape)
 
     def end(self):
         self.start += 1
