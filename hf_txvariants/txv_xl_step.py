@@ -4,19 +4,20 @@ position per row and call, each layer attending to its last `mem_len` memory slo
 `XLBackboneMixin.run_backbone` gives the same outputs for any segment length, padding and mechanism. For one position
 per row that generality is most of the cost: about 310 aten ops, 60 module calls and the cache's bookkeeping per step
 of the RL benchmark's 2-layer GTrXL in 16 environments, where each small kernel takes ~3 us on a CPU
-(benchmarks/RESULTS.md, "Acting speed"). Here that step is 113 aten ops, on state kept in the form a step needs:
+(benchmarks/RESULTS.md, "Acting speed"). Here that step is 110 aten ops, on state kept in the form a step needs:
 
 - `StepWeights`: made once per version of the weights (`token`, kept by the caller). Every matrix transposed for
   `torch.addmm`; 1 / sqrt(head_dim) folded into W_q and u; the position term (q + v) . W_r R_(K-1-j), linear in the
-  layer's normed input, as one product with W_q (W_r R) block by head and the bias v . W_r R (key slot j of the window
-  always sits at distance K - 1 - j from the new position, so these are constants); a GRU gate's stacked matrices
-  (`GRUGate.stacked_weights`, for `GRUGate.fused`, the gate's own maths).
-- `StepMemory`: per layer the memory vectors (the inputs the layer saw, what `MemoryCache` holds), their keys
-  `[rows, heads, head_dim, slots]` and values `[rows, heads, slots, head_dim]`, in buffers with room for `mem_len`
-  more slots. The window is a view; a step writes one slot per tensor and moves the view by one, and every `mem_len`
-  steps the window is copied back to the front (as `txv_cache.AppendBuffers` does for the general path).
-  `blocked [rows, slots]`, one for all layers, marks the slots a row may not attend: empty ones, and those before its
-  episode's start.
+  layer's normed input, as a product with W_q (W_r R)_h per head and the bias v . (W_r R)_h (key slot j of the window
+  always sits at distance K - 1 - j from the new position, so these are constants). The query, the position term,
+  the key and the value come from one product, its columns grouped by head so that each part is a view with one
+  stride per (row, head), as the batched products need. A GRU gate's stacked matrices (`GRUGate.stacked_weights`,
+  for `GRUGate.fused`, the gate's own maths).
+- `StepMemory`: per layer the memory vectors (the inputs the layer saw, what `MemoryCache` holds) and their keys and
+  values, `[rows, heads, 2, head_dim, slots]`, in buffers with room for `mem_len` more slots. The window is a view; a
+  step writes one slot per buffer and moves the view by one, and every `mem_len` steps the window is copied back to
+  the front (as `txv_cache.AppendBuffers` does for the general path). `blocked [rows, slots]`, one for all layers,
+  marks the slots a row may not attend: empty ones, and those before its episode's start.
 
 The keys and values of the memory belong to the weights that made them: after an optimiser step they are made again
 from the memory vectors, as the general path does. Against the general path the maths is the same with the float

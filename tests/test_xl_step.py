@@ -131,6 +131,21 @@ def test_a_state_made_under_inference_mode_goes_on_outside_it():
     torch.testing.assert_close(step.values, expected.values, **TOLERANCE)
 
 
+def test_what_acting_returns_is_ordinary_tensors_autograd_can_use():
+    """The step runs in inference mode; its tensors must not leak into what a user or PPO's learning pass reads."""
+    policy = tiny_policy()
+    step = policy.act(torch.zeros(2, 3), policy.initial_state(2), torch.ones(2, dtype=torch.bool))
+    snapshot = policy.snapshot(step.state)
+    returned = {"actions": step.actions, "log_probs": step.log_probs, "values": step.values, **snapshot}
+    assert not any(tensor.is_inference() for tensor in returned.values())
+    weight = torch.ones(2, requires_grad=True)
+    (weight * step.values * step.log_probs).sum().backward()  # saves both for backward: refused for inference ones
+    torch.testing.assert_close(weight.grad, step.values * step.log_probs, **TOLERANCE)
+    policy.train()  # learning starts from the snapshot, through the general path
+    hidden, _ = policy.body(torch.zeros(2, 1, TINY["hidden_size"]), policy.restore(snapshot), torch.zeros(2, 1).bool())
+    hidden.sum().backward()
+
+
 def test_moving_or_switching_mode_forgets_what_the_step_path_kept():
     policy = tiny_policy()
     state = policy.initial_state(2)
