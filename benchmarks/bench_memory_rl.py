@@ -51,7 +51,9 @@ def run_one(task: str, agent: str, seed: int, total_steps: int) -> dict:
 
     envs = make_vector_env(task, NUM_ENVS, seed=seed)
     torch.manual_seed(seed)
-    policy = make_policy(agent, envs.single_observation_space, envs.single_action_space)
+    # the paper's b_g = 2, as in the stored runs (measured before make_policy's GTrXL defaulted to b_g = 0)
+    fields = {"gate_bias": 2.0} if agent == "gtrxl" else {}
+    policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **fields)
     history = train_ppo(policy, envs, PPOSettings(total_steps=total_steps), seed=seed)
     envs.close()
     return {"task": task, "agent": agent, "seed": seed, "parameters": policy.num_parameters, **history.to_dict()}

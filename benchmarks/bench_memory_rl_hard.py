@@ -40,7 +40,8 @@ from bench_memory_rl import plot_curves, steps_to_reach, write_json_atomically  
 
 NUM_ENVS = 16
 ROLLOUT_STEPS = 128
-AGENTS = ["gtrxl", "gtrxl_bg0", "trxl_i", "gru", "gru256"]  # gtrxl_bg0: GTrXL with b_g = 0 (gates half open at init)
+# gtrxl: GTrXL at the paper's b_g = 2; gtrxl_bg0: b_g = 0 (gates half open at init, `make_policy`'s default now)
+AGENTS = ["gtrxl", "gtrxl_bg0", "trxl_i", "gru", "gru256"]
 TASKS = {
     "RepeatPreviousMedium": dict(total_steps=400_000, mem_len=64, segment_length=64),
     "RepeatPreviousHard": dict(total_steps=1_000_000, mem_len=64, segment_length=128),
@@ -64,9 +65,10 @@ def build_policy(agent: str, envs, mem_len: int):
 
     if agent == "gru256":  # POPGym's memory width
         return MemoryPolicy.gru(envs.single_observation_space, envs.single_action_space, 256)
-    if agent == "gtrxl_bg0":
+    if agent in ("gtrxl", "gtrxl_bg0"):  # the paper's b_g and 0 (make_policy's default since these runs)
+        gate_bias = 0.0 if agent == "gtrxl_bg0" else 2.0
         return make_policy(
-            "gtrxl", envs.single_observation_space, envs.single_action_space, mem_len=mem_len, gate_bias=0.0
+            "gtrxl", envs.single_observation_space, envs.single_action_space, mem_len=mem_len, gate_bias=gate_bias
         )
     return make_policy(agent, envs.single_observation_space, envs.single_action_space, mem_len=mem_len)
 

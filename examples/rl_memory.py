@@ -33,7 +33,15 @@ from dataclasses import asdict, fields
 
 import torch
 
-from hf_txvariants.rl import AGENTS, DEFAULT_GTRXL_FIELDS, PPOSettings, make_policy, make_vector_env, train_ppo
+from hf_txvariants.rl import (
+    AGENTS,
+    DEFAULT_GTRXL_FIELDS,
+    RL_GATE_BIAS,
+    PPOSettings,
+    make_policy,
+    make_vector_env,
+    train_ppo,
+)
 
 
 def progress(task, agent, seed, every):
@@ -64,6 +72,12 @@ def main(argv=None):
     )
     for name, value in DEFAULT_GTRXL_FIELDS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value, help="GTrXL shape")
+    parser.add_argument(
+        "--gate-bias",
+        type=float,
+        default=RL_GATE_BIAS,
+        help="b_g of GTrXL's GRU gates (the paper's: 2; make_policy's RL default: 0, see RL_GATE_BIAS)",
+    )
     for setting in fields(PPOSettings):
         default = 100_000 if setting.name == "total_steps" else setting.default
         parser.add_argument(f"--{setting.name.replace('_', '-')}", type=type(setting.default), default=default)
@@ -80,7 +94,8 @@ def main(argv=None):
             for seed in args.seeds:
                 envs = make_vector_env(task, args.num_envs, seed=seed, previous_action=args.previous_action)
                 torch.manual_seed(seed)
-                policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **gtrxl_fields)
+                shape = {**gtrxl_fields, **({"gate_bias": args.gate_bias} if agent == "gtrxl" else {})}
+                policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **shape)
                 history = train_ppo(policy, envs, settings, seed=seed, log=progress(task, agent, seed, args.log_every))
                 envs.close()
                 runs.append(

@@ -14,10 +14,12 @@ import torch
 gym = pytest.importorskip("gymnasium")
 
 from hf_txvariants.rl import (  # noqa: E402
+    RL_GATE_BIAS,
     MemoryPolicy,
     PPOSettings,
     ProofOfMemoryEnv,
     generalised_advantages,
+    make_policy,
     make_vector_env,
     parameter_matched_hidden_size,
     popgym_env,
@@ -155,6 +157,18 @@ def test_parameter_matched_baseline_is_the_closest_width():
     gap = abs(MemoryPolicy.gru(space, actions, width).num_parameters - target)
     for neighbour in (width - 1, width + 1):
         assert gap <= abs(MemoryPolicy.gru(space, actions, neighbour).num_parameters - target)
+
+
+def test_make_policy_gates_start_at_the_rl_gate_bias_unless_given():
+    space, actions = gym.spaces.Box(0, 1, shape=(10,)), gym.spaces.Discrete(4)
+    shape = dict(hidden_size=16, num_attention_heads=2, intermediate_size=32, mem_len=6)
+
+    def gate_biases(policy):
+        return {float(v) for name, p in policy.named_parameters() if name.endswith("gate_bias") for v in p.flatten()}
+
+    assert gate_biases(make_policy("gtrxl", space, actions, **shape)) == {RL_GATE_BIAS} == {0.0}
+    assert gate_biases(make_policy("gtrxl", space, actions, gate_bias=2.0, **shape)) == {2.0}  # the paper's
+    assert gate_biases(make_policy("trxl_i", space, actions, **shape)) == set()  # no gates, no gate_bias passed
 
 
 def test_generalised_advantages_equal_the_sum_of_discounted_errors():

@@ -679,15 +679,23 @@ AGENTS = ("gtrxl", "trxl_i", "gru", "mlp")
 DEFAULT_GTRXL_FIELDS = dict(
     hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, mem_len=64
 )
+# The GRU gates' b_g of `make_policy("gtrxl")`: 0, gates half open from the start, not the paper's 2 (GTrXLConfig's
+# default), which starts each layer near the identity for stability over billions of steps. Within the budgets of
+# POPGym-size runs b_g = 2 found the memory late or not at all: 2 of 3 seeds on RepeatPreviousMedium in 400k steps
+# and 1 of 3 on RepeatPreviousHard in 1M, against 3 of 3 for b_g = 0 (benchmarks/RESULTS.md, issue 30). Pass
+# `gate_bias=2.0` for the paper's.
+RL_GATE_BIAS = 0.0
 
 
 def make_policy(agent: str, observation_space, action_space, **gtrxl_fields) -> MemoryPolicy:
-    """One of `AGENTS` at an equal parameter budget: "gtrxl" (GRU-gated GTrXL) and "trxl_i" (identity map
-    reordering, no gates) from `DEFAULT_GTRXL_FIELDS` updated by `gtrxl_fields`; "gru" and "mlp" of the width whose
-    parameter count is closest to that GTrXL policy's."""
+    """One of `AGENTS` at an equal parameter budget: "gtrxl" (GRU-gated GTrXL, b_g `RL_GATE_BIAS` unless
+    `gate_bias` is given) and "trxl_i" (identity map reordering, no gates) from `DEFAULT_GTRXL_FIELDS` updated by
+    `gtrxl_fields`; "gru" and "mlp" of the width whose parameter count is closest to that GTrXL policy's."""
     if agent not in AGENTS:
         raise ValueError(f"unknown agent {agent!r}; known: {', '.join(AGENTS)}")
     fields = {**DEFAULT_GTRXL_FIELDS, **gtrxl_fields}
+    if agent == "gtrxl":
+        fields.setdefault("gate_bias", RL_GATE_BIAS)
     if agent in ("gtrxl", "trxl_i"):
         return MemoryPolicy.gtrxl(
             observation_space, action_space, gate_type="gru" if agent == "gtrxl" else "trxl_i", **fields
@@ -713,6 +721,7 @@ __all__ = [
     "AGENTS",
     "BODIES",
     "DEFAULT_GTRXL_FIELDS",
+    "RL_GATE_BIAS",
     "GRUBody",
     "GTrXLBody",
     "MLPBody",
