@@ -90,7 +90,7 @@ def is_current(run: dict) -> bool:
     return run["agent"] not in TRANSFORMER_AGENTS or run["mem_len"] == TASKS[run["task"]]["mem_len"]
 
 
-def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: int = 40) -> dict:
+def run_one(task: str, agent: str, seed: int, previous_action: bool, anneal: bool = False, log_every: int = 40) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -100,8 +100,12 @@ def run_one(task: str, agent: str, seed: int, previous_action: bool, log_every: 
     envs = make_vector_env(task, NUM_ENVS, seed=seed, previous_action=previous_action)
     torch.manual_seed(seed)
     policy = build_policy(agent, envs, setting["mem_len"])
+    annealing = dict(final_learning_rate=0.0, final_entropy_coef=0.0) if anneal else {}  # linear, to 0 at the end
     ppo = PPOSettings(
-        total_steps=setting["total_steps"], rollout_steps=ROLLOUT_STEPS, segment_length=setting["segment_length"]
+        total_steps=setting["total_steps"],
+        rollout_steps=ROLLOUT_STEPS,
+        segment_length=setting["segment_length"],
+        **annealing,
     )
 
     def log(history):
@@ -187,10 +191,17 @@ def main(argv=None):
         action="store_true",
         help="hide the previous action (POPGym's baselines show it; the default here too)",
     )
+    parser.add_argument(
+        "--anneal",
+        action="store_true",
+        help="anneal the learning rate and the entropy coefficient linearly to 0 (runs stored in another --output)",
+    )
     parser.add_argument("--output", type=Path, default=HERE / "memory_rl_hard_runs.json")
     parser.add_argument("--plot", type=Path, default=HERE / "memory_rl_hard_curves.png")
     parser.add_argument("--report", action="store_true", help="run nothing: the table and the PNG from --output")
     args = parser.parse_args(argv)
+    if args.anneal and args.output == parser.get_default("output"):
+        parser.error("--anneal needs its own --output: the stored runs are keyed without the annealing")
     stored = json.loads(args.output.read_text()) if args.output.exists() else {"runs": []}
     runs = stored["runs"]
     if args.report:
@@ -215,7 +226,7 @@ def main(argv=None):
                 if any(run_setting(r) == key for r in runs):
                     continue
                 started = time.perf_counter()
-                run = run_one(task, agent, seed, previous_action)
+                run = run_one(task, agent, seed, previous_action, anneal=args.anneal)
                 runs.append(run)
                 write_json_atomically(args.output, {"meta": meta, "runs": runs})
                 print(
