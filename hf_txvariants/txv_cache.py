@@ -317,6 +317,7 @@ class MemoryCache(RowStateCache):
         self._relative_table_key: tuple | None = None
         self._position_keys: list = [None] * num_layers
         self.seen_tokens = seen_tokens
+        self._step_memory = None  # the `txv_xl_step.StepMemory` a one-position step left (see `adopt_step`)
         if memories is not None:
             self._set(list(memories), memory_mask)
 
@@ -360,11 +361,30 @@ class MemoryCache(RowStateCache):
             memory_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
         elif memory_mask.shape != first.shape[:2]:
             raise ValueError(f"memory_mask has shape {tuple(memory_mask.shape)}, expected {tuple(first.shape[:2])}")
+        self._step_memory = None
         self.memories = [m.detach() if m.requires_grad else m for m in memories]
         self.memory_mask = memory_mask.to(torch.bool)
         # the mask known (without reading it) to be all True: `key_mask` then needs no mask and no host sync
         self._all_real_mask = self.memory_mask if all_real else None
         self._forget_memory_key_values()
+
+    @property
+    def step_memory(self):
+        """The `txv_xl_step.StepMemory` that holds this memory since the last one-position step, or None."""
+        return self._step_memory
+
+    def adopt_step(self, step):
+        """After a one-position step (`XLBackboneMixin.step_backbone`): the memory is now `step`'s window (views of its
+        buffers, which the next step goes on from), one more token seen."""
+        self.memories, self.memory_mask = step.memory()
+        self._all_real_mask = None
+        self._forget_memory_key_values()
+        self.seen_tokens += 1
+        self._step_memory = step
+
+    def drop_step(self):
+        """Leaves the step's buffers to the step: every change of the memory other than a step goes through here."""
+        self._step_memory = None
 
     def _forget_memory_key_values(self):
         self.memory_keys = self.memory_values = self.key_value_tokens = None
@@ -492,6 +512,7 @@ class MemoryCache(RowStateCache):
             raise ValueError(f"memory_init must be 'zeros' or 'empty', got {memory_init!r}")
         if self.memories is None:
             return
+        self.drop_step()
         done = done.to(device=self.memory_mask.device, dtype=torch.bool).view(-1)
         if done.shape[0] != self.batch_size:
             raise ValueError(f"`done` has {done.shape[0]} rows, the memory has batch size {self.batch_size}")
@@ -544,6 +565,7 @@ class MemoryCache(RowStateCache):
         return self.memory_length + query_length, 0
 
     def reset(self):
+        self.drop_step()
         self.memories, self.memory_mask, self.seen_tokens = None, None, 0
         self._buffers = AppendBuffers()
         self.forget_key_values()
@@ -556,6 +578,7 @@ class MemoryCache(RowStateCache):
 
     def _map_rows(self, fn):
         all_real = self.memory_mask is not None and self.memory_mask is self._all_real_mask
+        self.drop_step()
         super()._map_rows(fn)
         if all_real:  # rows of an all-real memory (beam reordering, expansion, selection) are all real
             self._all_real_mask = self.memory_mask

@@ -273,6 +273,68 @@ class XLBackboneMixin:
             model_type=self.config.model_type,
         )
 
+    # ----------------------------------------------------------------------------------------------------------------
+    # the one-step path (`txv_xl_step`): what a model keeps for it, forgotten when it is moved, cast or switches mode
+    # (replace a part, e.g. wrap it with PEFT, before either, or call `forget_step_cache`)
+    def forget_step_cache(self):
+        """Drops whether this model can step (`step_support`), its parameter list and its `StepWeights`."""
+        self._step_support = self._step_parameters = self._step_weights = None
+
+    def train(self, mode: bool = True):
+        self.forget_step_cache()
+        return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):
+        self.forget_step_cache()
+        return super()._apply(fn, *args, **kwargs)
+
+    def step_unsupported(self) -> str:
+        """Why `txv_xl_step` cannot step this model as configured now ("" if it can), kept per memory length."""
+        from .txv_xl_step import step_support
+
+        known = getattr(self, "_step_support", None)
+        if known is None or known[0] != self.config.mem_len:
+            known = self._step_support = (self.config.mem_len, step_support(self) or "")
+        return known[1]
+
+    def step_weights(self):
+        """This model's `txv_xl_step.StepWeights`, made again whenever a parameter changed (an optimiser step or a
+        load writes in place, which moves its version) or `mem_len` did."""
+        from .txv_xl_step import StepWeights
+
+        if getattr(self, "_step_parameters", None) is None:
+            self._step_parameters = list(self.parameters())
+        token = (self.config.mem_len, *(parameter._version for parameter in self._step_parameters))
+        weights = getattr(self, "_step_weights", None)
+        if weights is None or weights.token != token:
+            weights = self._step_weights = StepWeights(self, token)
+        return weights
+
+    def step_backbone(self, inputs_embeds: torch.Tensor, cache: MemoryCache) -> XLBackboneOutput | None:
+        """One new position per row through `txv_xl_step`, the cache carrying its `StepMemory` from step to step
+        (`MemoryCache.adopt_step`); None where that path cannot serve (the general one then does)."""
+        from .txv_xl_step import StepMemory, xl_step
+
+        mem_len = self.config.mem_len
+        step = cache.step_memory
+        if (step is None or step.mem_len != mem_len) and cache.memory_length > mem_len:
+            return None
+        layer_inputs = []
+        with torch.inference_mode():  # as `GTrXLBody`: its tensors stay in the step's state
+            if step is None or step.mem_len != mem_len:
+                step = StepMemory.from_cache(cache, mem_len)
+            hidden = xl_step(self.step_weights(), step, inputs_embeds[:, 0], None, layer_inputs)
+        cache.adopt_step(step)
+        # ordinary tensors for the caller, who may change them in place (an inference tensor refuses that)
+        return XLBackboneOutput(
+            last_hidden_state=hidden[:, None].clone(),
+            cache=cache,
+            layer_inputs=[inputs[:, None].clone() for inputs in layer_inputs],
+            attentions=[None] * len(layer_inputs),
+            span_penalty=None,
+            attended_keys=(None,) * len(layer_inputs),
+        )
+
     def memory_for_input(self, memory, batch_size: int, dtype, device) -> MemoryCache:
         config = self.config
         return memory_for_input(
@@ -308,8 +370,26 @@ class XLBackboneMixin:
         batch, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
         cache = self.memory_for_input(memory, batch, inputs_embeds.dtype, device)
-        memory_length = cache.memory_length
         input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
+        if (
+            query_length == 1  # one new token per row against a memory (generation): `txv_xl_step`
+            and use_cache
+            and cache.memory_length > 0
+            and episode_starts is None
+            and shared_biases is None
+            and not output_attentions
+            and not self.training
+            and not torch.is_grad_enabled()
+            and not torch.is_autocast_enabled(device.type)
+            and not torch.compiler.is_compiling()
+            and not self.step_unsupported()
+            and (input_mask is None or bool(input_mask.all()))  # (generate() passes a mask of ones)
+        ):
+            stepped = self.step_backbone(inputs_embeds, cache)
+            if stepped is not None:
+                return stepped
+        cache.drop_step()  # the general path reads and writes the memory itself
+        memory_length = cache.memory_length
         leading_padding = None
         if input_mask is not None and cache.memory_init == "zeros" and cache.seen_tokens == 0 and memory_length > 0:
             leading_padding, zero_slots, cache.memory_mask = leading_padding_as_zero_memory(input_mask, memory_length)

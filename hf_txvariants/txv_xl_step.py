@@ -23,7 +23,8 @@ The keys and values of the memory belong to the weights that made them: after an
 from the memory vectors, as the general path does. Against the general path the maths is the same with the float
 operations in another order: equal within float32 rounding (`tests/test_xl_step.py`). `step_support` says why a model
 cannot step here (the caller then runs the general path): adaptive span, wrapped (e.g. PEFT) or other non-plain parts,
-shared u / v biases, a window shorter than the memory plus one.
+shared u / v biases. An attention window shorter than the memory plus the new position (Transformer-XL's
+`same_length`) is served by attending the last keys of the window only.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ from .txv_gates import GatingLayer, GRUGate
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
 from .txv_xl import attention_window
 
+# the most weights (hidden x heads x key slots) for which a layer's position term is folded into its projection
+FOLDED_POSITION_LIMIT = 1 << 16
+
+
+def _computes_as(module: nn.Module, base: type, methods: tuple[str, ...]) -> bool:
+    """`module` is a `base`, or a subclass that only adds to it (e.g. transfo-xl's attention, which holds its layer
+    norm), overriding none of `methods`."""
+    return isinstance(module, base) and all(getattr(type(module), name) is getattr(base, name) for name in methods)
+
 
 def step_support(model) -> str | None:
     """None if `model` (an XL-family base model, e.g. `GTrXLModel`) can step here, else why not (in words)."""
@@ -47,12 +57,14 @@ def step_support(model) -> str | None:
     if getattr(config, "adapt_span_enabled", False):
         return "adaptive span (its spans cut the keys per layer)"
     window = attention_window(config)
-    if window is not None and window < config.mem_len + 1:
-        return f"the attention window ({window} keys) is shorter than mem_len + 1"
+    if window is not None and window < 1:
+        return f"the attention window ({window} keys) holds no key"
     for index, layer in enumerate(model.layers):
         attention = layer.part("attention")
-        if type(attention) is not RelativePositionAttention or not hasattr(attention, "r_w_bias"):
-            return f"layer {index}'s attention is not a RelativePositionAttention with its own u / v biases"
+        if not _computes_as(attention, RelativePositionAttention, ("forward", "project", "attend_one_query")):
+            return f"layer {index}'s attention is not a RelativePositionAttention (or computes otherwise)"
+        if not hasattr(attention, "r_w_bias"):
+            return f"layer {index}'s attention shares its u / v biases with the other layers"
         plain = (attention.qkv_net, attention.r_net, attention.o_net)
         if any(type(module) is not nn.Linear for module in plain):
             return f"layer {index}'s attention projections are wrapped (not plain nn.Linear)"
@@ -60,7 +72,7 @@ def step_support(model) -> str | None:
         if any(type(norm) is not nn.LayerNorm for norm in norms):
             return f"layer {index}'s norms are not plain nn.LayerNorm"
         feed_forward = layer.part("feed_forward")
-        if type(feed_forward) is not PositionwiseFeedForward or any(
+        if not _computes_as(feed_forward, PositionwiseFeedForward, ("forward",)) or any(
             type(feed_forward.CoreNet[i]) is not nn.Linear for i in (0, 3)
         ):
             return f"layer {index}'s feed-forward is not a plain PositionwiseFeedForward"
@@ -91,21 +103,33 @@ class LayerStepWeights:
         qkv = attention.qkv_net.weight
         query_weight = qkv[:inner].t() * scale  # [hidden, inner]
         self.key_value_weight = qkv[inner:].t().contiguous()  # [hidden, keys then values]
-        # The position term (q + v) . W_r R_(K-1-j) is linear in the context: one product with W_q (W_r R)_h per
-        # head h, whose columns are the key slots, and the bias v . (W_r R)_h. Key slot j of the window sits at
-        # distance K - 1 - j: row j of the table.
+        # The position term (q + v) . W_r R_(K-1-j), key slot j of the window at distance K - 1 - j (row j of the
+        # table). Linear in the context, it can be folded into the projection (W_q (W_r R)_h per head h, whose
+        # columns are the key slots, and the bias v . (W_r R)_h): no op of its own, but hidden x heads x K weights
+        # where (W_r R)_h alone has head_dim x K. Folded where that stays small (an RL agent's width), else a product
+        # of q + v with (W_r R)_h per head (Transformer-XL's sizes: 8x the weights otherwise).
         positions = F.linear(position_table[:key_count], attention.r_net.weight)  # [K, inner]
         position_keys = positions.view(key_count, heads, head_dim).permute(1, 2, 0)  # [heads, d, K]
         by_head = query_weight.view(-1, heads, 1, head_dim)
-        position_weight = (by_head @ position_keys).squeeze(2)  # [hidden, heads, K]
-        position_bias = (attention.r_r_bias * scale)[:, None] @ position_keys  # [heads, 1, K]
-        # One product gives a step everything its attention needs, grouped by head so that each part is a view with
-        # one stride per (row, head): [query + u, position term + its bias, key, value], 3 d + K columns a head.
+        hidden_size = query_weight.shape[0]
+        self.fold_position = hidden_size * heads * key_count <= FOLDED_POSITION_LIMIT
+        content_bias = attention.r_w_bias * scale  # u, [heads, d]
+        # One product gives a step everything else its attention needs, grouped by head so that each part is a view
+        # with one stride per (row, head): [query + u, (position term + its bias,) key, value].
         key_value = self.key_value_weight.view(-1, 2, heads, head_dim).transpose(1, 2).flatten(2)  # [hidden, heads, 2d]
-        self.projection_weight = torch.cat([by_head.squeeze(2), position_weight, key_value], dim=2).flatten(1)
-        self.projection_bias = torch.cat(
-            [(attention.r_w_bias * scale), position_bias.squeeze(1), qkv.new_zeros(heads, 2 * head_dim)], dim=1
-        ).flatten()
+        parts, biases = [by_head.squeeze(2)], [content_bias]
+        if self.fold_position:
+            parts.append((by_head @ position_keys).squeeze(2))  # [hidden, heads, K]
+            biases.append(((attention.r_r_bias * scale)[:, None] @ position_keys).squeeze(1))  # [heads, K]
+            self.position_count = key_count
+        else:
+            self.position_keys = position_keys.contiguous()
+            self.position_shift = (attention.r_r_bias * scale - content_bias).view(1, heads, head_dim)  # v - u
+            self.position_count = 0
+        parts.append(key_value)
+        biases.append(qkv.new_zeros(heads, 2 * head_dim))
+        self.projection_weight = torch.cat(parts, dim=2).flatten(1)
+        self.projection_bias = torch.cat(biases, dim=1).flatten()
         self.output_weight = attention.o_net.weight.t().contiguous()
         self.attention_norm = layer.part("attention_norm")
         self.feed_forward_norm = layer.part("feed_forward_norm")
@@ -156,13 +180,19 @@ class LayerStepWeights:
         """The attention output `[rows, hidden]` of the new position over the window; writes the position's memory
         vector, key and value into `memory`."""
         rows, heads, head_dim = hidden.shape[0], self.heads, self.head_dim
-        key_count = memory.window_blocked.shape[-1]
+        key_count, folded = memory.window_blocked.shape[-1], self.position_count
         projected = torch.addmm(self.projection_bias, context, self.projection_weight).view(rows, heads, -1)
-        keys, values = memory.write(index, hidden, projected[..., head_dim + key_count :])  # [rows * heads, d, K]
+        keys, values = memory.write(index, hidden, projected[..., head_dim + folded :])  # [rows * heads, d, K]
         # A_j = (q + u) . k_j + (q + v) . W_r R_(K-1-j): the position term, masked, then the content term (one product
         # per row and head) accumulated into it
-        scores = projected[..., head_dim : head_dim + key_count].masked_fill_(memory.window_blocked, float("-inf"))
-        content_query = projected[..., :head_dim].view(rows * heads, 1, head_dim)
+        content_query = projected[..., :head_dim]
+        if folded:
+            scores = projected[..., head_dim : head_dim + key_count]
+        else:  # (q + v) = (q + u) + (v - u), times (W_r R)_h for each head
+            position_query = (content_query + self.position_shift).transpose(0, 1)  # [heads, rows, d]
+            scores = torch.bmm(position_query, self.position_keys).transpose(0, 1)  # [rows, heads, K]
+        scores = scores.masked_fill_(memory.window_blocked, float("-inf")).reshape(rows * heads, 1, key_count)
+        content_query = content_query.view(rows * heads, 1, head_dim)
         weights = torch.baddbmm(scores.view(rows * heads, 1, key_count), content_query, keys).softmax(dim=-1)
         output = torch.bmm(weights, values.transpose(1, 2))  # [rows * heads, 1, head_dim]
         return torch.mm(output.view(rows, heads * head_dim), self.output_weight)
@@ -175,13 +205,22 @@ class StepWeights:
     def __init__(self, model, token: tuple):
         config = model.config
         self.token = token
-        key_count = config.mem_len + 1  # the memory and the new position (`step_support` checks the window)
+        # the memory and the new position, or the last keys of them that the attention window lets a query see
+        # (Transformer-XL's same_length: mem_len)
+        window = attention_window(config)
+        key_count = self.key_count = config.mem_len + 1 if window is None else min(window, config.mem_len + 1)
         parameter = next(model.parameters())
         table = relative_position_embeddings(
             key_count, config.hidden_size, getattr(config, "clamp_len", 0), parameter.dtype, parameter.device
         )
         self.layers = [LayerStepWeights(layer, key_count, table) for layer in model.layers]
         self.final_norm = model.norm
+
+
+def _window_in_front(buffer: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+    fresh = buffer.new_empty(buffer.shape)
+    fresh.narrow(dim, 0, length).copy_(buffer.narrow(dim, start, length))
+    return fresh
 
 
 class StepMemory:
@@ -200,16 +239,23 @@ class StepMemory:
         self.blocked = memory_mask.new_ones(rows, self.capacity)
         self.blocked[:, :mem_len] = ~memory_mask
         self.keys_values: list[torch.Tensor] = []  # per layer [rows, heads, 2 (key, value), head_dim, capacity]
-        self.window_blocked = None  # `blocked` over this step's window, [rows, 1, mem_len + 1] (set by `begin`)
+        self.key_count = mem_len + 1  # the keys a step attends: the last of the window (set by `begin`)
+        self.window_blocked = None  # `blocked` over the keys a step attends, [rows, 1, key_count] (set by `begin`)
         self.weights = None  # the `StepWeights` the keys and values were made with
 
     @classmethod
-    def from_cache(cls, cache: MemoryCache) -> StepMemory:
-        return cls(
-            cache.memories,
-            cache.memory_mask,
-            {"num_layers": cache.num_layers, "memory_init": cache.memory_init, "model_type": cache.model_type},
-        )
+    def from_cache(cls, cache: MemoryCache, mem_len: int | None = None) -> StepMemory:
+        """The memory of `cache` in step buffers of `mem_len` slots (default: the cache's length); a shorter memory
+        (a prompt shorter than mem_len) gets blocked empty slots in front."""
+        vectors, mask = cache.memories, cache.memory_mask
+        missing = (mem_len or cache.memory_length) - cache.memory_length
+        if missing < 0:
+            raise ValueError(f"the memory holds {cache.memory_length} slots, more than mem_len={mem_len}")
+        if missing:
+            vectors = [F.pad(v, (0, 0, missing, 0)) for v in vectors]
+            mask = F.pad(mask, (missing, 0), value=False)
+        fields = {"num_layers": cache.num_layers, "memory_init": cache.memory_init, "model_type": cache.model_type}
+        return cls(vectors, mask, fields)
 
     @property
     def memory_length(self) -> int:
@@ -251,42 +297,55 @@ class StepMemory:
     def begin(self, weights: StepWeights, episode_starts: torch.Tensor):
         if self.weights is not weights:  # made for other weights (or the same, made again: no harm)
             self._make_keys_values(weights)
-        if self.start + self.mem_len == self.capacity:  # no room for the new slot: the window back to the front
+        if self.start + self.mem_len == self.capacity:
+            # no room for the new slot: the window moves to the front of new buffers (a view handed out, such as a
+            # `MemoryCache`'s memory after `adopt_step`, never changes afterwards)
+            self.vectors = [_window_in_front(buffer, 1, self.start, self.mem_len) for buffer in self.vectors]
+            self.keys_values = [_window_in_front(buffer, 4, self.start, self.mem_len) for buffer in self.keys_values]
             window = slice(self.start, self.capacity)
-            for buffer in self.vectors:
-                buffer[:, : self.mem_len] = buffer[:, window]
-            for buffer in self.keys_values:
-                buffer[..., : self.mem_len] = buffer[..., window]
             self.blocked[:, : self.mem_len] = self.blocked[:, window]
             self.start = 0
         new = self.start + self.mem_len
-        # a row whose episode starts attends to nothing before it, now or later (`MemoryCache.reset_rows`, "empty")
-        self.blocked[:, self.start : new].bitwise_or_(episode_starts[:, None])
+        if episode_starts is not None:
+            # a row whose episode starts attends to nothing before it, now or later (`MemoryCache.reset_rows`,
+            # "empty")
+            self.blocked[:, self.start : new].bitwise_or_(episode_starts[:, None])
         self.blocked.select(1, new).fill_(False)
-        self.window_blocked = self.blocked[:, None, self.start : new + 1]
+        self.key_count = weights.key_count
+        self.window_blocked = self.blocked[:, None, new + 1 - self.key_count : new + 1]
 
     def write(self, index: int, hidden: torch.Tensor, key_value: torch.Tensor):
         """Writes layer `index`'s new slot (`key_value [rows, heads, 2 * head_dim]`, key then value); returns the
-        window's keys and values, each `[rows * heads, head_dim, mem_len + 1]`."""
+        keys and values a step attends (the last `key_count` of the window and the new slot), each `[rows * heads,
+        head_dim, key_count]`."""
         new = self.start + self.mem_len
         self.vectors[index].select(1, new).copy_(hidden)
         buffer = self.keys_values[index]
         rows, heads, _, head_dim, _ = buffer.shape
         buffer.select(4, new).copy_(key_value.view(rows, heads, 2, head_dim))
-        window = buffer[..., self.start : new + 1]
-        shape = (rows * heads, head_dim, self.mem_len + 1)
+        window = buffer[..., new + 1 - self.key_count : new + 1]
+        shape = (rows * heads, head_dim, self.key_count)
         return window[:, :, 0].view(shape), window[:, :, 1].view(shape)
 
     def end(self):
         self.start += 1
 
 
-def xl_step(weights: StepWeights, memory: StepMemory, inputs: torch.Tensor, episode_starts: torch.Tensor):
+def xl_step(
+    weights: StepWeights,
+    memory: StepMemory,
+    inputs: torch.Tensor,
+    episode_starts: torch.Tensor | None,
+    layer_inputs: list | None = None,
+):
     """The last hidden state `[rows, hidden]` of one new position per row (`inputs [rows, hidden]`, the embeddings),
-    episode_starts `[rows]` bool; advances `memory` by one slot."""
+    episode_starts `[rows]` bool or None (no episodes, e.g. text); advances `memory` by one slot. `layer_inputs`, if
+    given, gets each layer's input `[rows, hidden]`."""
     memory.begin(weights, episode_starts)
     hidden = inputs
     for index, layer in enumerate(weights.layers):
+        if layer_inputs is not None:
+            layer_inputs.append(hidden)
         hidden = layer(hidden, memory, index)
     memory.end()
     return hidden if weights.final_norm is None else _layer_norm(weights.final_norm, hidden)

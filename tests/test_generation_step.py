@@ -25,6 +25,7 @@ from hf_txvariants import (
 from hf_txvariants.txv_attention import causal_allowed
 from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_relative_attention import RelativePositionAttention, relative_position_embeddings
+from tiny_configs import general_path_only
 
 SIZE = dict(vocab_size=37, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
 XL = dict(SIZE, cutoffs=[10, 20], div_val=2, d_embed=16, clamp_len=9, init_std=0.2, proj_init_std=0.2, dropout=0.0)
@@ -91,25 +92,32 @@ UNWINDOWED = {
 
 @pytest.mark.parametrize("name", sorted(UNWINDOWED))
 def test_cached_steps_equal_steps_that_recompute_from_the_memory(name):
-    """Without a window (a step sees its whole memory): stepping with every cached tensor reused gives the logits of
-    stepping with the memory's keys and values, the position table and its projections recomputed at every step."""
-    torch.manual_seed(0)
-    model = UNWINDOWED[name]().eval()
+    """Without a window (a step sees its whole memory): stepping with every cached tensor reused, by the general
+    backbone and by the one-position step (`txv_xl_step`, which a one-token call takes by default), gives the logits
+    of stepping with the memory's keys and values, the position table and its projections recomputed at every step.
+    The step path computes the same maths with the float operations in another order (folded weights): 1e-5."""
     ids = _ids(3, 20)
     logits = {}
-    for recompute in (False, True):
+    for mode in ("step path", "general, cached", "general, recomputed"):
+        torch.manual_seed(0)
+        model = UNWINDOWED[name]().eval()
+        if mode != "step path":
+            general_path_only(model)
         cache, steps = None, []
         with torch.no_grad():
             for t in range(ids.shape[1]):
-                if cache is not None and recompute:
+                if cache is not None and mode == "general, recomputed":
                     cache.forget_key_values()
                 output = model(ids[:, t : t + 1], cache=cache)
                 cache = output_cache(output)
                 steps.append(output.logits[:, -1])
-        logits[recompute] = torch.stack(steps, 1)
-        if not recompute:
+        logits[mode] = torch.stack(steps, 1)
+        if mode == "general, cached":
             assert cache.memory_keys is not None and cache._relative_table is not None
-    torch.testing.assert_close(logits[False], logits[True], atol=1e-6, rtol=1e-6)
+        if mode == "step path":
+            assert cache.step_memory is not None
+    torch.testing.assert_close(logits["general, cached"], logits["general, recomputed"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(logits["step path"], logits["general, recomputed"], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.exact
@@ -205,7 +213,7 @@ def test_a_cached_step_projects_no_row_of_the_position_table():
     """Against a full memory, a cached step applies the position projection W_r to no row of the table (it reuses
     the projection kept in the cache), where the recomputing step projects the whole table."""
     torch.manual_seed(0)
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**XL, mem_len=6, same_length=False)).eval()
+    model = general_path_only(TransfoXLLMHeadModel(TransfoXLConfig(**XL, mem_len=6, same_length=False)).eval())
     ids = _ids(2, 12)
     projected_rows = []
     hooks = [

@@ -27,6 +27,7 @@ from hf_txvariants import (
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan
 from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_gates import GRUGate
+from tiny_configs import general_path_only
 from txv_tester import ATOL, TxvModelTesterMixin
 
 SIZE = dict(vocab_size=23, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
@@ -359,7 +360,7 @@ def test_evaluation_reuses_the_memory_keys_and_values_exactly(name, segment, mon
     1e-6 absolute and relative, the projections' sums being grouped differently), and the reusing path really
     projects only the segment."""
     torch.manual_seed(0)
-    model = KEY_VALUE_MODELS[name]().eval()
+    model = general_path_only(KEY_VALUE_MODELS[name]().eval())  # (its last segment, one token, would step)
     ids = _ids(2, 4 * segment + 1)
     resets = {2: torch.tensor([True, False])}
     expected, _ = _segment_logits(model, ids, segment, recompute=True, resets=resets)

@@ -1,5 +1,6 @@
 """One tiny config per variant (keyword arguments of its config class), shared by the tests that run every variant:
-transformers' common tests, export/compile and PEFT. A new variant adds its line here."""
+transformers' common tests, export/compile and PEFT. A new variant adds its line here. `general_path_only` turns off
+an XL-family model's one-position step for the tests of the general backbone's own caching."""
 
 from __future__ import annotations
 
@@ -221,3 +222,10 @@ def training_flags(fields: dict) -> list[str]:
 
 
 TINY_TRAINING_FLAGS = training_flags(TINY_TRAINING)
+
+
+def general_path_only(model):
+    """An XL-family model with its one-position step (`txv_xl_step`) turned off, so that one-token calls run the
+    general backbone and its own caching (what the tests that use this check)."""
+    model.base_model.step_unsupported = lambda: "turned off by the test"
+    return model

@@ -33,7 +33,7 @@ from torch import nn
 from ..configuration_gtrxl import GTrXLConfig
 from ..modeling_gtrxl import GTrXLModel
 from ..txv_cache import MemoryCache
-from ..txv_xl_step import StepMemory, StepWeights, step_support, xl_step
+from ..txv_xl_step import StepMemory, xl_step
 
 
 def _space_size(space) -> int:
@@ -136,24 +136,7 @@ class GTrXLBody(MemoryBody):
             raise ValueError(f"config.mem_len must be >= 0, got {config.mem_len}")
         self.config = config
         self.hidden_size, self.mem_len = config.hidden_size, config.mem_len
-        self.model = GTrXLModel(config)
-        self._forget_step_cache()
-
-    def _forget_step_cache(self):
-        """Drops what the one-step path keeps about the model: whether it can step (`step_support`), its parameter
-        list and the stacked weights; all made again at the next step. Called by `train` / `eval` and when the model
-        is moved or cast (`_apply`): replace a part (e.g. wrap it with PEFT) before either, or call this."""
-        self._step_support: str | None = None  # why the one-step path cannot serve this model ("" if it can)
-        self._step_parameters: list | None = None
-        self._step_weights: StepWeights | None = None
-
-    def train(self, mode: bool = True):
-        self._forget_step_cache()
-        return super().train(mode)
-
-    def _apply(self, fn, *args, **kwargs):
-        self._forget_step_cache()
-        return super()._apply(fn, *args, **kwargs)
+        self.model = GTrXLModel(config)  # (which keeps what its one-step path needs: `XLBackboneMixin`)
 
     @property
     def memoryless(self) -> bool:
@@ -191,19 +174,7 @@ class GTrXLBody(MemoryBody):
             return False
         if torch.is_autocast_enabled(inputs.device.type):
             return False
-        if self._step_support is None:
-            self._step_support = step_support(self.model) or ""
-        return not self._step_support
-
-    def step_weights(self) -> StepWeights:
-        """The weights in the form a step uses, made again whenever a parameter changed: an optimiser step or a load
-        writes in place, which moves the parameter's version (moving or casting the model goes through `_apply`)."""
-        if self._step_parameters is None:
-            self._step_parameters = list(self.model.parameters())
-        token = tuple(parameter._version for parameter in self._step_parameters)
-        if self._step_weights is None or self._step_weights.token != token:
-            self._step_weights = StepWeights(self.model, token)
-        return self._step_weights
+        return not self.model.step_unsupported()
 
     def forward(self, inputs, state, episode_starts):
         if self.memoryless:  # each step is its own sequence of one
@@ -222,7 +193,7 @@ class GTrXLBody(MemoryBody):
                         f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations "
                         "came"
                     )
-                hidden = xl_step(self.step_weights(), state, inputs[:, 0], episode_starts[:, 0])
+                hidden = xl_step(self.model.step_weights(), state, inputs[:, 0], episode_starts[:, 0])
             return hidden[:, None], state
         if isinstance(state, StepMemory):
             state = state.to_cache()
