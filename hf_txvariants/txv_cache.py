@@ -578,7 +578,10 @@ class MemoryCache(RowStateCache):
 
     def _map_rows(self, fn):
         all_real = self.memory_mask is not None and self.memory_mask is self._all_real_mask
-        self.drop_step()
+        if self._step_memory is not None:  # (beam search reorders every step: the step's buffers follow the rows)
+            self._step_memory.map_rows(fn)
+            self.memories, self.memory_mask = self._step_memory.memory()
+            return
         super()._map_rows(fn)
         if all_real:  # rows of an all-real memory (beam reordering, expansion, selection) are all real
             self._all_real_mask = self.memory_mask

@@ -283,6 +283,12 @@ class StepMemory:
             model_type=fields["model_type"],
         )
 
+    def map_rows(self, fn):
+        """Applies `fn` (a `[rows, ...] -> [rows', ...]` selection, e.g. beam search's reordering) to every buffer."""
+        self.vectors = [fn(buffer) for buffer in self.vectors]
+        self.keys_values = [fn(buffer) for buffer in self.keys_values]
+        self.blocked = fn(self.blocked)
+
     def _make_keys_values(self, weights: StepWeights):
         vectors, _ = self.memory()
         window = slice(self.start, self.start + self.mem_len)

@@ -120,6 +120,31 @@ def test_cached_steps_equal_steps_that_recompute_from_the_memory(name):
     torch.testing.assert_close(logits["step path"], logits["general, recomputed"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.exact  # the tokens are compared exactly; the scores within 1e-5 (the two paths round differently)
+@pytest.mark.parametrize("name", ["transfo-xl (adaptive softmax, zero memory)", "gtrxl"])
+def test_beam_search_with_the_step_path_equals_the_general_path(name):
+    """Beam search reorders the rows at every step: the step's buffers follow them (`StepMemory.map_rows`)."""
+    prompt = _ids(2, 3)
+    outputs = {}
+    for step_path in (True, False):
+        model = _model(name)
+        if not step_path:
+            general_path_only(model)
+        outputs[step_path] = model.generate(
+            prompt,
+            max_new_tokens=2 * model.config.mem_len,
+            num_beams=3,
+            num_return_sequences=2,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    assert torch.equal(outputs[True].sequences, outputs[False].sequences)
+    torch.testing.assert_close(outputs[True].sequences_scores, outputs[False].sequences_scores, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.exact
 @pytest.mark.parametrize("name", sorted(WINDOWED))
 def test_left_padded_batch_past_mem_len_generates_like_each_row_alone(name):
