@@ -7,13 +7,15 @@ these tasks away: `tests/test_rl_hard_tasks.py`).
 Per-task settings (`TASKS`): the memory must reach the step that holds the answer, and every segment of truncated
 back-propagation must hold the cue and the answer for the GRU to learn the dependency (the transformers attend to a
 memory without gradient, so for them the segment is a cost, not a reach):
-- RepeatPreviousMedium: the answer was shown 31 steps before: mem_len 64, segments of 64 (400k steps: the budget the
+- RepeatPreviousMedium: the answer was shown 31 steps before: mem_len 32, segments of 64 (400k steps: the budget the
   issue's TrXL-I solves it in).
-- RepeatPreviousHard: 63 steps before: mem_len 64, segments of 128. (The first runs used mem_len 96; they are kept
-  and reported apart: a window longer than the lag only adds slots that dilute attention at initialisation.)
+- RepeatPreviousHard: 63 steps before: mem_len 64, segments of 128.
 - AutoencodeEasy / Medium: the first card seen is recalled last, 103 / 207 steps later: mem_len 112 / 208, segments 128.
 - CountRecallEasy / Medium: a count over the whole episode (51 / 103 steps): mem_len 64 / 112, segments 64 / 128.
-No learning-rate or entropy annealing (PPOSettings has none here).
+The first runs of RepeatPreviousMedium / Hard used mem_len 64 / 96; they are kept and reported apart ("earlier"): a
+window longer than the lag only adds slots that dilute the attention at initialisation, and at mem_len 64 every
+transformer solved RepeatPreviousHard on every seed, against 1 to 3 of 3 at 96.
+No learning-rate or entropy annealing unless `--anneal` (to 0, linearly; its runs go to another `--output`).
 
 Each finished run is stored at once (`--output`, rewritten atomically) and skipped when the benchmark is started again,
 so it can span sessions and run in the background:
@@ -43,7 +45,7 @@ ROLLOUT_STEPS = 128
 # gtrxl: GTrXL at the paper's b_g = 2; gtrxl_bg0: b_g = 0 (gates half open at init, `make_policy`'s default now)
 AGENTS = ["gtrxl", "gtrxl_bg0", "trxl_i", "gru", "gru256"]
 TASKS = {
-    "RepeatPreviousMedium": dict(total_steps=400_000, mem_len=64, segment_length=64),
+    "RepeatPreviousMedium": dict(total_steps=400_000, mem_len=32, segment_length=64),
     "RepeatPreviousHard": dict(total_steps=1_000_000, mem_len=64, segment_length=128),
     "AutoencodeEasy": dict(total_steps=1_000_000, mem_len=112, segment_length=128),
     "AutoencodeMedium": dict(total_steps=1_000_000, mem_len=208, segment_length=128),
