@@ -94,49 +94,25 @@ def test_compiled_transfo_xl_training_step_equals_eager(dtype):
 
 
 @pytest.mark.exact  # tokens compared exactly; logits within 1e-4 (the two paths round differently, TF32 off)
-@pytest.mark.parametrize("variant", ["transfo-xl", "gtrxl"])
-def test_generate_through_the_one_position_step_equals_the_general_path_on_cuda(variant):
+@pytest.mark.parametrize("name", ["transfo-xl (adaptive softmax, zero memory)", "gtrxl"])
+def test_generate_through_the_one_position_step_equals_the_general_path_on_cuda(name):
     """`generate()` takes `txv_xl_step` for its one-token calls: on the GPU too it gives the general backbone's tokens,
     past mem_len (the step's buffers wrapping round), with a beam search reordering them."""
-    import hf_txvariants as txv
+    from test_generation_step import _ids, _model
 
-    def build():
-        torch.manual_seed(0)
-        if variant == "transfo-xl":
-            config = txv.TransfoXLConfig(
-                vocab_size=37,
-                hidden_size=16,
-                num_attention_heads=2,
-                intermediate_size=32,
-                num_hidden_layers=2,
-                cutoffs=[10, 20],
-                div_val=2,
-                d_embed=16,
-                mem_len=6,
-                init_std=0.2,
-                proj_init_std=0.2,
-                dropout=0.0,
-            )
-            return txv.TransfoXLLMHeadModel(config).cuda().eval()
-        config = txv.GTrXLConfig(
-            vocab_size=37,
-            hidden_size=16,
-            num_attention_heads=2,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            mem_len=6,
-            initializer_range=0.2,
-        )
-        return txv.GTrXLForCausalLM(config).cuda().eval()
-
-    prompt = torch.randint(1, 37, (2, 4), generator=torch.Generator().manual_seed(1)).cuda()
+    prompt = _ids(2, 4).cuda()
     kwargs = dict(max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None)
     outputs = {}
     for step_path in (True, False):
-        model = build() if step_path else tiny_configs.general_path_only(build())
+        model = _model(name).cuda()
+        if not step_path:
+            tiny_configs.general_path_only(model)
         greedy = model.generate(prompt, output_logits=True, return_dict_in_generate=True, **kwargs)
-        beams = model.generate(prompt, num_beams=3, **kwargs)
-        outputs[step_path] = (greedy.sequences, torch.stack(greedy.logits, 1), beams)
+        outputs[step_path] = (
+            greedy.sequences,
+            torch.stack(greedy.logits, 1),
+            model.generate(prompt, num_beams=3, **kwargs),
+        )
     assert torch.equal(outputs[True][0], outputs[False][0])
     torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=1e-4, rtol=1e-4)
     assert torch.equal(outputs[True][2], outputs[False][2])
