@@ -1,5 +1,6 @@
-"""One step of an XL-family stack over a sliding memory window: an agent acting in many environments at once, one new
-position per row and call, each layer attending to its last `mem_len` memory slots and the new position.
+"""One step of an XL-family stack over a sliding memory window, one new position per row and call, each layer attending
+to its last `mem_len` memory slots and the new position: an agent acting in many environments at once
+(`hf_txvariants.rl.GTrXLBody`), or `generate()` feeding one token per row (`XLBackboneMixin.step_backbone`).
 
 `XLBackboneMixin.run_backbone` gives the same outputs for any segment length, padding and mechanism. For one position
 per row that generality is most of the cost: about 310 aten ops, 60 module calls and the cache's bookkeeping per step
@@ -9,15 +10,16 @@ of the RL benchmark's 2-layer GTrXL in 16 environments, where each small kernel 
 - `StepWeights`: made once per version of the weights (`token`, kept by the caller). Every matrix transposed for
   `torch.addmm`; 1 / sqrt(head_dim) folded into W_q and u; the position term (q + v) . W_r R_(K-1-j), linear in the
   layer's normed input, as a product with W_q (W_r R)_h per head and the bias v . (W_r R)_h (key slot j of the window
-  always sits at distance K - 1 - j from the new position, so these are constants). The query, the position term,
-  the key and the value come from one product, its columns grouped by head so that each part is a view with one
-  stride per (row, head), as the batched products need. A GRU gate's stacked matrices (`GRUGate.stacked_weights`,
-  for `GRUGate.fused`, the gate's own maths).
+  always sits at distance K - 1 - j from the new position, so these are constants). The query, the position term (folded
+  where that stays small, else a product of q + v with (W_r R)_h per head), the key and the value come from one product,
+  its columns grouped by head so that each part is a view with one stride per (row, head), as the batched products need.
+  A GRU gate's stacked matrices (`GRUGate.stacked_weights`, for `GRUGate.fused`, the gate's own maths).
 - `StepMemory`: per layer the memory vectors (the inputs the layer saw, what `MemoryCache` holds) and their keys and
   values, `[rows, heads, 2, head_dim, slots]`, in buffers with room for `mem_len` more slots. The window is a view; a
-  step writes one slot per buffer and moves the view by one, and every `mem_len` steps the window is copied back to
-  the front (as `txv_cache.AppendBuffers` does for the general path). `blocked [rows, slots]`, one for all layers,
-  marks the slots a row may not attend: empty ones, and those before its episode's start.
+  step writes one slot per buffer and moves the view by one, and every `mem_len` steps the window is copied to the front
+  of new buffers (so that no view handed out, e.g. a `MemoryCache`'s memory, ever changes, as with
+  `txv_cache.AppendBuffers` on the general path). `blocked [rows, slots]`, one for all layers, marks the slots a row may
+  not attend: empty ones, and those before its episode's start.
 
 The keys and values of the memory belong to the weights that made them: after an optimiser step they are made again
 from the memory vectors, as the general path does. Against the general path the maths is the same with the float
@@ -111,14 +113,13 @@ class LayerStepWeights:
         positions = F.linear(position_table[:key_count], attention.r_net.weight)  # [K, inner]
         position_keys = positions.view(key_count, heads, head_dim).permute(1, 2, 0)  # [heads, d, K]
         by_head = query_weight.view(-1, heads, 1, head_dim)
-        hidden_size = query_weight.shape[0]
-        self.fold_position = hidden_size * heads * key_count <= FOLDED_POSITION_LIMIT
+        fold_position = query_weight.shape[0] * heads * key_count <= FOLDED_POSITION_LIMIT
         content_bias = attention.r_w_bias * scale  # u, [heads, d]
         # One product gives a step everything else its attention needs, grouped by head so that each part is a view
         # with one stride per (row, head): [query + u, (position term + its bias,) key, value].
         key_value = self.key_value_weight.view(-1, 2, heads, head_dim).transpose(1, 2).flatten(2)  # [hidden, heads, 2d]
         parts, biases = [by_head.squeeze(2)], [content_bias]
-        if self.fold_position:
+        if fold_position:
             parts.append((by_head @ position_keys).squeeze(2))  # [hidden, heads, K]
             biases.append(((attention.r_r_bias * scale)[:, None] @ position_keys).squeeze(1))  # [heads, K]
             self.position_count = key_count
@@ -193,7 +194,7 @@ class LayerStepWeights:
             scores = torch.bmm(position_query, self.position_keys).transpose(0, 1)  # [rows, heads, K]
         scores = scores.masked_fill_(memory.window_blocked, float("-inf")).reshape(rows * heads, 1, key_count)
         content_query = content_query.view(rows * heads, 1, head_dim)
-        weights = torch.baddbmm(scores.view(rows * heads, 1, key_count), content_query, keys).softmax(dim=-1)
+        weights = torch.baddbmm(scores, content_query, keys).softmax(dim=-1)
         output = torch.bmm(weights, values.transpose(1, 2))  # [rows * heads, 1, head_dim]
         return torch.mm(output.view(rows, heads * head_dim), self.output_weight)
 
@@ -218,14 +219,15 @@ class StepWeights:
 
 
 def _window_in_front(buffer: torch.Tensor, dim: int, start: int, length: int) -> torch.Tensor:
+    """A new buffer like `buffer` holding its `length` slots from `start` (along `dim`) at the front."""
     fresh = buffer.new_empty(buffer.shape)
     fresh.narrow(dim, 0, length).copy_(buffer.narrow(dim, start, length))
     return fresh
 
 
 class StepMemory:
-    """The memory of an acting agent in step buffers (see the module's docstring); `from_cache` / `to_cache` convert
-    from and to a `MemoryCache`. A step advances it in place."""
+    """The memory of an acting agent or of a generation in step buffers (see the module's docstring); `from_cache` /
+    `to_cache` convert from and to a `MemoryCache`. A step advances it in place."""
 
     def __init__(self, vectors: list[torch.Tensor], memory_mask: torch.Tensor, cache_fields: dict):
         rows, mem_len, hidden = vectors[0].shape
@@ -300,7 +302,7 @@ class StepMemory:
             self.keys_values.append(buffer)
         self.weights = weights
 
-    def begin(self, weights: StepWeights, episode_starts: torch.Tensor):
+    def begin(self, weights: StepWeights, episode_starts: torch.Tensor | None):
         if self.weights is not weights:  # made for other weights (or the same, made again: no harm)
             self._make_keys_values(weights)
         if self.start + self.mem_len == self.capacity:
