@@ -289,12 +289,14 @@ class XLBackboneMixin:
         return super()._apply(fn, *args, **kwargs)
 
     def step_unsupported(self) -> str:
-        """Why `txv_xl_step` cannot step this model as configured now ("" if it can), kept per memory length."""
+        """Why `txv_xl_step` cannot step this model as configured now ("" if it can), kept per setting it reads."""
         from .txv_xl_step import step_support
 
+        config = self.config
+        setting = (config.mem_len, attention_window(config), getattr(config, "adapt_span_enabled", False))
         known = getattr(self, "_step_support", None)
-        if known is None or known[0] != self.config.mem_len:
-            known = self._step_support = (self.config.mem_len, step_support(self) or "")
+        if known is None or known[0] != setting:
+            known = self._step_support = (setting, step_support(self) or "")
         return known[1]
 
     def step_weights(self):
@@ -317,11 +319,12 @@ class XLBackboneMixin:
 
         mem_len = self.config.mem_len
         step = cache.step_memory
-        if (step is None or step.mem_len != mem_len) and cache.memory_length > mem_len:
+        fresh = step is None or step.mem_len != mem_len  # no step state yet, or one for another mem_len
+        if fresh and cache.memory_length > mem_len:
             return None
         layer_inputs = []
         with torch.inference_mode():  # as `GTrXLBody`: its tensors stay in the step's state
-            if step is None or step.mem_len != mem_len:
+            if fresh:
                 step = StepMemory.from_cache(cache, mem_len)
             hidden = xl_step(self.step_weights(), step, inputs_embeds[:, 0], None, layer_inputs)
         cache.adopt_step(step)
