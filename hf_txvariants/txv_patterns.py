@@ -838,19 +838,36 @@ _BLOCK_MASKS = _LRU(16)
 FLEX_MIN_HEAD_DIM = 16  # FlexAttention's kernels need head_dim >= 16: smaller heads are zero-padded (exact)
 
 
-def flex_block_mask(pattern, num_heads, q_len, k_len, device, q_offset=0, block_size=128):
+# Above this many mask entries (heads x q_len x k_len) a CUDA block mask is built by a compiled kernel, block by
+# block: eager `create_block_mask` evaluates the pattern on the whole [heads, q_len, k_len] grid, with int64
+# intermediates. Measured on an H100 at 64k (4 layers, 8 heads): the strided merged, strided per-head and fixed
+# per-head patterns ran out of its 80 GB building their masks eagerly.
+COMPILED_MASK_ENTRIES = 2**28
+
+
+def compiles_mask(device, heads: int | None, q_len: int, k_len: int) -> bool:
+    """Whether `flex_block_mask` builds this mask with a compiled kernel by default (CUDA, long masks)."""
+    return torch.device(device).type == "cuda" and (heads or 1) * q_len * k_len > COMPILED_MASK_ENTRIES
+
+
+def flex_block_mask(pattern, num_heads, q_len, k_len, device, q_offset=0, block_size=128, compile_mask=None):
     """The pattern's FlexAttention `BlockMask`, built once per (pattern, heads, lengths, offset, device) and kept in a
-    small LRU cache (padding is applied as a score modification, so it does not enter the mask)."""
+    small LRU cache (padding is applied as a score modification, so it does not enter the mask). `compile_mask`:
+    build it with a compiled kernel (default: on CUDA above `COMPILED_MASK_ENTRIES`), else eagerly."""
     from torch.nn.attention.flex_attention import create_block_mask
+
+    heads = num_heads if pattern.per_head else None
+    if compile_mask is None:
+        compile_mask = compiles_mask(device, heads, q_len, k_len)
 
     def build():
         def mask_mod(b, h, q_idx, kv_idx):
             return pattern.allowed(q_idx + q_offset, kv_idx, h)
 
-        heads = num_heads if pattern.per_head else None
-        return create_block_mask(mask_mod, None, heads, q_len, k_len, device=device, BLOCK_SIZE=block_size)
+        build_mask = torch.compile(create_block_mask) if compile_mask else create_block_mask
+        return build_mask(mask_mod, None, heads, q_len, k_len, device=device, BLOCK_SIZE=block_size)
 
-    key = (pattern, num_heads if pattern.per_head else None, q_len, k_len, q_offset, str(device), block_size)
+    key = (pattern, heads, q_len, k_len, q_offset, str(device), block_size, compile_mask)
     return _BLOCK_MASKS.get_or_build(key, build)
 
 

@@ -1,4 +1,4 @@
-"""Every test runs offline with Hugging Face caches in a temporary folder."""
+"""Every test runs offline with Hugging Face (and torch.compile) caches in a temporary folder."""
 
 import os
 import sys
@@ -14,6 +14,10 @@ os.environ["HF_DATASETS_CACHE"] = os.path.join(_CACHE, "datasets")
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch.compile's kernel caches too: inductor's key omits ATEN_CPU_CAPABILITY, so a run under `default` (whose C++
+# fails to build) left kernels that broke the next run's compiled tests under avx2 in the shared /tmp/torchinductor_*
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_CACHE, "inductor")
+os.environ["TRITON_CACHE_DIR"] = os.path.join(_CACHE, "triton")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -18,6 +18,7 @@ from hf_txvariants.txv_patterns import (
     StridedColumn,
     StridedLocal,
     choose_implementation,
+    compiles_mask,
     dense_allowed,
     from_block_raster,
     pattern_attention,
@@ -26,6 +27,9 @@ from hf_txvariants.txv_patterns import (
 )
 
 L = 48
+# torch.compile's CPU code (inductor) is built for AVX2 / AVX512 kernels: under ATEN_CPU_CAPABILITY=default its C++
+# does not compile (at::vec undeclared)
+VECTOR_INDUCTOR = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def naive_allowed(name, q, k, stride=6, c=2, block=8, window=5):
@@ -329,8 +333,7 @@ def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-    reason="torch.compile lowers FlexAttention for CPU only with AVX2 kernels (inductor's flex_cpu)",
+    not VECTOR_INDUCTOR, reason="torch.compile lowers FlexAttention for CPU only with AVX2 (inductor's flex_cpu)"
 )
 def test_compiled_flex_keeps_its_fused_kernel_past_the_global_recompile_limit(caplog):
     """Each pattern is a kernel of its own; past torch's recompile limit torch.compile would run flex_attention unfused
@@ -351,3 +354,37 @@ def test_compiled_flex_keeps_its_fused_kernel_past_the_global_recompile_limit(ca
             torch.testing.assert_close(compiled, reference, atol=1e-5, rtol=1e-4)  # fused vs unfused sums
     assert not [record for record in caplog.records if "recompile_limit" in record.getMessage()]
     torch._dynamo.reset()
+
+
+def test_long_cuda_masks_are_built_compiled():
+    """Eagerly, a block mask is first the whole [heads, q_len, k_len] grid (with int64 intermediates): on an H100 at
+    64k three patterns ran out of memory. Long CUDA masks are built by a compiled kernel, block by block."""
+    assert compiles_mask("cuda", 8, 65536, 65536) and compiles_mask("cuda", None, 65536, 65536)
+    assert not compiles_mask("cuda", None, 4096, 4096)
+    assert not compiles_mask("cpu", 8, 65536, 65536)  # CPU: FlexAttention is for inference at moderate lengths
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", marks=pytest.mark.skipif(not VECTOR_INDUCTOR, reason="inductor's CPU code needs AVX2")),
+        *(["cuda"] if torch.cuda.is_available() else []),
+    ],
+)
+@pytest.mark.parametrize(
+    "pattern",
+    [Strided(64), PerHead(tuple(Strided(64).factors())), Fixed(64, 8), PerHead(tuple(Fixed(64, 8).factors()))],
+    ids=["strided", "strided per head", "fixed", "fixed per head"],
+)
+def test_compiled_block_mask_equals_the_eager_one(pattern, device):
+    """The compiled build gives the eager build's blocks: the same partial and full blocks of every query block,
+    in the same order, at a length that is no multiple of the block size."""
+    from hf_txvariants.txv_patterns import flex_block_mask
+
+    eager, compiled = (flex_block_mask(pattern, 4, 1000, 1000, device, compile_mask=flag) for flag in (False, True))
+    assert torch.equal(compiled.to_dense(), eager.to_dense())
+    for counts, indices in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+        assert torch.equal(getattr(compiled, counts), getattr(eager, counts)), counts
+        used = torch.arange(eager.kv_indices.shape[-1], device=device) < getattr(eager, counts)[..., None]
+        assert torch.equal(getattr(compiled, indices)[used], getattr(eager, indices)[used]), indices
