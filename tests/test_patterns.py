@@ -364,6 +364,7 @@ def test_long_cuda_masks_are_built_compiled():
     assert not compiles_mask("cpu", 8, 65536, 65536)  # CPU: FlexAttention is for inference at moderate lengths
 
 
+@pytest.mark.exact  # integer block tables
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "device",
