@@ -112,7 +112,7 @@ class GRUGate(GatingLayer):
         hidden = x.shape[-1]
         from_y = torch.addmm(bias, y, w_stack)  # [W_r y, W_z y - b_g, W_g y]
         reset_update = torch.addmm(from_y[:, : 2 * hidden], x, u_reset_update).sigmoid_()  # [r, z]
-        reset, update = reset_update.split(hidden, dim=-1)
+        reset, update = reset_update[:, :hidden], reset_update[:, hidden:]
         candidate = torch.addmm(from_y[:, 2 * hidden :], reset * x, u_g).tanh_()  # h
         if candidate.dtype != x.dtype:  # under autocast the products are in its dtype and x is not
             candidate, update = candidate.to(x.dtype), update.to(x.dtype)
