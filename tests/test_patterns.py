@@ -356,7 +356,7 @@ def test_compiled_flex_keeps_its_fused_kernel_past_the_global_recompile_limit(ca
     torch._dynamo.reset()
 
 
-def test_long_cuda_masks_are_built_compiled():
+def test_the_compiled_build_is_chosen_for_long_cuda_masks():
     """Eagerly, a block mask is first the whole [heads, q_len, k_len] grid (with int64 intermediates): on an H100 at
     64k three patterns ran out of memory. Long CUDA masks are built by a compiled kernel, block by block."""
     assert compiles_mask("cuda", 8, 65536, 65536) and compiles_mask("cuda", None, 65536, 65536)
