@@ -838,6 +838,24 @@ _BLOCK_MASKS = _LRU(16)
 FLEX_MIN_HEAD_DIM = 16  # FlexAttention's kernels need head_dim >= 16: smaller heads are zero-padded (exact)
 
 
+# torch.compile keeps a few kernels per function (torch._dynamo.config.recompile_limit, 8) and past that runs the
+# function eagerly: flex_attention unfused, materialising every score (measured on an H100 at 16k, 4 layers, the fixed
+# merged pattern: a forward of 305 ms and 26.8 GB against 9 ms and 0.26 GB fused), and a block mask built on the whole
+# grid. Each pattern, grad mode and length is a kernel of its own, so a process with a few patterns (a benchmark, a
+# sweep, evaluation at another length) passes 8 quickly: the compiled calls here run under this limit.
+FLEX_RECOMPILE_LIMIT = 64
+_COMPILED: dict = {}  # function -> its torch.compile'd form, made on first use
+
+
+def _call_compiled(function, *args, **kwargs):
+    """`function(*args, **kwargs)` through torch.compile (made once, static shapes), under FLEX_RECOMPILE_LIMIT."""
+    if function not in _COMPILED:
+        _COMPILED[function] = torch.compile(function, dynamic=False)
+    limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        return _COMPILED[function](*args, **kwargs)
+
+
 # Above this many mask entries (heads x q_len x k_len) a CUDA block mask is built by a compiled kernel, block by
 # block: eager `create_block_mask` evaluates the pattern on the whole [heads, q_len, k_len] grid, with int64
 # intermediates. Measured on an H100 at 64k (4 layers, 8 heads): the strided merged, strided per-head and fixed
@@ -864,27 +882,19 @@ def flex_block_mask(pattern, num_heads, q_len, k_len, device, q_offset=0, block_
         def mask_mod(b, h, q_idx, kv_idx):
             return pattern.allowed(q_idx + q_offset, kv_idx, h)
 
-        build_mask = torch.compile(create_block_mask) if compile_mask else create_block_mask
-        return build_mask(mask_mod, None, heads, q_len, k_len, device=device, BLOCK_SIZE=block_size)
+        arguments = (mask_mod, None, heads, q_len, k_len)
+        if compile_mask:
+            return _call_compiled(create_block_mask, *arguments, device=device, BLOCK_SIZE=block_size)
+        return create_block_mask(*arguments, device=device, BLOCK_SIZE=block_size)
 
     key = (pattern, heads, q_len, k_len, q_offset, str(device), block_size, compile_mask)
     return _BLOCK_MASKS.get_or_build(key, build)
-
-
-_compiled_flex = None
-# torch.compile keeps a few kernels per function (torch._dynamo.config.recompile_limit, 8) and past that runs
-# flex_attention unfused, materialising every score (measured on an H100 at 16k, 4 layers, the fixed merged pattern:
-# a forward of 305 ms and 26.8 GB against 9 ms and 0.26 GB fused). Each pattern, grad mode and length is a kernel of
-# its own, so a process with a few patterns (a benchmark, a sweep, evaluation at another length) passes 8 quickly:
-# FlexAttention calls run under this limit.
-FLEX_RECOMPILE_LIMIT = 64
 
 
 def flex_pattern_attention(query, key, value, pattern, scaling, key_padding_mask=None, q_offset=0, compile=None):
     """FlexAttention with the pattern's cached block mask. Returns `[batch, q_len, heads, head_dim]`."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    global _compiled_flex
     if query.device.type == "cpu" and torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
         raise ValueError(
             "FlexAttention has no backward on CPU in torch 2.13: use pattern_implementation='blocked' to train on CPU"
@@ -904,11 +914,9 @@ def flex_pattern_attention(query, key, value, pattern, scaling, key_padding_mask
     if not compiled or torch.compiler.is_compiling():  # inside a compiled model the model's graph holds the kernel
         output = flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
     else:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=False)
-        limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-        with torch._dynamo.config.patch(recompile_limit=limit):
-            output = _compiled_flex(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+        output = _call_compiled(
+            flex_attention, query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling
+        )
     return output[..., :head_dim].transpose(1, 2).contiguous()
 
 

@@ -389,3 +389,20 @@ def test_compiled_block_mask_equals_the_eager_one(pattern, device):
         assert torch.equal(getattr(compiled, counts), getattr(eager, counts)), counts
         used = torch.arange(eager.kv_indices.shape[-1], device=device) < getattr(eager, counts)[..., None]
         assert torch.equal(getattr(compiled, indices)[used], getattr(eager, indices)[used]), indices
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VECTOR_INDUCTOR, reason="inductor's CPU code needs AVX2")
+def test_compiled_mask_builds_stay_compiled_past_the_global_recompile_limit(caplog):
+    """Each pattern's mask is a kernel of its own; past torch's recompile limit the build would run eagerly, on the
+    whole [heads, L, L] grid (out of an H100's memory at 64k). The compiled builds run under FLEX_RECOMPILE_LIMIT."""
+    import logging
+
+    from hf_txvariants.txv_patterns import flex_block_mask
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1), caplog.at_level(logging.WARNING):
+        for stride in (2, 4, 8):
+            flex_block_mask(Strided(stride), 2, 256, 256, "cpu", compile_mask=True)
+    assert not [record for record in caplog.records if "recompile_limit" in record.getMessage()]
+    torch._dynamo.reset()
