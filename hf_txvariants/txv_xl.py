@@ -255,6 +255,11 @@ def build_final_norm(config) -> nn.LayerNorm | None:
     return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
 
+# the config fields that decide whether and how `txv_xl_step` steps a model (`attention_window`, `step_support`)
+STEP_SETTING_FIELDS = ("mem_len", "same_length", "same_length_extra_key", "attn_span", "adapt_span_enabled")
+_VERSION = operator.attrgetter("_version")  # a tensor's in-place version counter
+
+
 class XLBackboneMixin:
     """For the base model of an XL-family variant, which has `config`, `layers` (`XLLayer`s), `drop` and `norm`
     (`build_final_norm`)."""
@@ -288,12 +293,16 @@ class XLBackboneMixin:
         self.forget_step_cache()
         return super()._apply(fn, *args, **kwargs)
 
+    def _step_setting(self) -> tuple:
+        """The config fields the one-step path depends on (`STEP_SETTING_FIELDS`), read from the config's instance
+        dict: reading a `PretrainedConfig` attribute costs 1-2 us, and an acting agent checks these on every call."""
+        return tuple(map(vars(self.config).get, STEP_SETTING_FIELDS))
+
     def step_unsupported(self) -> str:
         """Why `txv_xl_step` cannot step this model as configured now ("" if it can), kept per setting it reads."""
         from .txv_xl_step import step_support
 
-        config = self.config
-        setting = (config.mem_len, attention_window(config), getattr(config, "adapt_span_enabled", False))
+        setting = self._step_setting()
         known = getattr(self, "_step_support", None)
         if known is None or known[0] != setting:
             known = self._step_support = (setting, step_support(self) or "")
@@ -301,12 +310,12 @@ class XLBackboneMixin:
 
     def step_weights(self):
         """This model's `txv_xl_step.StepWeights`, made again whenever a parameter changed (an optimiser step or a
-        load writes in place, which moves its version) or `mem_len` did."""
+        load writes in place, which moves its version) or a field of `STEP_SETTING_FIELDS` did."""
         from .txv_xl_step import StepWeights
 
         if getattr(self, "_step_parameters", None) is None:
             self._step_parameters = list(self.parameters())
-        token = (self.config.mem_len, *(parameter._version for parameter in self._step_parameters))
+        token = (self._step_setting(), *map(_VERSION, self._step_parameters))
         weights = getattr(self, "_step_weights", None)
         if weights is None or weights.token != token:
             weights = self._step_weights = StepWeights(self, token)

@@ -154,3 +154,24 @@ def test_moving_or_switching_mode_forgets_what_the_step_path_kept():
     policy.eval().act(torch.zeros(2, 3), policy.initial_state(2), torch.ones(2, dtype=torch.bool))
     policy.to(torch.float64)  # (a cast or a move replaces every parameter's storage)
     assert policy.body.model._step_weights is None and policy.body.model._step_parameters is None
+
+
+def test_a_window_changed_in_the_config_takes_effect_on_the_next_step():
+    """The step weights are kept per setting of the fields they depend on (`STEP_SETTING_FIELDS`), not only per weight
+    version: a window narrowed between two steps (`attn_span`, with the weights unchanged) is the one the next step
+    attends, as on the general path."""
+    policy = tiny_policy()
+    body = policy.body
+    generator = torch.Generator().manual_seed(3)
+    rows = 3
+    fast_state, general_state = policy.initial_state(rows), policy.initial_state(rows)
+    for t in range(2 * body.mem_len):
+        if t == body.mem_len:
+            body.model.config.attn_span = 3
+        inputs = torch.randn(rows, 1, body.hidden_size, generator=generator)
+        starts = torch.full((rows, 1), t == 0)
+        with torch.no_grad():
+            fast, fast_state = body(inputs, fast_state, starts)
+        general, general_state = general_step(body, inputs, general_state, starts)
+        assert isinstance(fast_state, StepMemory)
+        torch.testing.assert_close(fast, general, **TOLERANCE)
