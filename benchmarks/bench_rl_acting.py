@@ -16,6 +16,10 @@ episode starts the environment returned (RepeatPreviousEasy: episodes of 52 step
 weights: a copy of its `hf_txvariants` folder renamed NAME on the path (its imports are relative), e.g.
 `git archive <rev> hf_txvariants | tar -x -C /tmp/old && mv /tmp/old/hf_txvariants /tmp/pkgs/hf_before`, then
 `PYTHONPATH=/tmp/pkgs python benchmarks/bench_rl_acting.py --before-package hf_before`.
+
+It also counts the floating-point operations of both policies (`torch.utils.flop_counter`: the matrix products, which
+are nearly all of them): one act call, and one whole PPO update (acting, learning, the optimiser), with the PPO loop's
+ratio that GTrXL would reach if it ran its operations at the GRU's rate.
 """
 
 from __future__ import annotations
@@ -65,6 +69,45 @@ def acting_block(policy, envs, steps: int, seed: int):
     return run
 
 
+def flops(fn) -> int:
+    """The floating-point operations `fn()` runs (matrix products; `torch.utils.flop_counter`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def count_flops(agents, policies, envs, makers, settings_for_one_update):
+    """Prints the FLOPs of one act call (16 envs) and of one PPO update of 2,048 steps per policy, and GTrXL / GRU."""
+    import torch
+
+    from hf_txvariants.rl import train_ppo
+
+    counted = {}
+    for agent in agents:
+        policy, env = policies[agent], envs[agent]
+        observations, _ = env.reset(seed=0)
+        state = policy.initial_state(NUM_ENVS)
+        starts = torch.ones(NUM_ENVS, dtype=torch.bool)
+        for _ in range(3):  # past the first step's set-up
+            state, starts = policy.act(observations, state, starts).state, torch.zeros(NUM_ENVS, dtype=torch.bool)
+        act = flops(lambda: policy.act(observations, state, starts))
+        torch.manual_seed(0)
+        fresh = makers[agent](agent.split("@")[0], env.single_observation_space, env.single_action_space)
+        update = flops(lambda: train_ppo(fresh, env, settings_for_one_update, seed=0))
+        counted[agent] = (act, update)
+    print("\nFLOPs (matrix products)           act call     PPO update (2,048 steps)")
+    for agent in agents:
+        act, update = counted[agent]
+        print(f"  {agent:<30} {act / 1e6:8.2f} M {update / 1e9:12.2f} G")
+    act, update = (counted["gtrxl"][i] / counted["gru"][i] for i in (0, 1))
+    print(
+        f"  gtrxl / gru: act {act:.2f}x, PPO update {update:.2f}x: at the GRU's FLOP rate GTrXL's PPO loop would run"
+        f" at {1 / update:.2f}x the GRU's steps/s (a little more with the environment's time, the same for both)"
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", default="RepeatPreviousEasy")
@@ -106,6 +149,7 @@ def main(argv=None):
     )
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; load {os.getloadavg()}")
 
+    count_flops(agents, policies, envs, makers, PPOSettings(total_steps=128 * NUM_ENVS))
     blocks = {agent: acting_block(policies[agent], envs[agent], args.steps, seed=0) for agent in agents}
     for agent in agents:  # warm-up: one block each, untimed (fills the memory, first-call costs)
         blocks[agent]()
@@ -126,10 +170,10 @@ def main(argv=None):
     for agent in agents[:-1]:
         g = calls[agent]
         print(
-            f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, median wall "
-            f"{statistics.median(g['wall']) / statistics.median(r['wall']):.2f}x, best CPU "
-            f"{max(g['cpu']) / max(r['cpu']):.2f}x, median CPU "
-            f"{statistics.median(g['cpu']) / statistics.median(r['cpu']):.2f}x"
+            f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.3f}x, median wall "
+            f"{statistics.median(g['wall']) / statistics.median(r['wall']):.3f}x, best CPU "
+            f"{max(g['cpu']) / max(r['cpu']):.3f}x, median CPU "
+            f"{statistics.median(g['cpu']) / statistics.median(r['cpu']):.3f}x"
         )
 
     if args.no_ppo:
@@ -152,8 +196,8 @@ def main(argv=None):
     for agent in agents[:-1]:
         g = rates[agent]
         print(
-            f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.2f}x, "
-            f"best CPU {max(g['cpu']) / max(r['cpu']):.2f}x"
+            f"  {agent} / gru: best wall {max(g['wall']) / max(r['wall']):.3f}x, "
+            f"best CPU {max(g['cpu']) / max(r['cpu']):.3f}x"
         )
     print(f"load after: {os.getloadavg()}")
 
