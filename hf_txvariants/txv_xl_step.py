@@ -19,7 +19,8 @@ of the RL benchmark's 2-layer GTrXL in 16 environments, where each small kernel 
   step writes one slot per buffer and moves the view by one, and every `mem_len` steps the window is copied to the front
   of new buffers (so that no view handed out, e.g. a `MemoryCache`'s memory, ever changes, as with
   `txv_cache.AppendBuffers` on the general path). `blocked [rows, slots]`, one for all layers, marks the slots a row may
-  not attend: empty ones, and those before its episode's start.
+  not attend: empty ones, and those before its episode's start; the slots after the window are kept unmarked, so a
+  step's new slot needs no write there.
 
 The keys and values of the memory belong to the weights that made them: after an optimiser step they are made again
 from the memory vectors, as the general path does. Against the general path the maths is the same with the float
@@ -238,7 +239,8 @@ class StepMemory:
             buffer = layer_vectors.new_empty(rows, self.capacity, hidden)
             buffer[:, :mem_len] = layer_vectors
             self.vectors.append(buffer)
-        self.blocked = memory_mask.new_ones(rows, self.capacity)
+        # the slots after the window are never blocked: each becomes a step's new slot, which every key may see
+        self.blocked = memory_mask.new_zeros(rows, self.capacity)
         self.blocked[:, :mem_len] = ~memory_mask
         self.keys_values: list[torch.Tensor] = []  # per layer [rows, heads, 2 (key, value), head_dim, capacity]
         self.key_count = mem_len + 1  # the keys a step attends: the last of the window (set by `begin`)
@@ -312,13 +314,13 @@ class StepMemory:
             self.keys_values = [_window_in_front(buffer, 4, self.start, self.mem_len) for buffer in self.keys_values]
             window = slice(self.start, self.capacity)
             self.blocked[:, : self.mem_len] = self.blocked[:, window]
+            self.blocked[:, self.mem_len :] = False
             self.start = 0
         new = self.start + self.mem_len
         if episode_starts is not None:
             # a row whose episode starts attends to nothing before it, now or later (`MemoryCache.reset_rows`,
             # "empty")
             self.blocked[:, self.start : new].bitwise_or_(episode_starts[:, None])
-        self.blocked.select(1, new).fill_(False)
         self.key_count = weights.key_count
         self.window_blocked = self.blocked[:, None, new + 1 - self.key_count : new + 1]
 
