@@ -33,6 +33,8 @@ class PPOSettings:
     minibatches: int = 4
     learning_rate: float = 5e-4
     final_learning_rate: float | None = None  # anneal linearly towards this (CleanRL's anneal_lr: 0.0); None: constant
+    # 0.99 as CleanRL and POPGym. Where an action's reward is all of its consequence (POPGym's card tasks: the next
+    # cards do not depend on it), 0 keeps the other actions' rewards out of its advantage (benchmarks/RESULTS.md)
     gamma: float = 0.99
     gae_lambda: float = 0.95
     clip: float = 0.2
