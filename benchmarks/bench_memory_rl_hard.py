@@ -98,11 +98,15 @@ def run_setting(run: dict) -> tuple:
     return (run["task"], run["agent"], run["seed"], run["previous_action"], mem_len, run["settings"]["gamma"])
 
 
+def is_current_setting(task: str, mem_len: int | None, gamma: float) -> bool:
+    """Whether a run setting (`run_setting`'s mem_len, None for a GRU, and discount factor) is today's in `TASKS`."""
+    return gamma == task_gamma(task) and mem_len in (None, TASKS[task]["mem_len"])
+
+
 def is_current(run: dict) -> bool:
     """Whether a stored run used today's `TASKS` settings (earlier settings are kept and reported apart)."""
-    if run["settings"]["gamma"] != task_gamma(run["task"]):
-        return False
-    return run["agent"] not in TRANSFORMER_AGENTS or run["mem_len"] == TASKS[run["task"]]["mem_len"]
+    task, _, _, _, mem_len, gamma = run_setting(run)
+    return is_current_setting(task, mem_len, gamma)
 
 
 def run_one(task: str, agent: str, seed: int, previous_action: bool, anneal: bool = False, log_every: int = 40) -> dict:
@@ -170,7 +174,7 @@ def results_table(runs: list[dict], level: float = 0.9) -> str:
 
     def order(key):  # by task, then today's settings first, then by agent
         task, agent, mem_len, gamma = key
-        current = gamma == task_gamma(task) and mem_len in (None, TASKS[task]["mem_len"])
+        current = is_current_setting(task, mem_len, gamma)
         return list(TASKS).index(task), not current, AGENTS.index(agent), -gamma, mem_len or 0
 
     for task, agent, mem_len, gamma in sorted({group(r) for r in runs}, key=order):
