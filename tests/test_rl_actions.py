@@ -208,3 +208,10 @@ def test_train_ppo_anneals_what_the_optimizer_and_the_loss_use():
     assert step_rates == [rate for rate in expected_rates for _ in range(2 * 2)]  # epochs x minibatches steps each
     assert update_entropy_coefs == history.entropy_coefs == [settings.entropy_coef_at(u, updates) for u in range(4)]
     assert history.entropy_coefs[0] == 0.02 and history.entropy_coefs[-1] == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("name, value", [("gamma", 1.5), ("gamma", -0.1), ("gae_lambda", 2.0), ("gamma", float("nan"))])
+def test_a_discount_or_gae_lambda_outside_zero_to_one_is_refused_by_name(name, value):
+    with pytest.raises(ValueError, match=f"PPOSettings.{name} must be in \\[0, 1\\], got {value}"):
+        PPOSettings(**{name: value}).check(4)
+    PPOSettings(gamma=0.0, gae_lambda=1.0).check(4)  # the ends are allowed (gamma 0: CountRecall in RESULTS)

@@ -55,6 +55,9 @@ class PPOSettings:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"PPOSettings.{name} must be >= 0, got {value}")
+        for name in ("gamma", "gae_lambda"):  # (0 is allowed: see the comment on gamma)
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"PPOSettings.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.target_kl is not None and not self.target_kl > 0:
             raise ValueError(f"PPOSettings.target_kl must be > 0 or None, got {self.target_kl}")
         if self.rollout_steps % self.segment_length:
