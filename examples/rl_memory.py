@@ -78,6 +78,11 @@ def main(argv=None):
         default=RL_GATE_BIAS,
         help="b_g of GTrXL's GRU gates (the paper's: 2; make_policy's RL default: 0, see RL_GATE_BIAS)",
     )
+    parser.add_argument(
+        "--episode-clock",
+        action="store_true",
+        help="give every agent the step within its episode (EpisodeClock), e.g. for POPGym's Autoencode",
+    )
     for setting in fields(PPOSettings):
         default = 100_000 if setting.name == "total_steps" else setting.default
         parser.add_argument(f"--{setting.name.replace('_', '-')}", type=type(setting.default), default=default)
@@ -95,7 +100,13 @@ def main(argv=None):
                 envs = make_vector_env(task, args.num_envs, seed=seed, previous_action=args.previous_action)
                 torch.manual_seed(seed)
                 shape = {**gtrxl_fields, **({"gate_bias": args.gate_bias} if agent == "gtrxl" else {})}
-                policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **shape)
+                policy = make_policy(
+                    agent,
+                    envs.single_observation_space,
+                    envs.single_action_space,
+                    episode_clock=args.episode_clock,
+                    **shape,
+                )
                 history = train_ppo(policy, envs, settings, seed=seed, log=progress(task, agent, seed, args.log_every))
                 envs.close()
                 runs.append(

@@ -32,14 +32,18 @@ BODIES = ["gtrxl", "trxl_i", "gru", "mlp"]
 
 
 def build(kind, observation_space, action_space, **fields):
+    """A tiny policy of `kind` (one of BODIES), with an episode clock if `kind` ends in "+clock"."""
+    clock = kind.endswith("+clock")
+    kind = kind.removesuffix("+clock")
     if kind in ("gtrxl", "trxl_i"):
         return MemoryPolicy.gtrxl(
             observation_space,
             action_space,
+            episode_clock=clock,
             gate_type="gru" if kind == "gtrxl" else "trxl_i",
             **{**TINY_GTRXL, **fields},
         )
-    return getattr(MemoryPolicy, kind)(observation_space, action_space, 16)
+    return getattr(MemoryPolicy, kind)(observation_space, action_space, 16, episode_clock=clock)
 
 
 def short_episodes_env(num_envs=3, seed=0):
@@ -52,10 +56,11 @@ def short_episodes_env(num_envs=3, seed=0):
     return envs
 
 
-@pytest.mark.parametrize("kind", BODIES)
+@pytest.mark.parametrize("kind", BODIES + ["gtrxl+clock", "gru+clock", "mlp+clock"])
 def test_learning_from_a_stored_segment_sees_what_acting_saw(kind):
     """Acting one step at a time, then re-running each stored segment from its snapshot (as PPO learns) gives the
-    same log-probabilities and values, across episode starts inside the segments and memories longer than mem_len."""
+    same log-probabilities and values, across episode starts inside the segments and memories longer than mem_len
+    (with an episode clock: the steps counted across segments and restarted at each episode start)."""
     torch.manual_seed(0)
     envs = short_episodes_env()
     policy = build(kind, envs.single_observation_space, envs.single_action_space).eval()
@@ -85,7 +90,7 @@ def test_learning_from_a_stored_segment_sees_what_acting_saw(kind):
         torch.testing.assert_close(values, torch.stack([s.values for s in steps], 1), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["gtrxl", "trxl_i", "gru"])
+@pytest.mark.parametrize("kind", ["gtrxl", "trxl_i", "gru", "gtrxl+clock"])
 def test_episode_start_forgets_the_past_and_memory_carries_it_otherwise(kind):
     """A row that starts an episode acts exactly like a fresh row whatever came before; without the start, what it
     saw earlier changes its output (the memory works)."""

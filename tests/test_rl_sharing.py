@@ -36,12 +36,15 @@ ACTION_SPACES = {
 
 
 def build(kind, observation_space, action_space):
+    """A tiny policy of `kind`, with an episode clock if `kind` ends in "+clock"."""
+    clock = kind.endswith("+clock")
+    kind = kind.removesuffix("+clock")
     if kind in ("gtrxl", "trxl_i", "gtrxl_no_memory"):
         fields = {**TINY_GTRXL, "gate_type": "trxl_i" if kind == "trxl_i" else "gru"}
         if kind == "gtrxl_no_memory":
             fields["mem_len"] = 0
-        return MemoryPolicy.gtrxl(observation_space, action_space, **fields)
-    return getattr(MemoryPolicy, kind)(observation_space, action_space, 16)
+        return MemoryPolicy.gtrxl(observation_space, action_space, episode_clock=clock, **fields)
+    return getattr(MemoryPolicy, kind)(observation_space, action_space, 16, episode_clock=clock)
 
 
 def perturb(policy):
@@ -65,7 +68,7 @@ def run_steps(policy, observations, starts):
 
 @pytest.mark.exact
 @pytest.mark.parametrize("action", sorted(ACTION_SPACES))
-@pytest.mark.parametrize("kind", ["gtrxl", "trxl_i", "gtrxl_no_memory", "gru", "mlp"])
+@pytest.mark.parametrize("kind", ["gtrxl", "trxl_i", "gtrxl_no_memory", "gru", "mlp", "gtrxl+clock", "gru+clock"])
 def test_saved_policy_reloads_and_acts_identically(kind, action, tmp_path):
     torch.manual_seed(0)
     policy = perturb(build(kind, BOX_OBS, ACTION_SPACES[action])).eval()

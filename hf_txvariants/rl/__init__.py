@@ -1,8 +1,8 @@
-"""Reinforcement learning with a memory: `MemoryPolicy` (GTrXL, TrXL-I, GRU or MLP body; Discrete, MultiDiscrete
-or Box actions) for vectorised gymnasium environments, a segment-based PPO loop (`train_ppo`) and memory tasks
-(`txv/ProofOfMemory-v0`, POPGym). A policy saves, loads and shares with `save_pretrained` / `from_pretrained` /
-`push_to_hub`, acts step by step from numpy with `predict`, and `python -m hf_txvariants.rl.evaluate` runs a saved
-one (`evaluate_policy` in `hf_txvariants.rl.evaluate`).
+"""Reinforcement learning with a memory: `MemoryPolicy` (GTrXL, TrXL-I, GRU or MLP body, optionally an episode clock;
+Discrete, MultiDiscrete or Box actions) for vectorised gymnasium environments, a segment-based PPO loop
+(`train_ppo`) and memory tasks (`txv/ProofOfMemory-v0`, POPGym). A policy saves, loads and shares with
+`save_pretrained` / `from_pretrained` / `push_to_hub`, acts step by step from numpy with `predict`, and
+`python -m hf_txvariants.rl.evaluate` runs a saved one (`evaluate_policy` in `hf_txvariants.rl.evaluate`).
 Needs gymnasium (`pip install 'hf-txvariants[rl]'`, which also brings popgym)."""
 
 from . import envs as _envs

@@ -14,6 +14,13 @@ linear heads (action logits, value). The body is one of:
 - `GRUBody`: a GRU cell, its hidden state zeroed at episode starts (the baseline RL users pick).
 - `MLPBody`: no memory at all (the memoryless floor).
 
+`episode_clock` (off by default; `make_policy(..., episode_clock=True)`) adds the step within the episode to the
+encoded observations (`EpisodeClock`): an absolute position, counted from the agent's own episode starts, as the
+episodic PPO-TrXL of Pleines et al. (2023) gives its memory. GTrXL's attention knows only how far back a slot lies; a
+task whose answer lies at a distance that depends on the step within the episode (POPGym's Autoencode: answer t,
+counting from 0, is the card shown 2t steps before, the cards read back in reverse) needs the clock to find it
+(benchmarks/RESULTS.md, issue 30).
+
 Learning from stored segments (truncated back-propagation): `snapshot(state)` turns a state into fixed-shape,
 batch-first tensors (stored at the start of each segment while acting, indexable per environment), `restore` turns a
 stack of them back into a state, and `forward` over the segment with its `episode_starts` then sees exactly what
@@ -94,6 +101,55 @@ class ObservationEncoder(nn.Module):
 
     def forward(self, observations: torch.Tensor) -> torch.Tensor:
         return self.projection(self.features(observations))
+
+
+# The clock's default periods (in steps): the powers of 2 from 4 to 512, so that sin / cos of the step tell apart the
+# steps of an episode up to a few hundred steps, and the products of a query's and a key's features (what attention
+# computes) can express a fixed relation between their two steps, e.g. Autoencode's key at step c - s for a query
+# at step s.
+EPISODE_CLOCK_PERIODS = tuple(2.0**k for k in range(2, 10))
+
+
+class EpisodeClock(nn.Module):
+    """The step within the episode (0 at its first step) as sin and cos of 2 pi step / period for each of `periods`,
+    mapped to the hidden size by a learned linear layer (no bias), added to the encoded observations."""
+
+    def __init__(self, periods, hidden_size: int):
+        super().__init__()
+        periods = [float(p) for p in periods]
+        if not periods or any(not math.isfinite(p) or p <= 0 for p in periods):
+            raise ValueError(f"episode_clock periods must be positive finite numbers, got {periods}")
+        self.periods = periods
+        self.register_buffer(
+            "angular_speeds", 2 * math.pi / torch.tensor(periods, dtype=torch.float64), persistent=False
+        )
+        self.projection = nn.Linear(2 * len(periods), hidden_size, bias=False)
+
+    @staticmethod
+    def episode_steps(episode_starts: torch.Tensor, steps_before: torch.Tensor) -> torch.Tensor:
+        """The step within its episode of each position `[envs, steps]`: 0 where an episode starts, else one more
+        than the position before; `steps_before [envs]` is the step the first position would have (the steps the
+        env's episode had taken before this call)."""
+        envs, steps = episode_starts.shape
+        if steps == 1:  # acting: one position per env
+            return torch.where(episode_starts[:, 0], 0, steps_before)[:, None]
+        index = torch.arange(steps, device=episode_starts.device).expand(envs, steps)
+        last_start = torch.where(episode_starts, index, -1).cummax(dim=1).values  # the latest start at or before
+        return torch.where(last_start >= 0, index - last_start, steps_before[:, None] + index)
+
+    def forward(self, episode_steps: torch.Tensor, dtype) -> torch.Tensor:
+        # in float64, so that a step in the millions keeps its phase to well within a period
+        angles = episode_steps.to(torch.float64)[..., None] * self.angular_speeds
+        features = torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
+        return self.projection(features)
+
+
+@dataclass
+class ClockedState:
+    """The state of a policy with an `EpisodeClock`: its body's state and, per env, the steps its episode has taken."""
+
+    body: object
+    episode_steps: torch.Tensor  # [envs], long
 
 
 class MemoryBody(nn.Module):
@@ -328,13 +384,19 @@ class MemoryPolicy(nn.Module):
     - MultiDiscrete (one-dimensional): independent categoricals, log-probabilities and entropies summed;
     - Box (floating point): a diagonal Gaussian, means from the head and a learned state-independent log-std
       (`log_std`). Actions are the unclipped samples (their log-probabilities are those of the samples); only
-      `env_actions` clips them to the bounds, to step the environment (as CleanRL's continuous PPO)."""
+      `env_actions` clips them to the bounds, to step the environment (as CleanRL's continuous PPO).
 
-    def __init__(self, observation_space, action_space, body: MemoryBody):
+    `episode_clock`: None or False (no clock), True (`EPISODE_CLOCK_PERIODS`) or the periods of an `EpisodeClock`;
+    with one, the state is a `ClockedState` and `snapshot` adds `episode_steps [envs]`."""
+
+    def __init__(self, observation_space, action_space, body: MemoryBody, episode_clock=None):
         super().__init__()
         self.action_kind, num_parameters = _action_parameters(action_space)
         self.observation_space, self.action_space = observation_space, action_space
         self.encoder = ObservationEncoder(observation_space, body.hidden_size)
+        if episode_clock is True:
+            episode_clock = EPISODE_CLOCK_PERIODS
+        self.clock = EpisodeClock(episode_clock, body.hidden_size) if episode_clock not in (None, False) else None
         self.body = body
         self.policy_head = nn.Linear(body.hidden_size, num_parameters)
         self.value_head = nn.Linear(body.hidden_size, 1)
@@ -352,22 +414,24 @@ class MemoryPolicy(nn.Module):
     # ----------------------------------------------------------------------------------------------------------------
     # construction
     @classmethod
-    def gtrxl(cls, observation_space, action_space, config: GTrXLConfig | None = None, **config_fields):
+    def gtrxl(
+        cls, observation_space, action_space, config: GTrXLConfig | None = None, episode_clock=None, **config_fields
+    ):
         """A GTrXL policy; `config_fields` build the `GTrXLConfig` (vocab_size is 1: observations come in as
         `inputs_embeds`). `gate_type="trxl_i"` gives TrXL-I; `mem_len=0` the same network without a memory."""
         if config is None:
             config = GTrXLConfig(**{"vocab_size": 1, **config_fields})
         elif config_fields:
             raise ValueError(f"pass either a config or config fields, not both (got {sorted(config_fields)})")
-        return cls(observation_space, action_space, GTrXLBody(config))
+        return cls(observation_space, action_space, GTrXLBody(config), episode_clock)
 
     @classmethod
-    def gru(cls, observation_space, action_space, hidden_size: int):
-        return cls(observation_space, action_space, GRUBody(hidden_size))
+    def gru(cls, observation_space, action_space, hidden_size: int, episode_clock=None):
+        return cls(observation_space, action_space, GRUBody(hidden_size), episode_clock)
 
     @classmethod
-    def mlp(cls, observation_space, action_space, hidden_size: int):
-        return cls(observation_space, action_space, MLPBody(hidden_size))
+    def mlp(cls, observation_space, action_space, hidden_size: int, episode_clock=None):
+        return cls(observation_space, action_space, MLPBody(hidden_size), episode_clock)
 
     @property
     def num_parameters(self) -> int:
@@ -389,13 +453,30 @@ class MemoryPolicy(nn.Module):
     # ----------------------------------------------------------------------------------------------------------------
     # the memory
     def initial_state(self, num_envs: int):
-        return self.body.initial_state(num_envs, device=self.device)
+        state = self.body.initial_state(num_envs, device=self.device)
+        if self.clock is None:
+            return state
+        return ClockedState(state, torch.zeros(num_envs, dtype=torch.long, device=self.device))
 
     def snapshot(self, state) -> dict[str, torch.Tensor]:
-        return self.body.snapshot(state)
+        if self.clock is None:
+            return self.body.snapshot(state)
+        if not isinstance(state, ClockedState):
+            raise ValueError(
+                f"this policy has an episode clock: its state is a ClockedState (from `initial_state`), got "
+                f"{type(state).__name__}"
+            )
+        return {**self.body.snapshot(state.body), "episode_steps": state.episode_steps.clone()}
 
     def restore(self, snapshot: dict[str, torch.Tensor]):
-        return self.body.restore(snapshot)
+        if self.clock is None:
+            return self.body.restore(snapshot)
+        if "episode_steps" not in snapshot:
+            raise ValueError(
+                f"this policy has an episode clock: the state needs 'episode_steps', got {sorted(snapshot)}"
+            )
+        body_snapshot = {name: value for name, value in snapshot.items() if name != "episode_steps"}
+        return ClockedState(self.body.restore(body_snapshot), snapshot["episode_steps"].long())
 
     # ----------------------------------------------------------------------------------------------------------------
     # the action distribution
@@ -470,7 +551,18 @@ class MemoryPolicy(nn.Module):
                 f"episode_starts has shape {tuple(episode_starts.shape)}, expected [envs, steps] = "
                 f"{tuple(observations.shape[:2])} from the observations"
             )
-        hidden, state = self.body(self.encoder(observations), state, episode_starts)
+        inputs = self.encoder(observations)
+        if self.clock is None:
+            hidden, state = self.body(inputs, state, episode_starts)
+        else:
+            if not isinstance(state, ClockedState):
+                raise ValueError(
+                    f"this policy has an episode clock: its state is a ClockedState (from `initial_state` or "
+                    f"`restore`), got {type(state).__name__}"
+                )
+            steps = self.clock.episode_steps(episode_starts, state.episode_steps)
+            hidden, body_state = self.body(inputs + self.clock(steps, inputs.dtype), state.body, episode_starts)
+            state = ClockedState(body_state, steps[:, -1] + 1)
         return PolicyOutput(self.policy_head(hidden), self.value_head(hidden).squeeze(-1), state)
 
     @torch.no_grad()
@@ -530,13 +622,16 @@ class MemoryPolicy(nn.Module):
         """config.json: the body (its kind and config) and both spaces, all plain JSON."""
         from .spaces import space_to_dict
 
-        return {
+        config = {
             "format": POLICY_FORMAT,
             "format_version": 1,
             "body": self.body.to_config(),
             "observation_space": space_to_dict(self.observation_space),
             "action_space": space_to_dict(self.action_space),
         }
+        if self.clock is not None:  # version 2: a release that reads version 1 only would drop the clock
+            config.update(format_version=2, episode_clock=self.clock.periods)
+        return config
 
     @classmethod
     def from_config(cls, config: dict) -> MemoryPolicy:
@@ -545,10 +640,10 @@ class MemoryPolicy(nn.Module):
         if not isinstance(config, dict) or config.get("format") != POLICY_FORMAT:
             found = config.get("format") if isinstance(config, dict) else type(config).__name__
             raise ValueError(f"not a saved MemoryPolicy config (format {found!r}, expected {POLICY_FORMAT!r})")
-        if config.get("format_version") != 1:
+        if config.get("format_version") not in (1, 2):
             raise ValueError(
                 f"saved MemoryPolicy format_version {config.get('format_version')!r} is not supported "
-                "(this release reads version 1)"
+                "(this release reads versions 1 and 2)"
             )
         body = config.get("body")
         if not isinstance(body, dict) or body.get("kind") not in BODIES:
@@ -557,6 +652,7 @@ class MemoryPolicy(nn.Module):
             space_from_dict(config["observation_space"]),
             space_from_dict(config["action_space"]),
             BODIES[body["kind"]].from_config(body),
+            config.get("episode_clock"),
         )
 
     def save_pretrained(self, save_directory) -> list[str]:
@@ -658,23 +754,29 @@ DEFAULT_GTRXL_FIELDS = dict(
 RL_GATE_BIAS = 0.0
 
 
-def make_policy(agent: str, observation_space, action_space, **gtrxl_fields) -> MemoryPolicy:
+def make_policy(agent: str, observation_space, action_space, episode_clock=None, **gtrxl_fields) -> MemoryPolicy:
     """One of `AGENTS` at an equal parameter budget: "gtrxl" (GRU-gated GTrXL, b_g `RL_GATE_BIAS` unless
     `gate_bias` is given) and "trxl_i" (identity map reordering, no gates) from `DEFAULT_GTRXL_FIELDS` updated by
-    `gtrxl_fields`; "gru" and "mlp" of the width whose parameter count is closest to that GTrXL policy's."""
+    `gtrxl_fields`; "gru" and "mlp" of the width whose parameter count is closest to that GTrXL policy's.
+    `episode_clock` (see `MemoryPolicy`) is given to every agent alike, the budget's GTrXL included."""
     if agent not in AGENTS:
         raise ValueError(f"unknown agent {agent!r}; known: {', '.join(AGENTS)}")
     fields = {**DEFAULT_GTRXL_FIELDS, **gtrxl_fields}
     if agent == "gtrxl":
         fields.setdefault("gate_bias", RL_GATE_BIAS)
     if agent in ("gtrxl", "trxl_i"):
+        gate_type = "gru" if agent == "gtrxl" else "trxl_i"
         return MemoryPolicy.gtrxl(
-            observation_space, action_space, gate_type="gru" if agent == "gtrxl" else "trxl_i", **fields
+            observation_space, action_space, episode_clock=episode_clock, gate_type=gate_type, **fields
         )
-    budget = MemoryPolicy.gtrxl(observation_space, action_space, gate_type="gru", **fields).num_parameters
+    budget = MemoryPolicy.gtrxl(
+        observation_space, action_space, episode_clock=episode_clock, gate_type="gru", **fields
+    ).num_parameters
     build = getattr(MemoryPolicy, agent)
-    width = parameter_matched_hidden_size(lambda h: build(observation_space, action_space, h), budget)
-    return build(observation_space, action_space, width)
+    width = parameter_matched_hidden_size(
+        lambda h: build(observation_space, action_space, h, episode_clock=episode_clock), budget
+    )
+    return build(observation_space, action_space, width, episode_clock=episode_clock)
 
 
 def parameter_matched_hidden_size(build, target: int, low: int = 4, high: int = 4096) -> int:
@@ -692,7 +794,10 @@ __all__ = [
     "AGENTS",
     "BODIES",
     "DEFAULT_GTRXL_FIELDS",
+    "EPISODE_CLOCK_PERIODS",
     "RL_GATE_BIAS",
+    "ClockedState",
+    "EpisodeClock",
     "GRUBody",
     "GTrXLBody",
     "MLPBody",
