@@ -36,6 +36,7 @@ def steps_by_loop(episode_starts: torch.Tensor, steps_before: torch.Tensor) -> t
     return out
 
 
+@pytest.mark.exact  # integer step counts
 @pytest.mark.parametrize("steps", [1, 2, 7, 40])
 def test_episode_steps_count_from_each_episode_start_as_a_loop_does(steps):
     generator = torch.Generator().manual_seed(steps)
@@ -58,6 +59,7 @@ def test_the_clock_features_are_sin_and_cos_of_the_step_over_each_period():
     torch.testing.assert_close(features[0], expected, atol=1e-7, rtol=0)
 
 
+@pytest.mark.exact  # integer step counts
 def test_the_clock_tells_apart_steps_whose_observations_are_equal_and_restarts_with_the_episode():
     """A memoryless policy with a clock sees the same observation differently at different steps of an episode,
     and a row that starts an episode acts as a fresh row does, whatever its clock read before."""
