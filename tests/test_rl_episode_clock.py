@@ -134,3 +134,13 @@ def test_bad_clock_input_is_refused_by_name():
     with pytest.raises(ValueError, match="its state is a ClockedState .* got Tensor"):
         policy.snapshot(plain_state)
     assert isinstance(policy.initial_state(2), ClockedState)
+
+
+def test_the_model_card_names_the_clock_and_its_periods():
+    from hf_txvariants.rl.card import build_policy_card
+
+    clocked = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), episode_clock=True, **TINY_GTRXL)
+    card = build_policy_card(clocked, "someone/clocked", "AutoencodeEasy", 0.99).content
+    assert "with an episode clock (the step within the episode, periods 4, 8, 16, 32, 64, 128, 256, 512)" in card
+    plain = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), **TINY_GTRXL)
+    assert "with an episode clock" not in build_policy_card(plain, "someone/plain").content

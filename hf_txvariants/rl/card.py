@@ -21,6 +21,9 @@ def build_policy_card(policy, repo_id: str, task: str | None = None, mean_return
         )
     else:
         kind_tag, described = kind, f"{kind.upper()} of width {body['hidden_size']}"
+    if policy.clock is not None:
+        periods = ", ".join(f"{period:g}" for period in policy.clock.periods)
+        described += f", with an episode clock (the step within the episode, periods {periods})"
     tags = ["reinforcement-learning", "hf-txvariants", "memory", kind_tag] + ([task] if task else [])
     eval_results = None
     if task is not None and mean_return is not None:
@@ -63,7 +66,8 @@ or, with `pip install "hf-txvariants[rl]"`:
 python -m hf_txvariants.rl.evaluate --policy {repo_id} --task {run_task} --episodes 100
 ```
 
-The files: `config.json` (the body, its config and both spaces, plain JSON) and `model.safetensors`.
+The files: `config.json` (the body, its config, both spaces and any episode clock, plain JSON) and
+`model.safetensors`.
 """
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{text}")
 
