@@ -396,7 +396,8 @@ class MemoryPolicy(nn.Module):
         self.encoder = ObservationEncoder(observation_space, body.hidden_size)
         if episode_clock is True:
             episode_clock = EPISODE_CLOCK_PERIODS
-        self.clock = EpisodeClock(episode_clock, body.hidden_size) if episode_clock not in (None, False) else None
+        no_clock = episode_clock is None or episode_clock is False
+        self.clock = None if no_clock else EpisodeClock(episode_clock, body.hidden_size)
         self.body = body
         self.policy_head = nn.Linear(body.hidden_size, num_parameters)
         self.value_head = nn.Linear(body.hidden_size, 1)
@@ -619,7 +620,8 @@ class MemoryPolicy(nn.Module):
     # ----------------------------------------------------------------------------------------------------------------
     # saving, loading, sharing
     def to_config(self) -> dict:
-        """config.json: the body (its kind and config) and both spaces, all plain JSON."""
+        """config.json: the body (its kind and config), both spaces and the episode clock's periods if it has one, all
+        plain JSON."""
         from .spaces import space_to_dict
 
         config = {
