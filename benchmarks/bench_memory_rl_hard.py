@@ -17,8 +17,8 @@ memory without gradient, so for them the segment is a cost, not a reach):
   return are other actions' and only add noise to each advantage. (The answer shown back by `PreviousAction` is
   information, not a cause of later rewards.) With 0.99, GTrXL stood at -0.28 after 655k steps of CountRecallEasy;
   with 0, at 0.33. On CountRecallMedium (seed 0) it ended at -0.16 with 0, against -0.80 with 0.99.
-  Autoencode Easy and Medium learn with 0 too, for the same reason (with the episode clock below, GTrXL learned
-  AutoencodeEasy at 0, and not at 0.99).
+  Autoencode Easy and Medium learn with 0 too, for the same reason (GTrXL with the episode clock below learned
+  AutoencodeEasy at 0; a probe with the same clock given by the environment left it at chance at 0.99).
   Runs at another discount factor are kept and reported apart ("earlier"), as those at another mem_len are.
 - Agents "+clock" add the step within the episode to the observations' encoding (`EpisodeClock`, its default periods
   4 to 512). Autoencode's answer t (from 0) is the card shown 2t steps before: a distance that relative positions
