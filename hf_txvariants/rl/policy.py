@@ -116,9 +116,13 @@ class EpisodeClock(nn.Module):
 
     def __init__(self, periods, hidden_size: int):
         super().__init__()
-        periods = [float(p) for p in periods]
+        given = periods
+        try:
+            periods = [float(p) for p in periods]
+        except (TypeError, ValueError):
+            periods = None
         if not periods or any(not math.isfinite(p) or p <= 0 for p in periods):
-            raise ValueError(f"episode_clock periods must be positive finite numbers, got {periods}")
+            raise ValueError(f"episode_clock periods must be positive finite numbers (a list of them), got {given!r}")
         self.periods = periods
         self.register_buffer(
             "angular_speeds", 2 * math.pi / torch.tensor(periods, dtype=torch.float64), persistent=False
@@ -462,12 +466,18 @@ class MemoryPolicy(nn.Module):
     def snapshot(self, state) -> dict[str, torch.Tensor]:
         if self.clock is None:
             return self.body.snapshot(state)
+        state = self._clocked_state(state)
+        return {**self.body.snapshot(state.body), "episode_steps": state.episode_steps.clone()}
+
+    @staticmethod
+    def _clocked_state(state) -> ClockedState:
+        """`state`, checked to be a clocked policy's."""
         if not isinstance(state, ClockedState):
             raise ValueError(
-                f"this policy has an episode clock: its state is a ClockedState (from `initial_state`), got "
-                f"{type(state).__name__}"
+                f"this policy has an episode clock: its state is a ClockedState (from `initial_state` or "
+                f"`restore`), got {type(state).__name__}"
             )
-        return {**self.body.snapshot(state.body), "episode_steps": state.episode_steps.clone()}
+        return state
 
     def restore(self, snapshot: dict[str, torch.Tensor]):
         if self.clock is None:
@@ -556,11 +566,7 @@ class MemoryPolicy(nn.Module):
         if self.clock is None:
             hidden, state = self.body(inputs, state, episode_starts)
         else:
-            if not isinstance(state, ClockedState):
-                raise ValueError(
-                    f"this policy has an episode clock: its state is a ClockedState (from `initial_state` or "
-                    f"`restore`), got {type(state).__name__}"
-                )
+            state = self._clocked_state(state)
             steps = self.clock.episode_steps(episode_starts, state.episode_steps)
             hidden, body_state = self.body(inputs + self.clock(steps, inputs.dtype), state.body, episode_starts)
             state = ClockedState(body_state, steps[:, -1] + 1)
