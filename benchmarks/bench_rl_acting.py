@@ -81,9 +81,8 @@ def hoisted_gru_forward(body, inputs, state, episode_starts):
     import torch
     from torch.nn import functional as F
 
-    cell = type(body).forward
-    if inputs.shape[1] == 1:
-        return cell(body, inputs, state, episode_starts)
+    if inputs.shape[1] == 1:  # acting: the plain body's step
+        return type(body).forward(body, inputs, state, episode_starts)
     gru = body.cell
     input_gates = F.linear(inputs, gru.weight_ih, gru.bias_ih)  # [envs, steps, 3 hidden]: r, z, n
     keep = (~episode_starts).to(state.dtype)
