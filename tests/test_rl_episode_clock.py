@@ -125,7 +125,7 @@ def test_bad_clock_input_is_refused_by_name():
         MemoryPolicy.gru(BOX_OBS, gym.spaces.Discrete(2), 8, episode_clock=[4.0, 0.0])
     with pytest.raises(ValueError, match="episode_clock periods must be positive finite numbers"):
         MemoryPolicy.gru(BOX_OBS, gym.spaces.Discrete(2), 8, episode_clock=[])
-    for malformed in ("4, 8", 5, [4.0, "x"]):  # e.g. a hand-edited config.json
+    for malformed in ("4, 8", "48", 5, [4.0, "x"]):  # e.g. a hand-edited config.json
         with pytest.raises(ValueError, match="episode_clock periods must be positive finite numbers .*got "):
             MemoryPolicy.gru(BOX_OBS, gym.spaces.Discrete(2), 8, episode_clock=malformed)
     policy = MemoryPolicy.gru(BOX_OBS, gym.spaces.Discrete(2), 8, episode_clock=True)

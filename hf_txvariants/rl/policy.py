@@ -117,8 +117,8 @@ class EpisodeClock(nn.Module):
     def __init__(self, periods, hidden_size: int):
         super().__init__()
         given = periods
-        try:
-            periods = [float(p) for p in periods]
+        try:  # a string is iterable too: "48" would read as periods 4 and 8
+            periods = None if isinstance(periods, (str, bytes)) else [float(p) for p in periods]
         except (TypeError, ValueError):
             periods = None
         if not periods or any(not math.isfinite(p) or p <= 0 for p in periods):
