@@ -13,7 +13,8 @@ import torch
 
 from hf_txvariants.cli import given_train_fields, main
 from hf_txvariants.training.adaptive_span_flags import PRESETS
-from hf_txvariants.training.loop import _size_fields, read_metrics
+from hf_txvariants.training.arguments import size_fields
+from hf_txvariants.training.loop import read_metrics
 from hf_txvariants.training.models import build_config, build_model
 from hf_txvariants.training.optimizers import PerParameterClippedAdagrad
 from hf_txvariants.training.recipes import RECIPES, describe_recipe, get_recipe, recipe_train_args
@@ -33,7 +34,7 @@ def test_there_is_a_recipe_for_every_script_of_the_fixture():
 
 
 def _config(args):
-    return build_config(args.variant, VOCAB[args.tokenizer], **{**_size_fields(args), **args.extra_config})
+    return build_config(args.variant, VOCAB[args.tokenizer], **{**size_fields(args), **args.extra_config})
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFO_XL))

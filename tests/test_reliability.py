@@ -24,7 +24,7 @@ import torch
 import hf_txvariants as txv
 from hf_txvariants.cli import main
 from hf_txvariants.training import read_metrics
-from hf_txvariants.training.loop import complete_checkpoints
+from hf_txvariants.training.checkpoints import complete_checkpoints
 from hf_txvariants.txv_files import atomic_directory
 from tests.tiny_configs import TINY_CONFIGS, TINY_TRAINING_FLAGS, model_class, tiny_config
 

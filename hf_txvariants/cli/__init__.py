@@ -37,7 +37,7 @@ non_negative_int = _int_at_least(0, "an integer >= 0")
 def _train_args(args):
     import dataclasses
 
-    from ..training.loop import TrainArgs
+    from ..training.arguments import TrainArgs
 
     return TrainArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainArgs)})
 
@@ -183,7 +183,7 @@ def _hf_parser_class():
 
 
 def add_train_parser(sub, name: str, help_text: str):
-    from ..training.loop import TrainArgs
+    from ..training.arguments import TrainArgs
     from ..training.models import text_variant_names
 
     train = sub.add_parser(
@@ -268,7 +268,7 @@ def given_train_fields(argv: list[str]) -> set[str]:
     whose defaults are all suppressed, so only what was given lands in the namespace."""
     import dataclasses
 
-    from ..training.loop import TrainArgs
+    from ..training.arguments import TrainArgs
 
     parser = build_parser()
     train = next(action for action in parser._subparsers._group_actions).choices["train"]

@@ -1,5 +1,7 @@
 """Training, fine-tuning and evaluation helpers for hf_txvariants models (not imported by any modeling file)."""
 
+from .arguments import TrainArgs
+from .checkpoints import latest_checkpoint
 from .data import (
     DataError,
     SegmentStream,
@@ -12,7 +14,7 @@ from .data import (
     split_text,
 )
 from .evaluation import evaluate_sliding_window, evaluate_stream, evaluate_text, summarize
-from .loop import TrainArgs, latest_checkpoint, read_metrics, train
+from .loop import read_metrics, train
 from .models import ModelError, build_config, build_model, lm_forward, load_model, uses_memory, variant_names
 
 __all__ = [

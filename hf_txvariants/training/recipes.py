@@ -337,7 +337,7 @@ def get_recipe(name: str) -> Recipe:
 def recipe_train_args(name: str, **overrides):
     """The `TrainArgs` of recipe `name`, with `overrides` (TrainArgs fields) taking precedence; an `extra_config`
     override is merged into the recipe's config fields."""
-    from .loop import TrainArgs
+    from .arguments import TrainArgs
     from .models import config_class
 
     recipe = get_recipe(name)
@@ -364,7 +364,7 @@ def describe_recipe(name: str, args=None, given: set[str] = frozenset()) -> str:
     """The recipe in full, one block: its source, every TrainArgs field (marked where the command line overrides the
     recipe, or where neither sets it), the config fields, the original's optimisation, what differs, how the
     original evaluates and its vocabulary."""
-    from .loop import TrainArgs
+    from .arguments import TrainArgs
 
     recipe = get_recipe(name)
     args = args if args is not None else recipe_train_args(name)
