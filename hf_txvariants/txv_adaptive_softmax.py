@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .txv_precision import at_least_float32
+
 HEAD_WIDTH_MULTIPLE = 8
 
 
@@ -154,9 +156,9 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     @staticmethod
     def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
-        # in float32 whatever the activation dtype (bf16/fp16 logits, autocast): the normaliser of a large
-        # vocabulary loses too much in half precision
-        return nn.functional.log_softmax(logits, dim=-1, dtype=torch.float32)
+        # in float32 for bf16/fp16 logits (autocast): the normaliser of a large vocabulary loses too much in half
+        # precision; float64 logits stay float64
+        return nn.functional.log_softmax(logits, dim=-1, dtype=at_least_float32(logits.dtype))
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., d_proj]` -> `[..., vocab_size]` log-probabilities (float32)."""

@@ -32,6 +32,8 @@ import math
 import torch
 from torch import nn
 
+from .txv_precision import at_least_float32
+
 
 def soft_span_mask(distances: torch.Tensor, spans: torch.Tensor, ramp: int) -> torch.Tensor:
     """m_z(x) = clamp((R + z - x) / R, 0, 1) broadcast over `distances` (x) and `spans` (z)."""
@@ -40,9 +42,10 @@ def soft_span_mask(distances: torch.Tensor, spans: torch.Tensor, ramp: int) -> t
 
 def span_attention_bias(distances: torch.Tensor, spans: torch.Tensor, ramp: int, dtype: torch.dtype) -> torch.Tensor:
     """The additive attention term log m_z(x) (finfo.min where m = 0) that renormalises the masked softmax exactly."""
-    mask = soft_span_mask(distances.to(torch.float32), spans.to(torch.float32), ramp)
+    compute_dtype = at_least_float32(spans.dtype)
+    mask = soft_span_mask(distances.to(compute_dtype), spans.to(compute_dtype), ramp)
     minimum = torch.finfo(dtype).min
-    log_mask = torch.log(mask.clamp(min=torch.finfo(torch.float32).tiny))
+    log_mask = torch.log(mask.clamp(min=torch.finfo(compute_dtype).tiny))
     return log_mask.masked_fill(mask <= 0, minimum).to(dtype)
 
 
@@ -125,8 +128,9 @@ class AdaptiveSpan(nn.Module):
     def spans(self, hidden_states: torch.Tensor | None = None) -> torch.Tensor:
         """Static: `[H]` spans in tokens. Dynamic: `[batch, Q, H]` from the queries' inputs `hidden_states`."""
         if self.dynamic:
-            return self.max_span * torch.sigmoid(self.span_predictor(hidden_states).float())
-        value = self.current_val.float()
+            logits = self.span_predictor(hidden_states)
+            return self.max_span * torch.sigmoid(logits.to(at_least_float32(logits.dtype)))
+        value = self.current_val.to(at_least_float32(self.current_val.dtype))
         clamped = value + (value.clamp(0.0, 1.0) - value).detach()  # inside [0, 1], gradient straight through
         return self.max_span * clamped
 
@@ -149,7 +153,7 @@ class AdaptiveSpan(nn.Module):
             z = spans.permute(0, 2, 1)[..., None]  # [batch, H, Q, 1]
         else:
             z = spans[None, :, None, None]
-        return span_attention_bias(distances[None, None].float(), z, self.ramp, dtype)
+        return span_attention_bias(distances[None, None], z, self.ramp, dtype)
 
     @torch.no_grad()
     def clamp_(self):

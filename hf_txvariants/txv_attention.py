@@ -22,6 +22,8 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.import_utils import is_tracing
 
+from .txv_precision import at_least_float32
+
 
 def eager_attention_forward(
     module: nn.Module,
@@ -36,7 +38,7 @@ def eager_attention_forward(
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if attention_mask is not None:
         scores = scores + attention_mask
-    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.softmax(scores, dim=-1, dtype=at_least_float32(scores.dtype)).to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return output, weights

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .txv_precision import at_least_float32
+
 
 def check_labels(labels: torch.Tensor, shape: tuple[int, ...], vocab_size: int, ignore_index: int = -100):
     """`labels` must have the inputs' shape and hold `ignore_index` or token ids below `vocab_size`."""
@@ -31,11 +33,15 @@ def check_causal_lm_targets(labels, shift_labels, shape: tuple[int, ...], vocab_
 def token_cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, num_items_in_batch=None, ignore_index: int = -100
 ) -> torch.Tensor:
-    """Sum of the per-token cross-entropies of `logits [..., vocab]` against `targets [...]` in float32, divided by
+    """Sum of the per-token cross-entropies of `logits [..., vocab]` against `targets [...]` in float32 (float64 for
+    float64 logits), divided by
     `num_items_in_batch` when given, else by the number of counted targets (at least 1)."""
     targets = targets.to(logits.device).reshape(-1)
     total = nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), targets, ignore_index=ignore_index, reduction="sum"
+        logits.reshape(-1, logits.shape[-1]).to(at_least_float32(logits.dtype)),
+        targets,
+        ignore_index=ignore_index,
+        reduction="sum",
     )
     if num_items_in_batch is None:
         num_items_in_batch = (targets != ignore_index).sum().clamp(min=1)

@@ -20,6 +20,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .txv_attention import additive_mask, get_attention_function
 from .txv_dropout import Dropout
 from .txv_positions import sinusoid_table
+from .txv_precision import at_least_float32
 
 
 def relative_distances(key_length: int, clamp_len: int, device) -> torch.Tensor:
@@ -32,7 +33,7 @@ def relative_distances(key_length: int, clamp_len: int, device) -> torch.Tensor:
 
 def relative_position_embeddings(key_length: int, hidden_size: int, clamp_len: int, dtype, device) -> torch.Tensor:
     """`[key_length + 1, hidden_size]` sinusoids for `relative_distances` (Dai et al.'s R matrix)."""
-    return sinusoid_table(relative_distances(key_length, clamp_len, device), hidden_size).to(dtype)
+    return sinusoid_table(relative_distances(key_length, clamp_len, device), hidden_size, dtype).to(dtype)
 
 
 def relative_shift(position_scores: torch.Tensor, key_length: int) -> torch.Tensor:
@@ -295,7 +296,8 @@ def biased_attention_with_bias_gradient(
     scores = scores.view(flat).baddbmm_(
         query.reshape(-1, query_length, head_dim), key.reshape(-1, key_length, head_dim).transpose(1, 2), alpha=scaling
     )
-    weights = nn.functional.softmax(scores.view(batch, heads, query_length, key_length), dim=-1, dtype=torch.float32)
+    scores = scores.view(batch, heads, query_length, key_length)
+    weights = nn.functional.softmax(scores, dim=-1, dtype=at_least_float32(scores.dtype))
     weights = nn.functional.dropout(weights.to(query.dtype), p=dropout, training=module.training)
     return torch.matmul(weights, value).transpose(1, 2), None
 

@@ -43,7 +43,9 @@ def test_transfo_xl_recipe_holds_its_scripts_values(name):
     train, evaluation = script["train"], script["eval"]
     args = recipe_train_args(name)
     assert train["optim"] == "adam" and train["scheduler"] == "cosine" and train["eta_min"] == 0.0
-    assert (args.optimizer, args.weight_decay, args.lr_schedule) == ("adamw", 0.0, "cosine")  # Adam, cosine to 0
+    # Adam; train.py's cosine, counted from step 0 down to eta_min; its ordered iterator
+    assert (args.optimizer, args.weight_decay, args.lr_schedule) == ("adamw", 0.0, "transformer-xl")
+    assert (args.eta_min, args.data_order) == (train["eta_min"], "transformer-xl")
     assert args.variant == "transfo-xl" and args.tokenizer == TOKENIZER_OF[train["dataset"]]
     expected = dict(
         n_layer=train["n_layer"],
@@ -61,6 +63,7 @@ def test_transfo_xl_recipe_holds_its_scripts_values(name):
         seed=train["seed"],
         eval_every=train["eval_interval"],
         eval_batch_size=script["eval_batch_size"],
+        eval_seg_len=train["eval_tgt_len"],
     )
     assert {key: getattr(args, key) for key in expected} == expected
     config = _config(args)
@@ -89,7 +92,8 @@ def test_adaptive_span_recipe_holds_its_scripts_values(name):
     script = SOURCE["adaptive_span"][ADAPTIVE_SPAN[name]]
     train = script["train"]
     args = recipe_train_args(name)
-    assert train["optim"] == "adagrad" and (args.optimizer, args.lr_schedule) == ("adagrad", "constant")
+    assert train["optim"] == "adagrad" and (args.optimizer, args.lr_schedule) == ("adagrad", "adaptive-span")
+    assert args.data_order == "adaptive-span"
     assert args.variant == "txv_adaptive_span_original"
     assert args.tokenizer == TOKENIZER_OF[Path(train["data"]).name]
     expected = dict(

@@ -4,6 +4,7 @@ an uninterrupted run, gradient accumulation == the whole batch, and clear one-li
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import torch
 
 from hf_txvariants.cli import main
 from hf_txvariants.training import TrainArgs, read_metrics, segment_stream, train
-from hf_txvariants.training.data import build_char_tokenizer, default_corpus, encode, load_text
+from hf_txvariants.training.data import DataError, build_char_tokenizer, default_corpus, encode, load_text
 from hf_txvariants.txv_compat import output_cache
 from tiny_configs import TINY_TRAINING, TINY_TRAINING_FLAGS
 
@@ -56,10 +57,77 @@ def test_segment_streams_are_contiguous_and_split_by_rank():
     # the rows of two ranks are exactly the rows of the one-process stream
     ranks = [segment_stream(tokens, 4, 10, rank=r, world_size=2) for r in range(2)]
     assert torch.equal(torch.cat([r.rows for r in ranks]), whole.rows)
-    # rows are contiguous pieces of the corpus in order
-    row_length = (len(tokens) - 1) // 4
-    assert torch.equal(whole.rows[:, 0], torch.arange(4) * row_length)
-    assert torch.equal(whole.rows[2], tokens[2 * row_length : 2 * row_length + whole.rows.shape[1]])
+    for step in (0, 5, whole.num_segments - 1, whole.num_segments):
+        assert torch.equal(torch.cat([r.segment(step)[0] for r in ranks]), whole.segment(step)[0])
+    # rows are contiguous pieces of the corpus in order, len(tokens) // rows long, as the originals batchify
+    assert torch.equal(whole.rows[:, 0], torch.arange(4) * 250)
+    assert torch.equal(whole.rows[2], tokens[500:750])
+
+
+def _ordered_iterator_batches(data: torch.Tensor, bsz: int, bptt: int):
+    """kimiyoung/transformer-xl pytorch/data_utils.py `LMOrderedIterator(data, bsz, bptt)` (ext_len 0), written out
+    from its code: (data, target) of each batch of one epoch, batch-first."""
+    n_step = data.size(0) // bsz
+    columns = data.narrow(0, 0, n_step * bsz).view(bsz, -1).t()
+    for i in range(0, columns.size(0) - 1, bptt):
+        seq_len = min(bptt, columns.size(0) - 1 - i)
+        yield columns[i : i + seq_len].t(), columns[i + 1 : i + 1 + seq_len].t()
+
+
+@pytest.mark.exact
+@pytest.mark.parametrize("length, rows, seg_len", [(1000, 4, 10), (1003, 3, 7), (97, 2, 48), (50, 5, 100)])
+def test_the_transformer_xl_order_gives_the_original_iterators_batches_epoch_after_epoch(length, rows, seg_len):
+    tokens = torch.randperm(length)
+    stream = segment_stream(tokens, rows, seg_len)
+    epoch = list(_ordered_iterator_batches(tokens, rows, seg_len))
+    assert stream.num_segments == len(epoch)
+    for step in range(3 * len(epoch)):  # train.py starts each epoch at the rows' start, with an empty memory
+        inputs, targets = stream.segment(step)
+        expected_inputs, expected_targets = epoch[step % len(epoch)]
+        assert torch.equal(inputs, expected_inputs) and torch.equal(targets, expected_targets)
+        assert stream.plan(step).fresh_memory == (step % len(epoch) == 0)
+    evaluated = list(stream)  # evaluation reads one epoch, the last (shorter) segment included
+    assert len(evaluated) == len(epoch)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(evaluated, epoch))
+
+
+@pytest.mark.exact
+@pytest.mark.parametrize("length, rows, seg_len", [(1000, 4, 10), (1003, 3, 7), (130, 2, 20)])
+def test_the_adaptive_span_order_gives_the_original_trainers_blocks(length, rows, seg_len):
+    """facebookresearch/adaptive-span data.py `_batchify` and trainer.py `train_iteration` / `full_eval`, written out
+    from their code, with the module `random` seeded as the stream's seed."""
+    import random
+
+    tokens = torch.randperm(length)
+    data = tokens.narrow(0, 0, (length // rows) * rows).view(rows, -1)
+    stream = segment_stream(tokens, rows, seg_len, order="adaptive-span", seed=5)
+    random.seed(5)
+    train_pos, fresh = 0, True
+    for step in range(4 * stream.num_segments + 3):
+        inputs, targets = stream.segment(step)
+        assert torch.equal(inputs, data[:, train_pos : train_pos + seg_len])
+        assert torch.equal(targets, data[:, train_pos + 1 : train_pos + seg_len + 1])
+        assert stream.plan(step).fresh_memory == fresh
+        train_pos, fresh = train_pos + seg_len, False
+        if train_pos >= data.size(1) - seg_len:
+            train_pos, fresh = random.randrange(seg_len), True
+    blocks, train_pos = [], 0  # full_eval: whole blocks from the start, the rest skipped
+    for _ in range(math.ceil(data.size(1) / seg_len)):
+        blocks.append(data[:, train_pos : train_pos + seg_len])
+        train_pos += seg_len
+        if train_pos >= data.size(1) - seg_len:
+            break
+    evaluated = [inputs for inputs, _ in stream]
+    assert len(evaluated) == len(blocks) and all(torch.equal(a, b) for a, b in zip(evaluated, blocks))
+
+
+def test_a_stream_too_short_for_its_rows_is_refused_with_the_sizes():
+    with pytest.raises(DataError, match="too short: 7 tokens cut into 4 rows of 1"):
+        segment_stream(torch.arange(7), 4, 10, name="the training text")
+    with pytest.raises(DataError, match="rows of 10, but one segment needs 11 tokens a row"):
+        segment_stream(torch.arange(40), 4, 10, order="adaptive-span")
+    with pytest.raises(DataError, match="data order must be one of transformer-xl, adaptive-span, got 'shuffled'"):
+        segment_stream(torch.arange(40), 4, 10, order="shuffled")
 
 
 def test_char_tokenizer_round_trip_and_unknown_characters(tmp_path):

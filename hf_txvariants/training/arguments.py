@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .data import DataError
+from .optimizers import SCHEDULES_WITH_FLOOR
 
 
 class JsonError(argparse.ArgumentTypeError, ValueError):
@@ -93,11 +95,26 @@ class TrainArgs:
     dropout: float = _arg(0.1, "dropout rate in [0, 1)")
     batch_size: int = _arg(16, "global batch: rows over all processes and accumulation chunks")
     grad_accum: int = _arg(1, "gradient accumulation chunks per step (each with its own memory)")
+    data_order: Literal["transformer-xl", "adaptive-span"] = _arg(
+        "transformer-xl",
+        "how each row is read, as an original trainer does: transformer-xl (kimiyoung's ordered iterator: "
+        "segments from the row's start, the last one shorter, then a new epoch from the start with the memory "
+        "emptied) or adaptive-span (whole segments; then a new pass at a random offset below --seg-len, drawn "
+        "from --seed, with the memory zeroed)",
+    )
     lr: float = _arg(1e-3, "peak learning rate (after the warm-up)")
     warmup_steps: int = _arg(20, "linear warm-up steps")
-    lr_schedule: Literal["cosine", "constant"] = _arg(
-        "cosine", "after the warm-up: cosine decay to 0 at --max-steps, or constant (adaptive-span's schedule)"
+    lr_schedule: Literal[
+        "cosine", "constant", "transformer-xl", "transformer-xl-inv-sqrt", "transformer-xl-constant", "adaptive-span"
+    ] = _arg(
+        "cosine",
+        "cosine: linear warm-up, then cosine decay from the end of the warm-up to --eta-min at --max-steps; "
+        "constant: linear warm-up, then constant; the originals' schedules, each step at the rate the original "
+        "gives it: transformer-xl (kimiyoung's train.py --scheduler cosine: cosine counted from step 0), "
+        "transformer-xl-inv-sqrt, transformer-xl-constant (its inv_sqrt and constant), adaptive-span (warm-up to "
+        "step W, then constant). The formulas: hf_txvariants.training.optimizers.LR_SCHEDULES",
     )
+    eta_min: float = _arg(0.0, "the cosine schedules' final learning rate (train.py's --eta_min)")
     optimizer: Literal["adamw", "adagrad"] = _arg(
         "adamw",
         "adamw (Adam with --weight-decay 0), or adagrad: adaptive-span's Adagrad, which clips each "
@@ -113,6 +130,11 @@ class TrainArgs:
     eval_every: int = _arg(50, "validate every N steps (0: only at the end)")
     eval_batch_size: int = _arg(8, "validation rows")
     eval_segments: int | None = _arg(None, "validate on the first N segments of each row (default: all)")
+    eval_seg_len: int | None = _arg(
+        None,
+        "tokens per validation segment (default: --seg-len); a memory model's memory is then lengthened by "
+        "seg-len - eval-seg-len, as kimiyoung's train.py evaluates (its --eval_tgt_len)",
+    )
     save_every: int = _arg(0, "write a checkpoint every N steps (0: only at the end)")
     resume: str | None = _arg(
         None, "'latest' (the newest complete, loadable checkpoint of --output-dir) or a checkpoint folder"
@@ -122,6 +144,11 @@ class TrainArgs:
         None,
         "autocast precision (default: the Accelerate config's mixed_precision under `accelerate launch`, else "
         "no); under FSDP, no or bf16",
+    )
+    dtype: Literal["float32", "float64"] = _arg(
+        "float32",
+        "the dtype of the weights, the memory and the arithmetic (float64 for comparing a run with a reference "
+        "step for step)",
     )
     cpu: bool = _arg(False, "train on CPU even with GPUs (so do all processes when there are more than GPUs: gloo)")
     tensorboard: bool = _arg(True, "log to TensorBoard in OUTPUT_DIR/logs")
@@ -142,7 +169,7 @@ class TrainArgs:
             "max_steps",
             "eval_batch_size",
         )
-        optional_positive = ("d_inner", "max_chars", "eval_segments", "vocab_max_size")
+        optional_positive = ("d_inner", "max_chars", "eval_segments", "eval_seg_len", "vocab_max_size")
         non_negative = ("mem_len", "warmup_steps", "eval_every", "save_every", "seed", "vocab_min_freq")
         for name in positive + optional_positive + non_negative:
             value = getattr(self, name)
@@ -156,6 +183,7 @@ class TrainArgs:
             ("dropout", 0.0, 1.0),
             ("weight_decay", 0.0, None),
             ("clip_norm", 0.0, None),
+            ("eta_min", 0.0, None),
             ("valid_fraction", 0.0, 1.0),
         ):
             value = getattr(self, name)
@@ -165,9 +193,17 @@ class TrainArgs:
             if not ok:
                 bounds = f"in [{low}, {high})" if high is not None else ("> 0" if name == "lr" else f">= {low}")
                 raise DataError(f"--{flag_name(name)} must be a finite number {bounds}, got {value!r}")
-        for name, choices in (("optimizer", ("adamw", "adagrad")), ("lr_schedule", ("cosine", "constant"))):
+        for name in ("optimizer", "lr_schedule", "data_order", "dtype"):
+            choices = typing.get_args(typing.get_type_hints(TrainArgs)[name])
             if getattr(self, name) not in choices:
                 raise DataError(f"--{flag_name(name)} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.eta_min and self.lr_schedule not in SCHEDULES_WITH_FLOOR:
+            raise DataError(
+                f"--eta-min {self.eta_min} applies to --lr-schedule {' or '.join(SCHEDULES_WITH_FLOOR)}, "
+                f"not {self.lr_schedule}"
+            )
+        if self.eta_min > self.lr:
+            raise DataError(f"--eta-min {self.eta_min} is above --lr {self.lr}")
         if self.optimizer == "adagrad" and self.weight_decay:
             raise DataError(f"--weight-decay {self.weight_decay} needs --optimizer adamw (adagrad has none)")
         if self.mixed_precision is not None and self.mixed_precision not in ("no", "bf16", "fp16"):

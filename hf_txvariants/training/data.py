@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import math
+import random
 import re
 import warnings
 from dataclasses import dataclass
@@ -358,16 +359,49 @@ def as_token_tensor(tokens) -> torch.Tensor:
     return torch.tensor(tokens, dtype=torch.long)
 
 
+# How a training stream walks its rows, as each original trainer does (both cut the corpus into `global_batch` rows
+# of `len(tokens) // global_batch` tokens, the remainder dropped):
+# * "transformer-xl": kimiyoung/transformer-xl's `LMOrderedIterator` (pytorch/data_utils.py) under train.py: segments
+#   at 0, seg_len, 2 seg_len, ... of every row, the last one shorter (it ends at the row's last token, which is only
+#   a target); then the next epoch starts again at 0 with the memory emptied (train.py's `mems = tuple()`).
+# * "adaptive-span": facebookresearch/adaptive-span's `train_iteration` (trainer.py): whole segments only; once the
+#   next one would not fit, a new pass starts at a random offset below seg_len (`random.randrange`, here from
+#   `random.Random(seed)`) with the memory zeroed.
+DATA_ORDERS = ("transformer-xl", "adaptive-span")
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Where step `step` of a stream reads: `length` tokens of every row from `start`, and whether the memory starts
+    afresh there (the first step of a pass)."""
+
+    start: int
+    length: int
+    fresh_memory: bool
+
+
 @dataclass
 class SegmentStream:
     """The rows of one rank, read from `tokens` (1-D; a memory-mapped cache is never copied whole: each segment
-    gathers its rows' slices): row r is `tokens[offsets[r] : offsets[r] + row_span]`, `row_span = n_steps * seg_len
-    + 1` (one extra token for the last target). Segments come out as int64."""
+    gathers its rows' slices): row r is `tokens[offsets[r] : offsets[r] + row_length]`, and step i reads the
+    segment `plan(i)` of every row with its next-token targets (see DATA_ORDERS). Iterating gives one pass of
+    evaluation segments from the start of the rows: every segment of the first pass ("transformer-xl", whose
+    evaluation reads the whole text) or the whole segments ("adaptive-span", whose `full_eval` skips the rest).
+    Segments come out as int64."""
 
     tokens: torch.Tensor
     offsets: list[int]
-    row_span: int
+    row_length: int
     seg_len: int
+    order: str = "transformer-xl"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.order not in DATA_ORDERS:
+            raise DataError(f"data order must be one of {', '.join(DATA_ORDERS)}, got {self.order!r}")
+        self._plans: list[SegmentPlan] = []  # "adaptive-span": the plans made so far, step by step
+        self._random = random.Random(self.seed)
+        self._next_start, self._next_fresh = 0, True
 
     @property
     def num_rows(self) -> int:
@@ -375,57 +409,88 @@ class SegmentStream:
 
     @property
     def num_segments(self) -> int:
-        return (self.row_span - 1) // self.seg_len
+        """The segments of one pass from the start of the rows (an epoch of "transformer-xl")."""
+        if self.order == "transformer-xl":
+            return -(-(self.row_length - 1) // self.seg_len)
+        return (self.row_length - 1) // self.seg_len
 
     @property
     def rows(self) -> torch.Tensor:
-        """All rows at once, `[num_rows, row_span]` (a copy of the rank's part of the corpus: for small streams)."""
-        return torch.stack([self.tokens[o : o + self.row_span] for o in self.offsets]).long()
+        """All rows at once, `[num_rows, row_length]` (a copy of the rank's part of the corpus: for small streams)."""
+        return torch.stack([self.tokens[o : o + self.row_length] for o in self.offsets]).long()
 
     def window(self, row: int, start: int, length: int) -> torch.Tensor:
         """`length` tokens of row `row` from position `start` (int64)."""
         offset = self.offsets[row] + start
         return self.tokens[offset : offset + length].long()
 
-    def segment(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and next-token targets of segment `step` (wraps around after the last one)."""
-        start = (step % self.num_segments) * self.seg_len
-        both = torch.stack([self.window(r, start, self.seg_len + 1) for r in range(self.num_rows)])
+    def plan(self, step: int) -> SegmentPlan:
+        """Where training step `step` (from 0) reads."""
+        if self.order == "transformer-xl":
+            index = step % self.num_segments
+            start = index * self.seg_len
+            return SegmentPlan(start, min(self.seg_len, self.row_length - 1 - start), index == 0)
+        while len(self._plans) <= step:  # the random offsets of later passes depend on the ones before
+            self._plans.append(SegmentPlan(self._next_start, self.seg_len, self._next_fresh))
+            self._next_start, self._next_fresh = self._next_start + self.seg_len, False
+            if self._next_start >= self.row_length - self.seg_len:
+                self._next_start, self._next_fresh = self._random.randrange(self.seg_len), True
+        return self._plans[step]
+
+    def read(self, plan: SegmentPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets `[num_rows, plan.length]` of the segment `plan`."""
+        both = torch.stack([self.window(r, plan.start, plan.length + 1) for r in range(self.num_rows)])
         return both[:, :-1], both[:, 1:]
 
+    def segment(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets of training step `step` (`plan(step)`)."""
+        return self.read(self.plan(step))
+
     def __iter__(self):
-        for step in range(self.num_segments):
-            yield self.segment(step)
+        for index in range(self.num_segments):
+            start = index * self.seg_len
+            yield self.read(SegmentPlan(start, min(self.seg_len, self.row_length - 1 - start), index == 0))
 
 
 def segment_stream(
-    tokens, global_batch: int, seg_len: int, rank: int = 0, world_size: int = 1, name: str = "corpus"
+    tokens,
+    global_batch: int,
+    seg_len: int,
+    rank: int = 0,
+    world_size: int = 1,
+    name: str = "corpus",
+    order: str = "transformer-xl",
+    seed: int = 0,
 ) -> SegmentStream:
     """Cuts `tokens` (a 1-D tensor, numpy array or memory-mapped cache) into `global_batch` contiguous rows and
-    returns those of `rank` (see the module docstring)."""
+    returns those of `rank`, read in `order` (see DATA_ORDERS; `seed` draws the "adaptive-span" offsets)."""
     if global_batch % world_size:
         raise DataError(
             f"the global batch size ({global_batch}) must be divisible by the number of processes ({world_size})"
         )
+    if order not in DATA_ORDERS:
+        raise DataError(f"data order must be one of {', '.join(DATA_ORDERS)}, got {order!r}")
     tokens = as_token_tensor(tokens)
-    row_length = (len(tokens) - 1) // global_batch
-    if row_length < seg_len:
-        need = global_batch * seg_len + 1
+    row_length = len(tokens) // global_batch
+    # "transformer-xl" reads a row while it has a target left; "adaptive-span" needs one whole segment
+    needed = 2 if order == "transformer-xl" else seg_len + 1
+    if row_length < needed:
+        what = f"a whole segment of {seg_len} and its targets" if order == "adaptive-span" else "a token and its target"
         raise DataError(
-            f"{name} is too short: {len(tokens)} tokens, but one segment of {seg_len} tokens for each of the "
-            f"{global_batch} rows needs at least {need}; give more text or lower --batch-size/--seg-len"
+            f"{name} is too short: {len(tokens)} tokens cut into {global_batch} rows of {row_length}, but one "
+            f"segment needs {needed} tokens a row ({what}: at least {global_batch * needed} tokens); give more text "
+            "or lower --batch-size" + ("/--seg-len" if order == "adaptive-span" else "")
         )
-    usable = (row_length // seg_len) * seg_len
     per_rank = global_batch // world_size
     offsets = [r * row_length for r in range(rank * per_rank, (rank + 1) * per_rank)]
-    return SegmentStream(tokens, offsets, usable + 1, seg_len)
+    return SegmentStream(tokens, offsets, row_length, seg_len, order, seed)
 
 
 class SegmentDataset(torch.utils.data.Dataset):
-    """The segments of a stream as examples for `Trainer`, ordered so that consecutive batches of `batch_size`
-    examples (read in order, see `OrderedSegmentSampler`) continue the same rows: example `i * batch_size + r` is
-    segment `i` of row `r`. Each example: `input_ids` and `labels` (= input_ids; the model shifts them), int64.
-    Examples are read from the tokens when asked for (a memory-mapped cache stays on disk)."""
+    """The segments of one pass of a stream as examples for `Trainer`, ordered so that consecutive batches of
+    `batch_size` examples (read in order, see `OrderedSegmentSampler`) continue the same rows: example
+    `i * batch_size + r` is segment `i` of row `r`. Each example: `input_ids` and `labels` (= input_ids; the model
+    shifts them), int64. Examples are read from the tokens when asked for (a memory-mapped cache stays on disk)."""
 
     def __init__(self, stream: SegmentStream):
         self.stream = stream
@@ -437,7 +502,8 @@ class SegmentDataset(torch.utils.data.Dataset):
         if not 0 <= index < len(self):
             raise IndexError(f"segment example {index} out of range (0 .. {len(self) - 1})")
         segment, row = divmod(index, self.stream.num_rows)
-        ids = self.stream.window(row, segment * self.stream.seg_len, self.stream.seg_len)
+        start = segment * self.stream.seg_len
+        ids = self.stream.window(row, start, min(self.stream.seg_len, self.stream.row_length - 1 - start))
         return {"input_ids": ids, "labels": ids.clone()}
 
 

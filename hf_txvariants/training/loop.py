@@ -39,7 +39,9 @@ from .models import (
     build_model,
     check_model_source,
     check_text_variant,
+    evaluation_memory,
     init_memory,
+    lengthened_memory,
     load_model,
     objective_forward,
     set_training_progress,
@@ -170,16 +172,25 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         )
     tokenizer = corpus.tokenizer
     train_stream = segment_stream(
-        corpus.train_ids, args.batch_size, args.seg_len, rank, world, name="the training text"
+        corpus.train_ids,
+        args.batch_size,
+        args.seg_len,
+        rank,
+        world,
+        name="the training text",
+        order=args.data_order,
+        seed=args.seed,
     )
+    eval_seg_len = args.eval_seg_len or args.seg_len
     valid_stream = segment_stream(
-        corpus.valid_ids, args.eval_batch_size, args.seg_len, rank, world, name="the validation text"
+        corpus.valid_ids, args.eval_batch_size, eval_seg_len, rank, world, "the validation text", args.data_order
     )
 
     # model
     set_seed(args.seed)
+    dtype = getattr(torch, args.dtype)
     if args.model:
-        model = load_model(args.model)
+        model = load_model(args.model, dtype=dtype)
         config = model.config
         if config.vocab_size < len(tokenizer):
             raise ModelError(
@@ -188,7 +199,8 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     else:
         config = build_config(args.variant, len(tokenizer), **{**size_fields(args), **args.extra_config})
         config.eos_token_id = tokenizer.eos_token_id
-        model = build_model(config)
+        model = build_model(config).to(dtype)
+    extra_eval_memory = evaluation_memory(model, args.seg_len, eval_seg_len)
     if checkpoint:
         check_resume(checkpoint, args, config, world)  # a mismatch is refused before anything is built
     sharded = None
@@ -198,7 +210,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         distributed.announce(sharded.describe(rank, world, accelerator.device))
 
     optimizer = build_optimizer(args.optimizer, model, args.lr, args.weight_decay, args.clip_norm)
-    scheduler = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps)
+    scheduler = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps, args.eta_min)
     if sharded is None:
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     else:  # no DDP wrapper; the model and optimizer shards are checkpointed by the hooks below
@@ -230,8 +242,11 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
 
     def run_eval(step: int, train_record: dict | None = None) -> dict:
         model.eval()
-        nll, count = evaluate_stream(model, valid_stream, args.eval_segments)
-        totals = accelerator.reduce(torch.tensor([nll, float(count)], device=accelerator.device), reduction="sum")
+        with lengthened_memory(model, extra_eval_memory):
+            nll, count = evaluate_stream(model, valid_stream, args.eval_segments)
+        # in float64: the sum of a whole text's nats keeps its digits
+        sums = torch.tensor([nll, float(count)], dtype=torch.float64, device=accelerator.device)
+        totals = accelerator.reduce(sums, reduction="sum")
         result = summarize(float(totals[0]), int(totals[1]))
         model.train()
         log(
@@ -259,7 +274,10 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     record = None  # the last training record (None when a resumed run has no step left)
     for step in range(start_step + 1, args.max_steps + 1):
         step_started = time.perf_counter()
-        inputs, targets = train_stream.segment(step - 1)
+        segment = train_stream.plan(step - 1)
+        if segment.fresh_memory:  # a new pass over the rows (an epoch): the memory starts afresh, as the original's
+            memories = [init_memory(model, chunk_rows) for _ in range(args.grad_accum)]
+        inputs, targets = train_stream.read(segment)
         inputs, targets = inputs.to(accelerator.device), targets.to(accelerator.device)
         set_training_progress(model, (step - 1) / args.max_steps)  # a schedule of the objective (Al-Rfou's)
         totals = {}  # the objective, its next-token part and each auxiliary term, averaged over the chunks
@@ -270,7 +288,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
                 losses, memories[chunk] = objective_forward(model, inputs[rows], targets[rows], memories[chunk])
                 accelerator.backward(losses.loss / args.grad_accum)
             for name, value in losses.detached().items():
-                totals[name] = totals.get(name, 0.0) + value.float() / args.grad_accum
+                totals[name] = totals.get(name, 0.0) + value.double() / args.grad_accum  # all digits of float64
         grad_norm = None
         if args.clip_norm > 0 and args.optimizer != "adagrad":  # adagrad clips each parameter in its step
             grad_norm = (
@@ -278,6 +296,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
                 if sharded
                 else accelerator.clip_grad_norm_(model.parameters(), args.clip_norm)
             )
+        step_lr = optimizer.param_groups[0]["lr"]  # the rate this step runs at
         optimizer.step()
         after_optimizer_step(model)
         scheduler.step()
@@ -287,11 +306,11 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         parts = {name: float(value) for name, value in zip(names, means)}
         if not math.isfinite(parts["loss"]):
             raise RuntimeError(f"the training loss is {parts['loss']} at step {step}: lower --lr or check the data")
-        record = {"step": step, "split": "train", **training_record(parts), "lr": scheduler.get_last_lr()[0]}
+        record = {"step": step, "split": "train", **training_record(parts), "lr": step_lr}
         if grad_norm is not None:
             record["grad_norm"] = float(grad_norm)
         # the global batch's tokens over the step's wall time (data, forward, backward, optimiser, the loss's sync)
-        record["tokens_per_second"] = args.batch_size * args.seg_len / (time.perf_counter() - step_started)
+        record["tokens_per_second"] = args.batch_size * segment.length / (time.perf_counter() - step_started)
         log(record)
         if progress:
             progress.update(1)

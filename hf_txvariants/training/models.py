@@ -3,6 +3,7 @@ uniform way the training code talks to it (with or without a Transformer-XL memo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -345,3 +346,40 @@ def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, 
     logits = output.logits.float()
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
     return loss, (output_cache(output) if memory is not None else None)
+
+
+def evaluation_memory(model, seg_len: int, eval_seg_len: int) -> int:
+    """How many positions longer the memory of `model` is at validation with segments of `eval_seg_len` instead of
+    `seg_len`: kimiyoung's train.py evaluates with `mem_len + tgt_len - eval_tgt_len`, so that every validation
+    token sees as much context as a trained one at most; 0 for models without a Transformer-XL memory."""
+    owner = _memory_owner(model)
+    config = unwrapped(model).config
+    if eval_seg_len == seg_len or owner is None or not hasattr(owner, "init_memory"):
+        if eval_seg_len != seg_len and getattr(config, "mem_len", None) == 0:
+            raise ModelError(
+                f"--eval-seg-len {eval_seg_len} differs from --seg-len {seg_len}, but the model has no memory "
+                "(mem_len 0): the original then gives it seg-len - eval-seg-len earlier tokens as extra input "
+                "(its ext_len), which txv train does not do; give --eval-seg-len equal to --seg-len"
+            )
+        return 0
+    extra = seg_len - eval_seg_len
+    if config.mem_len + extra < 1:
+        raise ModelError(
+            f"--eval-seg-len {eval_seg_len} would leave a validation memory of {config.mem_len + extra} positions "
+            f"(mem_len {config.mem_len} + seg-len {seg_len} - eval-seg-len {eval_seg_len})"
+        )
+    return extra
+
+
+@contextlib.contextmanager
+def lengthened_memory(model, extra: int):
+    """Within the block, the memory of `model` keeps `extra` more positions (`evaluation_memory`)."""
+    if not extra:
+        yield
+        return
+    config = unwrapped(model).config
+    config.mem_len += extra
+    try:
+        yield
+    finally:
+        config.mem_len -= extra

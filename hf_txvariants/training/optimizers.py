@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -46,10 +48,68 @@ def build_optimizer(name: str, model, lr: float, weight_decay: float, clip_norm:
     )
 
 
-def build_schedule(name: str, optimizer, warmup_steps: int, max_steps: int):
-    """`cosine`: linear warm-up, then cosine decay to 0 at `max_steps`; `constant`: linear warm-up, then constant."""
-    from transformers import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+# The learning-rate schedules of `txv train --lr-schedule`, as the rate of optimiser step k + 1 (k steps taken) over
+# --lr. The originals' are reproduced as their scripts step them (kimiyoung/transformer-xl pytorch/train.py sets the
+# warm-up rate after each step and steps its scheduler with `train_step`; facebookresearch/adaptive-span's trainer.py
+# steps its LambdaLR before each optimiser step), so each step runs at the rate the original gave it.
+LR_SCHEDULES = {
+    "cosine": "linear warm-up (step k + 1 at k / W), then cosine decay from the end of the warm-up to --eta-min at "
+    "--max-steps",
+    "constant": "linear warm-up (step k + 1 at k / W), then constant",
+    "transformer-xl": "kimiyoung/transformer-xl train.py --scheduler cosine: the first step at --lr, step k + 1 at "
+    "k / W during the warm-up, then CosineAnnealingLR counted from step 0 to --max-steps, down to --eta-min",
+    "transformer-xl-inv-sqrt": "train.py --scheduler inv_sqrt: step k + 1 at k / W^1.5 up to W, then 1 / sqrt(k) "
+    "(the first step at --lr when W is 0)",
+    "transformer-xl-constant": "train.py --scheduler constant: the first step at --lr, step k + 1 at k / W during the "
+    "warm-up, then the last warm-up rate, (W - 1) / W (train.py never sets --lr again)",
+    "adaptive-span": "facebookresearch/adaptive-span: step k at min(1, k / W) (its LambdaLR is stepped before the "
+    "optimiser), then constant",
+}
+SCHEDULES_WITH_FLOOR = ("cosine", "transformer-xl")  # those --eta-min applies to
 
-    if name == "constant":
-        return get_constant_schedule_with_warmup(optimizer, warmup_steps)
-    return get_cosine_schedule_with_warmup(optimizer, warmup_steps, max_steps)
+
+def lr_factor(name: str, warmup_steps: int, max_steps: int, floor: float = 0.0):
+    """The schedule `name` (LR_SCHEDULES) as a function of the optimiser steps taken, k, giving the rate of the next
+    step over the peak rate; `floor` is --eta-min over the peak rate."""
+    if name not in LR_SCHEDULES:
+        raise ValueError(f"unknown learning-rate schedule {name!r}; known: {', '.join(LR_SCHEDULES)}")
+    if floor and name not in SCHEDULES_WITH_FLOOR:
+        raise ValueError(
+            f"a learning-rate floor (--eta-min) applies to {' and '.join(SCHEDULES_WITH_FLOOR)}, not {name}"
+        )
+    warmup = warmup_steps
+
+    def cosine(progress: float) -> float:
+        return floor + (1.0 - floor) * (0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    def factor(k: int) -> float:
+        if name in ("cosine", "constant"):  # transformers' get_cosine / get_constant_schedule_with_warmup
+            if k < warmup:
+                return float(k) / float(max(1, warmup))
+            if name == "constant":
+                return 1.0
+            return max(0.0, cosine(float(k - warmup) / float(max(1, max_steps - warmup))))
+        if name == "adaptive-span":
+            return min(1.0, (k + 1) / warmup) if warmup > 0 else 1.0
+        if name == "transformer-xl-inv-sqrt":
+            if k == 0 and warmup == 0:
+                return 1.0
+            return 1.0 / (k**0.5) if k > warmup else k / (warmup**1.5)
+        # train.py's cosine and constant: the optimiser starts at --lr; after step k, a warm-up rate is set if k < W
+        if k == 0:
+            return 1.0
+        if k < warmup:
+            return k / warmup
+        if name == "transformer-xl-constant":
+            return (warmup - 1) / warmup if warmup > 1 else 1.0
+        return cosine(k / max_steps)
+
+    return factor
+
+
+def build_schedule(name: str, optimizer, warmup_steps: int, max_steps: int, eta_min: float = 0.0):
+    """The schedule `name` (LR_SCHEDULES) of `optimizer`, stepped once after each optimiser step; `eta_min` is the
+    cosine schedules' floor, in learning-rate units."""
+    peak = optimizer.param_groups[0]["lr"]
+    factor = lr_factor(name, warmup_steps, max_steps, eta_min / peak if eta_min else 0.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

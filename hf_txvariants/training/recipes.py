@@ -196,10 +196,13 @@ def _transfo_xl_recipe(key: str) -> Recipe:
         clip_norm=script["clip"],
         optimizer="adamw",
         weight_decay=0.0,
-        lr_schedule="cosine",
+        lr_schedule="transformer-xl",
+        eta_min=script["eta_min"],
+        data_order="transformer-xl",
         seed=script["seed"],
         eval_every=script["eval_interval"],
         eval_batch_size=TRANSFO_XL_EVAL_BATCH_SIZE,
+        eval_seg_len=script["eval_tgt_len"],
     )
     extra = dict(
         head_dim=script["d_head"],
@@ -220,19 +223,10 @@ def _transfo_xl_recipe(key: str) -> Recipe:
         extra.update(cutoffs=[])
     evaluation = script["eval"]
     size = key.split("-")[1]
-    differences = ["Adam is AdamW with --weight-decay 0 (the same update)"]
-    if script["eval_tgt_len"] != script["tgt_len"]:
-        differences.append(
-            f"validation during training uses segments of --seg-len ({script['tgt_len']}); the "
-            f"original's are eval_tgt_len {script['eval_tgt_len']} long, with the memory lengthened "
-            "by tgt_len - eval_tgt_len"
-        )
-    if script["warmup_step"]:
-        differences.append(
-            "after the warm-up the original's cosine runs from step 0 of max_step (CosineAnnealingLR "
-            "stepped at train_step), txv's from the end of the warm-up: the same curve within "
-            f"{script['warmup_step']} steps"
-        )
+    differences = [
+        "Adam is AdamW with --weight-decay 0 (the same update)",
+        "txv keeps the last model (OUT/model); train.py keeps the model of the best validation and tests that one",
+    ]
     return Recipe(
         name=f"transfo-xl-{key}",
         source=f"{TRANSFO_XL_REPO} pytorch/run_{dataset}_{size}.sh train (+ pytorch/train.py defaults)",
@@ -279,7 +273,8 @@ def _adaptive_span_recipe(preset: str) -> Recipe:
         clip_norm=flags["grad_clip"],
         optimizer="adagrad",
         weight_decay=0.0,
-        lr_schedule="constant",
+        lr_schedule="adaptive-span",
+        data_order="adaptive-span",
         eval_every=flags["nb_batches_per_iter"],
     )
     config.pop("vocab_size")
