@@ -78,8 +78,15 @@ class AdaptiveEmbedding(nn.Module):
         order = torch.argsort(clusters, stable=True)
         tokens_per_cluster = torch.bincount(clusters, minlength=len(self.bounds)).tolist()
         pieces = zip(self.bounds, self.emb_layers, self.emb_projs, flat_ids[order].split(tokens_per_cluster))
+        # a cluster without tokens stays out of the graph: its parameters get no gradient (None, not zeros), so an
+        # optimiser leaves them as they are, as the original code does (a zero gradient would still move them by
+        # Adam's momentum)
         projected = torch.cat(
-            [nn.functional.linear(layer(ids - start), projection) for (start, _), layer, projection, ids in pieces]
+            [
+                nn.functional.linear(layer(ids - start), projection)
+                for (start, _), layer, projection, ids in pieces
+                if len(ids)
+            ]
         )
         # in the activation dtype (autocast's for the projection): never a float32 buffer for bf16/fp16 rows
         embeddings = projected.new_empty(projected.shape).index_copy(0, order, projected)
@@ -207,6 +214,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 token_log_probs = token_log_probs + tail_log_probs
             else:
                 rows = in_cluster.nonzero().squeeze(1)
+                if not len(rows):  # no target in the cluster: its parameters stay out of the graph (no gradient)
+                    continue
                 tail_log_probs = self._tail_log_probs(hidden[rows], safe_targets[rows], cluster, layers)
                 token_log_probs = token_log_probs.index_add(0, rows, tail_log_probs)
         return -token_log_probs.masked_fill(~valid, 0.0)

@@ -41,6 +41,7 @@ from .models import (
     check_text_variant,
     evaluation_memory,
     init_memory,
+    leaves_parameters_unused,
     lengthened_memory,
     load_model,
     objective_forward,
@@ -212,6 +213,12 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     optimizer = build_optimizer(args.optimizer, model, args.lr, args.weight_decay, args.clip_norm)
     scheduler = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps, args.eta_min)
     if sharded is None:
+        if leaves_parameters_unused(model) and accelerator.ddp_handler is None:
+            # a tail cluster absent from a rank's rows leaves its parameters out of that rank's graph; DDP must then
+            # look for them (and leaves a parameter unused on every rank without a gradient, as one process would)
+            from accelerate.utils import DistributedDataParallelKwargs
+
+            accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     else:  # no DDP wrapper; the model and optimizer shards are checkpointed by the hooks below
         scheduler = accelerator.prepare(scheduler)

@@ -383,3 +383,10 @@ def lengthened_memory(model, extra: int):
         yield
     finally:
         config.mem_len -= extra
+
+
+def leaves_parameters_unused(model) -> bool:
+    """Whether a training step of `model` can leave some parameters out of the graph: an adaptive input or softmax
+    evaluates a tail cluster only for the tokens in it (`txv_adaptive_softmax`), so a batch without them gives its
+    parameters no gradient, as the original code does."""
+    return bool(getattr(unwrapped(model).config, "cutoffs", None))
