@@ -276,21 +276,21 @@ ADAPTIVE_SPAN_PATCHES = (
         "    set_up_env(env_params)\n",
         "    set_up_env(env_params)\n    import json, os, random\n"
         "    _seed = int(os.environ.get('TXV_PARITY_SEED', '0'))\n"
-        "    torch.manual_seed(_seed)\n    random.seed(_seed)\n"
-        "    if os.environ.get('TXV_PARITY_DTYPE') == 'float64':\n"
-        "        torch.set_default_dtype(torch.float64)\n",
+        "    torch.manual_seed(_seed)\n    random.seed(_seed)\n",
         "record",
-        "the original seeds nothing: torch (the initialisation, dropout) and `random` (its data offsets) are "
-        "seeded; a float64 run builds everything in float64",
+        "the original seeds nothing: torch (the initialisation, dropout) and `random` (its data offsets) are seeded",
     ),
     Patch(
         "main.py",
         "    # OPTIMIZER AND SCHEDULER\n",
         "    if os.environ.get('TXV_PARITY_INIT'):\n"
         "        torch.save({'iter_no': -1, 'model': model.state_dict()}, os.environ['TXV_PARITY_INIT'])\n"
+        "    if os.environ.get('TXV_PARITY_DTYPE') == 'float64':\n"
+        "        model = model.double()\n        torch.set_default_dtype(torch.float64)\n"
         "    # OPTIMIZER AND SCHEDULER\n",
         "record",
-        "save the initial weights as its save_checkpoint saves them",
+        "save the initial weights as its save_checkpoint saves them; a float64 run casts the model after its "
+        "(float32) initialisation and makes its caches in float64",
     ),
     Patch(
         "main.py",

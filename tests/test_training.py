@@ -289,11 +289,11 @@ def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     flags = list(TINY_FLAGS)
     flags[flags.index("--n-layer") + 1] = "3"
     err = _error_line(capsys, ["train", "--output-dir", out, "--max-steps", "4", "--resume", "latest"] + flags)
-    assert "cannot resume" in err and "num_hidden_layers=2 in the checkpoint, 3 now" in err
+    assert "cannot resume" in err and "--n-layer 2 in the checkpoint, 3 now" in err
     flags = list(TINY_FLAGS)
     flags[flags.index("--seg-len") + 1] = "8"
     err = _error_line(capsys, ["train", "--output-dir", out, "--max-steps", "4", "--resume", "latest"] + flags)
-    assert "cannot resume" in err and "seg_len" in err
+    assert "cannot resume" in err and "--seg-len 16 in the checkpoint, 8 now" in err
 
 
 @pytest.mark.parametrize("variant", ["transfo-xl", "txv_gtrxl", "txv_adaptive_span", "txv_vanilla"])

@@ -43,17 +43,22 @@ def _train_args(args):
 
 
 def _train(args):
+    from ..training.arguments import mark_given
+
+    given = getattr(args, "given_flags", set())
     if args.recipe is not None:
-        from ..training.recipes import describe_recipe, list_recipes, recipe_train_args
+        from ..training.recipes import describe_recipe, list_recipes, recipe_given_fields, recipe_train_args
 
         if args.recipe == "list":
             print(list_recipes())
             return
-        given = getattr(args, "given_flags", set())
         train_args = recipe_train_args(args.recipe, **{name: getattr(args, name) for name in given})
         print(describe_recipe(args.recipe, train_args, given))
+        # a recipe's settings are asked for as much as the flags: with --model each is applied, refused or equal
+        given = given | recipe_given_fields(args.recipe)
     else:
         train_args = _train_args(args)  # validated (a bad number names its flag) before anything is loaded
+    mark_given(train_args, given)
     if args.trainer:
         from ..training.trainer import train_with_trainer
 
@@ -286,7 +291,7 @@ def main(argv=None) -> int:
 
     def command():
         args = build_parser().parse_args(argv)
-        if getattr(args, "recipe", None) is not None:
+        if getattr(args, "command", None) == "train":
             args.given_flags = given_train_fields(argv)
         return args.func(args)
 

@@ -155,3 +155,36 @@ def config_kwargs(arch: dict, flags: dict) -> dict:
             adapt_span_cache=flags["adapt_span_cache"],
         )
     return kwargs
+
+
+def train_settings_from_flags(flags: dict) -> tuple[dict, dict]:
+    """`txv train` settings of a run of the original's trainer with `flags` (`parse_original_flags`): TrainArgs
+    fields (its Adagrad and warm-up, its data order, 1000-step iterations as the validation interval) and the config
+    fields beyond them. The recipes and the trainer-parity benchmark use it; a flag `txv train` cannot honour is a
+    ValueError naming it."""
+    if flags["optim"] != "adagrad":  # the scripts all use adagrad; `txv train` offers no SGD with momentum
+        raise ValueError(f"the original's --optim {flags['optim']} has no txv train equivalent (adagrad only)")
+    config = config_kwargs(architecture_from_flags(flags, vocab_size=0), flags)
+    config.pop("vocab_size")
+    train_args = dict(
+        variant="txv_adaptive_span_original",
+        n_layer=config.pop("num_hidden_layers"),
+        d_model=config.pop("hidden_size"),
+        n_head=config.pop("num_attention_heads"),
+        d_inner=config.pop("intermediate_size", None),
+        dropout=config.pop("dropout"),
+        seg_len=flags["block_size"],
+        mem_len=0,
+        batch_size=flags["batch_size"],
+        grad_accum=flags["batch_split"],
+        lr=flags["lr"],
+        warmup_steps=flags["lr_warmup"],
+        max_steps=flags["nb_iter"] * flags["nb_batches_per_iter"],
+        clip_norm=flags["grad_clip"],
+        optimizer="adagrad",
+        weight_decay=0.0,
+        lr_schedule="adaptive-span",
+        data_order="adaptive-span",
+        eval_every=flags["nb_batches_per_iter"],
+    )
+    return train_args, config

@@ -4,6 +4,7 @@ transformers' `HfArgumentParser`), validated on construction so that a bad value
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import typing
@@ -233,3 +234,181 @@ def size_fields(args: TrainArgs) -> dict:
 
 def flag_name(name: str) -> str:
     return name.replace("_", "-")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What a flag does when the weights come from --model (or from a checkpoint, --resume): every TrainArgs field has one
+# role (tests/test_train_flags.py walks them all), so that no flag is ever dropped without a word.
+# * architecture: the model's shape; compared with the loaded config (its field named here) and refused when it
+#   differs, before any work;
+# * setting: a config field that changes how the model runs or trains, not what its weights are: the model is built
+#   with the flag's value (`from_pretrained(..., field=value)`) and the change is said once;
+# * run: read by the training loop itself, whatever made the model.
+ARCHITECTURE_FLAGS = {
+    "variant": "model_type",
+    "d_model": "hidden_size",
+    "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "d_inner": "intermediate_size",
+}
+SETTING_FLAGS = {"mem_len": "mem_len", "dropout": "dropout"}
+# --extra-config fields that may differ between the run that made the weights and a run that starts from them,
+# besides every dropout: memory, position and loss settings, the kernels chosen. Any other field is the model's
+# architecture (or its initialisation, which a loaded model has done already): a new value is refused.
+COMMON_SETTINGS = frozenset({"use_cache", "pad_token_id", "bos_token_id", "eos_token_id"})
+VARIANT_SETTINGS = {
+    "transfo-xl": {"mem_len", "clamp_len", "same_length", "same_length_extra_key", "memory_init", "adapt_span_loss"},
+    "txv_gtrxl": {"mem_len", "clamp_len", "same_length", "same_length_extra_key", "memory_init", "adapt_span_loss"},
+    "txv_adaptive_span": {"mem_len", "memory_init", "adapt_span_loss"},
+    "txv_adaptive_span_original": {"block_size", "adapt_span_loss", "adapt_span_cache"},
+    "txv_vanilla": {"intermediate_loss_weight", "future_target_loss_weight", "loss_on_all_positions"},
+    "txv_universal": {"act_loss_weight"},
+    "txv_act_rnn": {"act_loss_weight"},
+    "txv_sparse_transformer": {"pattern_implementation", "gradient_checkpointing_min_layers"},
+    "txv_image_transformer": {"pattern_implementation"},
+    "txv_reformer": {"num_hashes", "hash_seed", "chunk_size_lm_head"},
+}
+# run fields that do not change the trajectory of the training losses (a resumed run may change them)
+UNTRACKED_RUN_FLAGS = frozenset(
+    {
+        "output_dir",
+        "resume",
+        "model",
+        "token_cache",
+        "eval_every",
+        "eval_batch_size",
+        "eval_segments",
+        "eval_seg_len",
+        "valid_data",
+        "save_every",
+        "tensorboard",
+        "progress",
+        "save_model",
+        "cpu",
+    }
+)
+
+
+def config_setting_names(model_type: str) -> frozenset:
+    """The config fields of `model_type` that a run may change on trained weights (see VARIANT_SETTINGS)."""
+    return COMMON_SETTINGS | VARIANT_SETTINGS.get(model_type, frozenset())
+
+
+def is_config_setting(model_type: str, name: str) -> bool:
+    return name in config_setting_names(model_type) or "dropout" in name
+
+
+def given_fields(args: TrainArgs) -> set[str]:
+    """The fields the user set: those named on the command line (`mark_given`), else (the Python API) those that
+    differ from their defaults."""
+    marked = getattr(args, "_given", None)
+    if marked is not None:
+        return set(marked)
+    defaults = TrainArgs()
+    return {f.name for f in dataclasses.fields(TrainArgs) if getattr(args, f.name) != getattr(defaults, f.name)}
+
+
+def mark_given(args: TrainArgs, names) -> TrainArgs:
+    """Records which fields were set explicitly (the command line's flags, a recipe's settings)."""
+    args._given = frozenset(names)
+    return args
+
+
+@dataclasses.dataclass
+class LoadedModelPlan:
+    """What a run from saved weights changes in their config: `overrides` for `from_pretrained`, and one line per
+    change to say."""
+
+    overrides: dict
+    changes: list[str]
+
+
+def plan_flags(
+    args: TrainArgs, config, source: str, given: set[str] | None = None, loaded: bool = True
+) -> LoadedModelPlan:
+    """Checks every flag the user gave (`given`) against `config`, the config of the weights in `source` (--model,
+    `loaded`), or the one built from the flags: an architecture flag that differs from the checkpoint's is refused,
+    and so is, for loaded weights, a flag the variant has no field for (one ModelError naming each flag, its value and
+    the checkpoint's; for a new model such a flag is said instead); a setting is planned as a `from_pretrained`
+    override and said; a value equal to the checkpoint's is accepted silently."""
+    from .models import ModelError
+
+    given = given_fields(args) if given is None else given
+    model_type = config.model_type
+    # the fields the variant's config declares (a PretrainedConfig answers for some it does not have, e.g.
+    # num_hidden_layers)
+    declared = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set(vars(config))
+    refusals, overrides, changes = [], {}, []
+
+    def check(flag: str, name: str, value, setting: bool):
+        if name == "model_type":
+            current = model_type
+        elif name not in declared:
+            if name == "mem_len" and value == 0:  # "no memory" for a variant without one
+                return
+            if loaded:
+                refusals.append(f"{flag} {value!r}: {model_type} has no {name}")
+            else:  # a flag shared by a family of runs: said, not an error
+                changes.append(f"{flag} {value!r} does not apply: {model_type} has no {name}")
+            return
+        else:
+            current = getattr(config, name)
+        if value == current:
+            return
+        if setting:
+            overrides[name] = value
+            changes.append(f"{name} {current!r} -> {value!r} from {flag}")
+        else:
+            kind = "changes the model" if name == "model_type" else "would change the weights"
+            refusals.append(f"{flag} {value!r} contradicts {source}'s {name} {current!r} ({kind})")
+
+    for field_name in sorted(given):
+        flag = f"--{flag_name(field_name)}"
+        if field_name in ARCHITECTURE_FLAGS:
+            check(flag, ARCHITECTURE_FLAGS[field_name], getattr(args, field_name), setting=False)
+        elif field_name in SETTING_FLAGS:
+            check(flag, SETTING_FLAGS[field_name], getattr(args, field_name), setting=True)
+        elif field_name == "seg_len":
+            if model_type == "txv_adaptive_span_original":  # the block length it trains and evaluates with
+                check(flag, "block_size", args.seg_len, setting=True)
+            longest = getattr(config, "max_position_embeddings", None)
+            if model_type != "txv_reformer" and longest is not None and args.seg_len > longest:
+                refusals.append(f"--seg-len {args.seg_len} is longer than {source}'s max_position_embeddings {longest}")
+    if "extra_config" in given:
+        aliases = getattr(type(config), "attribute_map", {})
+        for key, value in args.extra_config.items():
+            name = aliases.get(key, key)
+            check(f"--extra-config {key}", name, value, setting=is_config_setting(model_type, name))
+    if refusals:
+        hint = " (drop the flag, or train a new model without --model)" if loaded else ""
+        raise ModelError("; ".join(refusals) + hint)
+    return LoadedModelPlan(overrides, changes)
+
+
+def resume_differences(saved_args: dict, args: TrainArgs) -> list[str]:
+    """The trajectory flags (every field but UNTRACKED_RUN_FLAGS and --max-steps, which only lengthens or shortens the
+    run: `resume_length_note`) whose value differs from the run being resumed (`saved_args`: its TrainArgs as saved
+    in run_state.json); a field the saved run did not have yet is compared with its default."""
+    defaults = TrainArgs()
+    diffs = []
+    for f in dataclasses.fields(TrainArgs):
+        if f.name in UNTRACKED_RUN_FLAGS or f.name == "max_steps":
+            continue
+        saved = saved_args.get(f.name, getattr(defaults, f.name))
+        now = getattr(args, f.name)
+        if f.name == "extra_config":
+            saved, now = dict(saved or {}), dict(now)
+        if saved != now:
+            diffs.append(f"--{flag_name(f.name)} {saved!r} in the checkpoint, {now!r} now")
+    return diffs
+
+
+def resume_length_note(saved_args: dict, args: TrainArgs) -> str | None:
+    """What a resumed run with another --max-steps does to a schedule that depends on it (said once), or None."""
+    saved = saved_args.get("max_steps", args.max_steps)
+    if saved == args.max_steps or args.lr_schedule not in SCHEDULES_WITH_FLOOR:
+        return None
+    return (
+        f"--max-steps {saved} -> {args.max_steps}: the {args.lr_schedule} schedule runs over {args.max_steps} steps "
+        f"from the resumed step on (the steps before ran on a schedule of {saved})"
+    )

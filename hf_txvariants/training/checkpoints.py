@@ -13,23 +13,10 @@ from pathlib import Path
 import torch
 
 from ..txv_files import atomic_write_bytes, explained_write_errors, replace_directory
-from .arguments import TrainArgs
+from .arguments import TrainArgs, resume_differences, resume_length_note
 from .models import ModelError, memory_state, unwrapped
 
 PARTIAL_SUFFIX = ".partial"  # checkpoints/.step-N.partial: a checkpoint being written (ignored by a resume)
-
-# Fields of the run that must not change on resume (the data order and memory layout depend on them).
-RESUME_FIELDS = (
-    "batch_size",
-    "seg_len",
-    "grad_accum",
-    "seed",
-    "data",
-    "valid_fraction",
-    "data_config",
-    "train_split",
-    "valid_split",
-)
 
 
 def config_fingerprint(config) -> dict:
@@ -138,8 +125,30 @@ def load_checkpoint(accelerator, candidates: list[Path], args, config, memories)
     raise ModelError("no checkpoint to resume from")
 
 
-def check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
+def check_resume_args(checkpoint: Path, args: TrainArgs) -> dict:
+    """Refuses to resume from `checkpoint` with a flag that changes the trajectory of the run (every flag but the
+    output, logging and evaluation ones: `resume_differences`), naming each; and a checkpoint of the loop before the
+    originals' data orders (its rows and epochs differ). Returns the checkpoint's run state."""
     state = json.loads((checkpoint / "run_state.json").read_text())
+    if "data_order" not in state["args"]:
+        raise ModelError(
+            f"cannot resume from {checkpoint}: it was written by a txv train from before --data-order, whose rows "
+            "and epochs differ from today's (the run would not go on as it began); start the run again"
+        )
+    diffs = resume_differences(state["args"], args)
+    if diffs:
+        raise ModelError(f"cannot resume from {checkpoint}: the run differs: " + "; ".join(diffs))
+    return state
+
+
+def resume_note(checkpoint: Path, args: TrainArgs) -> str | None:
+    """`resume_length_note` for the run of `checkpoint`."""
+    return resume_length_note(json.loads((checkpoint / "run_state.json").read_text())["args"], args)
+
+
+def check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
+    """`check_resume_args`, then the model config and the number of processes against the checkpoint's."""
+    state = check_resume_args(checkpoint, args)
     saved = state["config"]
     current = config_fingerprint(config)
     diffs = [
@@ -149,15 +158,11 @@ def check_resume(checkpoint: Path, args: TrainArgs, config, world_size: int):
     ]
     if diffs:
         raise ModelError(f"cannot resume from {checkpoint}: the model config differs: " + "; ".join(diffs[:4]))
-    run_diffs = [
-        f"{k}={state['args'].get(k)!r} in the checkpoint, {getattr(args, k)!r} now"
-        for k in RESUME_FIELDS
-        if state["args"].get(k) != getattr(args, k)
-    ]
     if state.get("world_size", 1) != world_size:
-        run_diffs.append(f"{state.get('world_size')} processes in the checkpoint, {world_size} now")
-    if run_diffs:
-        raise ModelError(f"cannot resume from {checkpoint}: the run differs: " + "; ".join(run_diffs))
+        raise ModelError(
+            f"cannot resume from {checkpoint}: the run differs: {state.get('world_size')} processes in the "
+            f"checkpoint, {world_size} now"
+        )
     return state
 
 

@@ -20,13 +20,15 @@ import torch
 
 from ..txv_files import atomic_directory, folder_lock
 from . import distributed
-from .arguments import TrainArgs, size_fields
+from .arguments import TrainArgs, given_fields, plan_flags, size_fields
 from .checkpoints import (
     PARTIAL_SUFFIX,
     check_resume,
+    check_resume_args,
     complete_checkpoints,
     drop_tied_weights,
     load_checkpoint,
+    resume_note,
     save_checkpoint,
 )
 from .data import DataError, segment_stream
@@ -43,6 +45,7 @@ from .models import (
     init_memory,
     leaves_parameters_unused,
     lengthened_memory,
+    load_config,
     load_model,
     objective_forward,
     set_training_progress,
@@ -152,13 +155,21 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         if not candidates or not (candidates[0] / "run_state.json").exists():
             raise DataError(f"no checkpoint to resume from at {args.resume if args.resume != 'latest' else output_dir}")
     checkpoint = candidates[0] if candidates else None
+    given = given_fields(args)
+    # every flag is applied, refused or equal to the model's: checked on the config before any work
     if args.model:
         check_model_source(args.model)
+        flag_plan = plan_flags(args, load_config(args.model), args.model, given)
     else:
         check_text_variant(args.variant)
-        build_config(
-            args.variant, 1 << 30, **{**size_fields(args), **args.extra_config}
-        )  # bad fields fail before any work
+        config = build_config(args.variant, 1 << 30, **{**size_fields(args), **args.extra_config})  # bad fields fail
+        flag_plan = plan_flags(args, config, f"a new {args.variant} model", given, loaded=False)
+    if checkpoint:
+        check_resume_args(checkpoint, args)
+    if accelerator.is_main_process:
+        for line in flag_plan.changes + ([resume_note(checkpoint, args)] if checkpoint else []):
+            if line:
+                distributed.announce(f"{args.model or 'txv train'}: {line}")
 
     # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer), tokenised once into
     # the token cache: rank 0 first, then the other ranks map the same files
@@ -191,7 +202,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     set_seed(args.seed)
     dtype = getattr(torch, args.dtype)
     if args.model:
-        model = load_model(args.model, dtype=dtype)
+        model = load_model(args.model, dtype=dtype, **flag_plan.overrides)
         config = model.config
         if config.vocab_size < len(tokenizer):
             raise ModelError(

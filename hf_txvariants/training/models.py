@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..txv_compat import output_cache
+from ..txv_precision import at_least_float32
 
 
 class ModelError(ValueError):
@@ -343,7 +344,7 @@ def lm_forward(model, inputs: torch.Tensor, targets: torch.Tensor, memory=None, 
         loss = mean * targets.numel() if reduction == "sum" else mean
         return loss, (output_cache(output) if memory is not None else None)
     output = model(input_ids=inputs, **kwargs)
-    logits = output.logits.float()
+    logits = output.logits.to(at_least_float32(output.logits.dtype))  # float64 stays float64
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction)
     return loss, (output_cache(output) if memory is not None else None)
 
@@ -390,3 +391,16 @@ def leaves_parameters_unused(model) -> bool:
     evaluates a tail cluster only for the tokens in it (`txv_adaptive_softmax`), so a batch without them gives its
     parameters no gradient, as the original code does."""
     return bool(getattr(unwrapped(model).config, "cutoffs", None))
+
+
+def load_config(path: str | Path):
+    """The config of a saved model folder or Hub repo (`check_model_source` first), without its weights."""
+    from transformers import AutoConfig
+
+    import hf_txvariants  # noqa: F401  (registers the variants)
+
+    check_model_source(path)
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelError(f"could not read the config of {path}: {_first_line(error)}") from None

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .adaptive_span_flags import PRESETS, architecture_from_flags, config_kwargs, parse_original_flags
+from .adaptive_span_flags import PRESETS, parse_original_flags, train_settings_from_flags
 from .data import DataError
+from .transfo_xl_flags import train_py_settings
 
 TRANSFO_XL_REPO = "kimiyoung/transformer-xl"
 ADAPTIVE_SPAN_REPO = "facebookresearch/adaptive-span"
@@ -38,10 +39,6 @@ TRANSFO_XL_TRAIN_DEFAULTS = dict(
     pre_lnorm=False,
     optim="adam",
 )
-# pytorch/train.py: `eval_batch_size = 10`, and the adaptive softmax of --dataset wt103: cutoffs [20000, 40000,
-# 200000], `tie_projs = [False] + [True] * len(cutoffs)`.
-TRANSFO_XL_EVAL_BATCH_SIZE = 10
-TRANSFO_XL_WT103_CUTOFFS = [20000, 40000, 200000]
 
 # pytorch/run_enwik8_base.sh (run_text8_base.sh sets the same flags)
 _ENWIK8_BASE = dict(
@@ -179,48 +176,9 @@ class Recipe:
 def _transfo_xl_recipe(key: str) -> Recipe:
     script = {**TRANSFO_XL_TRAIN_DEFAULTS, **TRANSFO_XL_SCRIPTS[key]}
     dataset = script["dataset"]
-    train_args = dict(
-        variant="transfo-xl",
-        tokenizer=TOKENIZERS[dataset],
-        n_layer=script["n_layer"],
-        d_model=script["d_model"],
-        n_head=script["n_head"],
-        d_inner=script["d_inner"],
-        dropout=script["dropout"],
-        seg_len=script["tgt_len"],
-        mem_len=script["mem_len"],
-        batch_size=script["batch_size"],
-        lr=script["lr"],
-        warmup_steps=script["warmup_step"],
-        max_steps=script["max_step"],
-        clip_norm=script["clip"],
-        optimizer="adamw",
-        weight_decay=0.0,
-        lr_schedule="transformer-xl",
-        eta_min=script["eta_min"],
-        data_order="transformer-xl",
-        seed=script["seed"],
-        eval_every=script["eval_interval"],
-        eval_batch_size=TRANSFO_XL_EVAL_BATCH_SIZE,
-        eval_seg_len=script["eval_tgt_len"],
-    )
-    extra = dict(
-        head_dim=script["d_head"],
-        attention_dropout=script["dropatt"],
-        clamp_len=script["clamp_len"],
-        same_length=script["same_length"],
-        pre_lnorm=script["pre_lnorm"],
-        init=script["init"],
-        initializer_range=script["init_std"],
-        proj_init_std=script["proj_init_std"],
-        init_range=script["init_range"],
-        memory_init="empty",
-    )
-    if script.get("adaptive"):
-        cutoffs = list(TRANSFO_XL_WT103_CUTOFFS)
-        extra.update(cutoffs=cutoffs, div_val=script["div_val"], tie_projs=[False] + [True] * len(cutoffs))
-    else:
-        extra.update(cutoffs=[])
+    # the one mapping of train.py's options onto txv train (training/transfo_xl_flags.py)
+    settings = train_py_settings({name: value for name, value in script.items() if name != "eval"})
+    train_args, extra = settings.train_args, settings.extra_config
     evaluation = script["eval"]
     size = key.split("-")[1]
     differences = [
@@ -252,32 +210,8 @@ def _transfo_xl_recipe(key: str) -> Recipe:
 def _adaptive_span_recipe(preset: str) -> Recipe:
     spec = PRESETS[preset]
     flags, _ = parse_original_flags(spec["flags"].split(), error_class=DataError)
-    if flags["optim"] != "adagrad":  # the scripts all use adagrad; `txv train` offers no SGD with momentum
-        raise DataError(f"adaptive-span preset {preset}: --optim {flags['optim']} has no txv train equivalent")
-    config = config_kwargs(architecture_from_flags(flags, vocab_size=0), flags)
-    train_args = dict(
-        variant="txv_adaptive_span_original",
-        tokenizer=TOKENIZERS[spec["data"]],
-        n_layer=config.pop("num_hidden_layers"),
-        d_model=config.pop("hidden_size"),
-        n_head=config.pop("num_attention_heads"),
-        d_inner=config.pop("intermediate_size", None),
-        dropout=config.pop("dropout"),
-        seg_len=flags["block_size"],
-        mem_len=0,
-        batch_size=flags["batch_size"],
-        grad_accum=flags["batch_split"],
-        lr=flags["lr"],
-        warmup_steps=flags["lr_warmup"],
-        max_steps=flags["nb_iter"] * flags["nb_batches_per_iter"],
-        clip_norm=flags["grad_clip"],
-        optimizer="adagrad",
-        weight_decay=0.0,
-        lr_schedule="adaptive-span",
-        data_order="adaptive-span",
-        eval_every=flags["nb_batches_per_iter"],
-    )
-    config.pop("vocab_size")
+    train_args, config = train_settings_from_flags(flags)
+    train_args["tokenizer"] = TOKENIZERS[spec["data"]]
     differences = [
         "mem_len 0: the model keeps its own cache of past hidden states (attn_span, trimmed by adapt_span_cache)",
         "the original validates on a fixed number of batches after every iteration of --nbatches steps; txv on the "
@@ -355,6 +289,12 @@ def recipe_train_args(name: str, **overrides):
     return TrainArgs(**{**values, "extra_config": extra})
 
 
+def recipe_given_fields(name: str) -> set[str]:
+    """The TrainArgs fields recipe `name` sets (its config fields count as `extra_config`)."""
+    recipe = get_recipe(name)
+    return set(recipe.train_args) | ({"extra_config"} if recipe.extra_config or recipe.config_follows else set())
+
+
 def describe_recipe(name: str, args=None, given: set[str] = frozenset()) -> str:
     """The recipe in full, one block: its source, every TrainArgs field (marked where the command line overrides the
     recipe, or where neither sets it), the config fields, the original's optimisation, what differs, how the
@@ -396,4 +336,12 @@ def list_recipes() -> str:
     return "\n".join(f"{recipe.name}: {recipe.source}" for recipe in RECIPES.values())
 
 
-__all__ = ["RECIPES", "Recipe", "describe_recipe", "get_recipe", "list_recipes", "recipe_train_args"]
+__all__ = [
+    "RECIPES",
+    "Recipe",
+    "describe_recipe",
+    "get_recipe",
+    "list_recipes",
+    "recipe_given_fields",
+    "recipe_train_args",
+]
