@@ -348,3 +348,13 @@ def test_txv_serve_has_every_flag_of_transformers_serve_with_its_default():
         expected = getattr(parameter.default, "value", parameter.default)  # the reasoning mode is an enum
         assert defaults[name] == expected, name
     assert all(action.help for action in built._actions)
+
+
+def test_without_the_serving_dependencies_the_command_says_which_extra_to_install(monkeypatch, capsys):
+    monkeypatch.setattr(txv_serve, "SERVE_MODULES", (*txv_serve.SERVE_MODULES, "no_such_module_txv"))
+    assert main(["serve", "--port", "1"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (
+        "txv: error: txv serve needs transformers' serving dependencies (no_such_module_txv missing): "
+        "pip install 'hf-txvariants[serve]'"
+    )

@@ -38,10 +38,10 @@ def add_parser(sub, name: str, help_text: str):
         name,
         help=help_text,
         description="transformers' OpenAI-compatible server (`transformers serve`) with the plugin's causal LMs "
-        "loadable: POST /v1/completions (stream too), /v1/chat/completions (tokenizers with a chat template), "
-        "/v1/responses; GET /v1/models, /health. Every flag is `transformers serve`'s own, passed to it unchanged; "
-        "what a variant cannot take is refused naming the variant and the flag. Needs the serve extra: "
-        "pip install 'hf-txvariants[serve]'.",
+        "loadable: POST /v1/completions (streamed too) and /v1/chat/completions (where the tokenizer has a chat "
+        "template), with transformers serve's other endpoints (GET /v1/models, /health, ...). Every flag is "
+        "`transformers serve`'s own, passed to it unchanged; what a variant cannot take is refused naming the "
+        "variant and the flag. Needs the serve extra: pip install 'hf-txvariants[serve]'.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(serve)
@@ -93,11 +93,14 @@ def add_arguments(parser):
         default=300,
         help="seconds before an idle model is unloaded (-1: never); ignored when MODEL is given",
     )
-    batching = parser.add_argument_group(
-        "continuous batching (transformers serve's; refused for every variant: paged attention needs attention "
-        "that runs through transformers' attention interface and a key/value cache, which the variants do not have)"
+    batching = parser.add_argument_group("continuous batching (transformers serve's; refused for every variant)")
+    batching.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        help="continuous batching with paged attention; refused for every variant (paged attention needs attention "
+        "that runs through transformers' attention interface over a key/value cache, which the variants do not "
+        "have); so is every --cb-* flag",
     )
-    batching.add_argument("--continuous-batching", action="store_true", help="continuous batching, paged attention")
     batching.add_argument("--cb-block-size", type=int, default=None, help="KV cache block size in tokens")
     batching.add_argument("--cb-num-blocks", type=int, default=None, help="number of KV cache blocks")
     batching.add_argument("--cb-max-batch-tokens", type=int, default=None, help="maximum tokens per batch")
