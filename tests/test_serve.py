@@ -172,13 +172,15 @@ def test_every_causal_variant_completes_as_generate_does(client, folders, model_
 
 
 @pytest.mark.slow
-def test_transformer_xl_carries_its_memory_past_a_prompt_longer_than_mem_len(client, folders):
+def test_transformer_xl_past_its_memory_length_answers_as_generate_does(client, folders):
+    """A prompt, and a completion, longer than mem_len: the server runs generate() on the whole prompt (nothing cut to
+    the memory's window), which carries the model's MemoryCache from the prompt on, one token per step against it
+    (what that memory holds is tested in tests/test_generation_step.py; random weights cannot show it in text)."""
     folder = folders["transfo-xl"]
     config = AutoModelForCausalLM.from_pretrained(folder).config
     prompt = PROMPT * 2
     assert config.mem_len < len(prompt) and config.mem_len < 2 * NEW_TOKENS
     answer = client.completions.create(model=folder, prompt=prompt, max_tokens=2 * NEW_TOKENS, temperature=0)
-    # generate() keeps the model's MemoryCache from the prompt on, one token per step against it
     assert answer.choices[0].text == _direct_completion(folder, prompt, 2 * NEW_TOKENS)
     assert answer.usage.prompt_tokens == len(prompt)
 
