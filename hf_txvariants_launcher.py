@@ -37,9 +37,16 @@ COMMANDS = {
         "`txv convert NAME --help`",
         "hf_txvariants.cli.convert:add_parser",
     ),
+    "serve": (
+        "transformers' OpenAI-compatible server (`transformers serve`) for the plugin's causal LMs "
+        "(needs the serve extra)",
+        "hf_txvariants.cli.serve:add_parser",
+    ),
 }
 
-DESCRIPTION = "hf-txvariants: train, evaluate, share, convert, demo. Add --debug anywhere to see a traceback on error."
+DESCRIPTION = (
+    "hf-txvariants: train, evaluate, share, convert, serve, demo. Add --debug anywhere to see a traceback on error."
+)
 
 
 def version() -> str:
