@@ -1,5 +1,5 @@
 """The `txv` command: `txv demo`, `txv train`, `txv eval`, `txv push`, `txv convert`, `txv refresh-code`,
-`txv upgrade-legacy`.
+`txv upgrade-legacy`, `txv serve`.
 
 Every expected failure (a bad argument, a missing, corrupt or unsafe file, an offline Hub, a bad number) ends with one
 line `txv: error: <what and where>` and exit status 2; `--debug` (anywhere on the line) shows the traceback instead."""
