@@ -186,5 +186,6 @@ def train_settings_from_flags(flags: dict) -> tuple[dict, dict]:
         lr_schedule="adaptive-span",
         data_order="adaptive-span",
         eval_every=flags["nb_batches_per_iter"],
+        eval_batch_size=flags["batch_size"],  # its validation data is cut into the training batch's rows
     )
     return train_args, config

@@ -313,17 +313,19 @@ class CorpusEncoder:
     `np.fromiter` (the same Python `split` and `lower` as the original, no bytecode per token). Another fast tokenizer
     encodes with its Rust backend (`encode_batch`, pieces in parallel); a slow one with its own `__call__`."""
 
-    FORMAT = 1  # bump when the way ids are produced changes
+    FORMAT = 2  # bump when the way ids are produced changes (2: a last line without a newline gets its <eos>)
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
         self.dtype = np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.int32)
-        self.line_ends = _is_word_level_transfo_xl(tokenizer)  # a newline is `<eos>`; the text ends with one
-        self.backend = None if self.line_ends else getattr(tokenizer, "backend_tokenizer", None)
+        self.word_level = word_level = _is_word_level_transfo_xl(tokenizer)
+        # a newline is `<eos>` (the originals' line-by-line readers): the text ends with one, as their last line does
+        self.line_ends = word_level or _newline_is_eos(tokenizer)
+        self.backend = None if word_level else getattr(tokenizer, "backend_tokenizer", None)
         self.utf8_bytes = self.backend is not None and _is_byte_tokenizer(self.backend)  # ids = the text's bytes
         digest = hashlib.sha256(json.dumps({"format": self.FORMAT, "class": type(tokenizer).__name__}).encode())
-        if self.line_ends:
+        if word_level:
             self._words = dict(tokenizer.sym2idx)
             self._eos = tokenizer.eos_token
             if self._eos not in self._words:
@@ -344,7 +346,7 @@ class CorpusEncoder:
 
     def encode(self, block: str) -> np.ndarray:
         """The ids of one block of text (1-D, `self.dtype`)."""
-        if self.line_ends:
+        if self.word_level:
             return self._encode_words(block)
         if self.utf8_bytes:
             return np.frombuffer(block.encode("utf-8"), dtype=np.uint8).astype(self.dtype)
@@ -387,6 +389,18 @@ def _is_byte_tokenizer(backend) -> bool:
     """Whether `backend` is `build_byte_tokenizer`'s (its whole pipeline, and a literal special token kept as bytes),
     whose ids are the UTF-8 bytes of the text: encoded by `str.encode` then, 100x faster than its Rust pipeline."""
     return backend.encode_special_tokens and backend.to_str() == _byte_backend_json()
+
+
+def _newline_is_eos(tokenizer) -> bool:
+    """Whether `tokenizer` turns a newline into its end-of-sequence token (a converted word-level vocabulary of the
+    originals, whose readers end every line, the last one included, with `<eos>`)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return False
+    try:
+        return tokenizer("\n", add_special_tokens=False)["input_ids"] == [eos]
+    except Exception:  # a tokenizer that cannot encode this text at all
+        return False
 
 
 def _is_word_level_transfo_xl(tokenizer) -> bool:
