@@ -363,3 +363,30 @@ def test_example_scripts_run(tmp_path, capsys):
         == 0
     )
     assert "accuracy on 8 held-out examples" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["transformer-xl", "adaptive-span"])
+def test_the_trainer_path_follows_the_loops_trajectory_in_float64(tmp_path, order):
+    """`txv train --trainer` (MemoryTrainer) and the Accelerate loop on the same flags: the same rows, passes (an epoch
+    or a restart is crossed), memory, optimiser, schedule with its warm-up and clipping give the same weights, in
+    float64 (dropout 0). rtol 1e-12: both sides run the same model, optimiser and clipping code; only the order in
+    which autograd accumulates a few gradients may differ (a rounding of float64 per step at most)."""
+    from safetensors.torch import load_file
+
+    from hf_txvariants.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text((TEXT + "\n") * 6)
+    flags = ["--data", str(text), "--d-model", "16", "--n-layer", "2", "--n-head", "2", "--mem-len", "8"]
+    flags += ["--seg-len", "8", "--batch-size", "4", "--max-steps", "30", "--warmup-steps", "4", "--dropout", "0"]
+    flags += ["--lr-schedule", "transformer-xl", "--data-order", order, "--dtype", "float64", "--eval-every", "0"]
+    flags += ["--eval-batch-size", "2", "--no-tensorboard", "--no-progress", "--token-cache", str(tmp_path / "c")]
+    assert main(["train", "--output-dir", str(tmp_path / "loop"), *flags]) == 0
+    assert main(["train", "--trainer", "--output-dir", str(tmp_path / "trainer"), *flags]) == 0
+    loop = load_file(tmp_path / "loop" / "model" / "model.safetensors")
+    trainer = load_file(tmp_path / "trainer" / "model" / "model.safetensors")
+    assert set(loop) == set(trainer)
+    for name, weights in loop.items():
+        assert weights.dtype == torch.float64
+        torch.testing.assert_close(trainer[name], weights, rtol=1e-12, atol=1e-15, msg=name)

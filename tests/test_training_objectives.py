@@ -232,7 +232,7 @@ def test_memory_trainer_optimises_the_objective_and_logs_its_parts(tmp_path):
     lm_losses, losses = [], []
     with torch.no_grad():
         for batch in trainer.get_eval_dataloader():
-            output = model(input_ids=batch["input_ids"], labels=batch["labels"])
+            output = model(input_ids=batch["input_ids"], shift_labels=batch["shift_labels"])
             lm_losses.append(float(output.lm_loss))
             losses.append(float(output.loss))
     # the mean of the batches' next-token parts (equal batches), not of their objectives

@@ -392,14 +392,16 @@ def _is_byte_tokenizer(backend) -> bool:
 
 
 def _newline_is_eos(tokenizer) -> bool:
-    """Whether `tokenizer` turns a newline into its end-of-sequence token (a converted word-level vocabulary of the
-    originals, whose readers end every line, the last one included, with `<eos>`)."""
+    """Whether `tokenizer`'s pipeline turns a newline into its end-of-sequence token (a converted word-level vocabulary
+    of the originals, whose readers end every line, the last one included, with `<eos>`). Asked of the Rust backend
+    itself: the tokenizer's own call would set the backend's options."""
     eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if eos is None or backend is None:
         return False
     try:
-        return tokenizer("\n", add_special_tokens=False)["input_ids"] == [eos]
-    except Exception:  # a tokenizer that cannot encode this text at all
+        return backend.encode("\n", add_special_tokens=False).ids == [eos]
+    except Exception:  # a vocabulary without an unknown token cannot encode what it lacks
         return False
 
 

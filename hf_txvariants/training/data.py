@@ -487,29 +487,52 @@ def segment_stream(
 
 
 class SegmentDataset(torch.utils.data.Dataset):
-    """The segments of one pass of a stream as examples for `Trainer`, ordered so that consecutive batches of
-    `batch_size` examples (read in order, see `OrderedSegmentSampler`) continue the same rows: example
-    `i * batch_size + r` is segment `i` of row `r`. Each example: `input_ids` and `labels` (= input_ids; the model
-    shifts them), int64. Examples are read from the tokens when asked for (a memory-mapped cache stays on disk)."""
+    """A stream's segments as examples for `Trainer`, ordered so that consecutive batches of `num_rows` examples (read
+    in order, see `OrderedSegmentSampler`) continue the same rows: example `i * num_rows + r` is step `i`'s segment of
+    row `r`. Without `steps`, the steps are one pass from the rows' start (an evaluation); with `steps`, the first
+    `steps` training steps of `SegmentStream.plan` (epochs, restarts), as `txv train` reads them.
 
-    def __init__(self, stream: SegmentStream):
-        self.stream = stream
+    Each example: `input_ids` and `shift_labels` (the next tokens, the one after the segment included: every token of
+    the stream is predicted once, as in `txv train`), int64, and with `steps` `fresh_memory` (True on the first step
+    of a pass, where `MemoryTrainer` starts the memory afresh). Examples are read from the tokens when asked for (a
+    memory-mapped cache stays on disk)."""
+
+    def __init__(self, stream: SegmentStream, steps: int | None = None):
+        self.stream, self.steps = stream, steps
 
     def __len__(self) -> int:
-        return self.stream.num_segments * self.stream.num_rows
+        return (self.stream.num_segments if self.steps is None else self.steps) * self.stream.num_rows
+
+    def plan(self, step: int) -> SegmentPlan:
+        if self.steps is not None:
+            return self.stream.plan(step)
+        start = step * self.stream.seg_len
+        return SegmentPlan(start, min(self.stream.seg_len, self.stream.row_length - 1 - start), step == 0)
 
     def __getitem__(self, index: int) -> dict:
         if not 0 <= index < len(self):
             raise IndexError(f"segment example {index} out of range (0 .. {len(self) - 1})")
-        segment, row = divmod(index, self.stream.num_rows)
-        start = segment * self.stream.seg_len
-        ids = self.stream.window(row, start, min(self.stream.seg_len, self.stream.row_length - 1 - start))
-        return {"input_ids": ids, "labels": ids.clone()}
+        step, row = divmod(index, self.stream.num_rows)
+        plan = self.plan(step)
+        both = self.stream.window(row, plan.start, plan.length + 1)
+        example = {"input_ids": both[:-1], "shift_labels": both[1:]}
+        if self.steps is not None:
+            example["fresh_memory"] = torch.tensor(plan.fresh_memory)
+        return example
 
 
-def segment_dataset(tokens, batch_size: int, seg_len: int, name: str = "corpus") -> SegmentDataset:
-    """A `SegmentDataset` of `tokens` cut into `batch_size` rows (see `segment_stream`) for `Trainer`."""
-    return SegmentDataset(segment_stream(tokens, batch_size, seg_len, name=name))
+def segment_dataset(
+    tokens,
+    batch_size: int,
+    seg_len: int,
+    name: str = "corpus",
+    order: str = "transformer-xl",
+    seed: int = 0,
+    steps: int | None = None,
+) -> SegmentDataset:
+    """A `SegmentDataset` of `tokens` cut into `batch_size` rows (see `segment_stream`) for `Trainer`: one pass, or
+    the first `steps` training steps in `order`."""
+    return SegmentDataset(segment_stream(tokens, batch_size, seg_len, name=name, order=order, seed=seed), steps)
 
 
 def num_tokens_for(num_steps: int, global_batch: int, seg_len: int) -> int:

@@ -32,6 +32,7 @@ from .models import (
 
 logger = logging.getLogger(__name__)
 MEMORY_FILE = "txv_memory_rank{rank}.pt"
+SEGMENT_COLUMNS = ("shift_labels", "fresh_memory")  # what a `segment_dataset` example holds besides input_ids
 
 
 class OrderedSegmentSampler(Sampler):
@@ -109,6 +110,12 @@ class MemoryTrainer(Trainer):
         except ModelError as error:
             raise ModelError(f"cannot resume from {checkpoint}: {error}") from None
 
+    def _set_signature_columns_if_needed(self):
+        """Trainer keeps only the columns the model's forward names; a `segment_dataset` example's targets come as
+        `shift_labels` (the forward's **kwargs) and its `fresh_memory` is this class's own: both are kept."""
+        super()._set_signature_columns_if_needed()
+        self._signature_columns += [name for name in SEGMENT_COLUMNS if name not in self._signature_columns]
+
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         return OrderedSegmentSampler(dataset, self._train_batch_size)
@@ -124,7 +131,11 @@ class MemoryTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         training = model.training
+        inputs = dict(inputs)
+        fresh = inputs.pop("fresh_memory", None)  # a new pass over the rows (`segment_dataset(..., steps=N)`)
         if uses_memory(model):
+            if training and fresh is not None and bool(fresh.any()):
+                self.train_memory = None  # it starts afresh, as in `txv train`
             memory = self._memory_for(model, inputs["input_ids"].shape[0], training)
             # only the loss is needed: without the logits an adaptive softmax evaluates only the targets' clusters
             head_options = getattr(self.accelerator.unwrap_model(model), "head_options", ())
@@ -158,7 +169,7 @@ class MemoryTrainer(Trainer):
         super().log(logs, *args, **kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        if not uses_memory(model):
+        if not uses_memory(model) and "shift_labels" not in inputs:  # Trainer finds only `labels`
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
         inputs = self._prepare_inputs(inputs)
         with torch.no_grad():
@@ -210,67 +221,78 @@ class MemoryTrainer(Trainer):
 
 def train_with_trainer(args) -> dict:
     """`txv train --trainer`: the run of a `TrainArgs` with transformers' Trainer (MemoryTrainer, one process) instead
-    of the Accelerate loop; the model and tokenizer are saved to OUTPUT_DIR/model. Returns the final metrics."""
+    of the Accelerate loop, on the same trajectory: the same model (seeded the same way, --dtype), rows, segments
+    and passes (`segment_dataset(..., steps=max_steps)`), optimiser, schedule and clipping; the flags checked the
+    same way against --model. The model and tokenizer are saved to OUTPUT_DIR/model. Returns the final metrics."""
+    from accelerate.utils import set_seed
     from transformers import TrainingArguments
 
     from ..txv_files import atomic_directory
+    from .arguments import given_fields, plan_flags, size_fields
     from .data import segment_dataset
     from .distributed import announce, fsdp_requested
     from .loop import hold_output_dir
-    from .models import build_config, build_model, check_model_source, check_text_variant, load_model
+    from .models import build_config, build_model, check_model_source, check_text_variant, load_config, load_model
+    from .optimizers import build_optimizer, build_schedule
     from .token_cache import plan_corpus
 
-    if args.resume:
-        raise ModelError(
-            "--resume applies to the Accelerate loop; with --trainer, resume with Trainer's "
-            "`train(resume_from_checkpoint=...)`"
-        )
+    refusals = {
+        "--resume": (args.resume, "resume with Trainer's `train(resume_from_checkpoint=...)`"),
+        "--grad-accum": (args.grad_accum > 1, "Trainer's accumulation would carry one memory over several rows"),
+        "--eval-seg-len": (
+            args.eval_seg_len not in (None, args.seg_len),
+            "validation with a lengthened memory is the Accelerate loop's",
+        ),
+        f"--optimizer {args.optimizer}": (args.optimizer != "adamw", "Trainer clips the global gradient norm"),
+    }
+    for flag, (refused, why) in refusals.items():
+        if refused:
+            raise ModelError(f"{flag} is offered by the Accelerate loop only ({why}): drop --trainer")
     if fsdp_requested():  # Trainer would hand FSDP to Accelerate, which runs DDP on CPU: refuse rather than pretend
         raise ModelError(
             "--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an FSDP config"
         )
-    if args.optimizer != "adamw":
-        raise ModelError(f"--optimizer {args.optimizer} is offered by the Accelerate loop only: drop --trainer")
+    given = given_fields(args)
     if args.model:
         check_model_source(args.model)
+        flag_plan = plan_flags(args, load_config(args.model), args.model, given)
     else:
         check_text_variant(args.variant)
+        config = build_config(args.variant, 1 << 30, **{**size_fields(args), **args.extra_config})
+        flag_plan = plan_flags(args, config, f"a new {args.variant} model", given, loaded=False)
+    for line in flag_plan.changes:
+        announce(f"{args.model or 'txv train'}: {line}")
     # the same token cache as the Accelerate loop
     corpus = plan_corpus(args, args.model).prepare(warn=announce, inform=announce if args.progress else None)
     tokenizer = corpus.tokenizer
+    set_seed(args.seed)  # before the model is made, as the Accelerate loop does
+    dtype = getattr(torch, args.dtype)
     if args.model:
-        model = load_model(args.model)
+        model = load_model(args.model, dtype=dtype, **flag_plan.overrides)
         if model.config.vocab_size < len(tokenizer):
             raise ModelError(
                 f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {model.config.vocab_size}"
             )
     else:
-        config = build_config(
-            args.variant,
-            len(tokenizer),
-            d_model=args.d_model,
-            n_layer=args.n_layer,
-            n_head=args.n_head,
-            d_inner=args.d_inner,
-            mem_len=args.mem_len,
-            seg_len=args.seg_len,
-            dropout=args.dropout,
-            **args.extra_config,
-        )
+        config = build_config(args.variant, len(tokenizer), **{**size_fields(args), **args.extra_config})
         config.eos_token_id = tokenizer.eos_token_id
-        model = build_model(config)
-    train_set = segment_dataset(corpus.train_ids, args.batch_size, args.seg_len, name="the training text")
-    valid_set = segment_dataset(corpus.valid_ids, args.eval_batch_size, args.seg_len, name="the validation text")
+        model = build_model(config).to(dtype)
+    order = dict(order=args.data_order, seed=args.seed)
+    train_set = segment_dataset(
+        corpus.train_ids, args.batch_size, args.seg_len, "the training text", steps=args.max_steps, **order
+    )
+    valid_set = segment_dataset(
+        corpus.valid_ids, args.eval_batch_size, args.seg_len, "the validation text", order=args.data_order
+    )
+    optimizer = build_optimizer(args.optimizer, model, args.lr, args.weight_decay, args.clip_norm)
+    schedule = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps, args.eta_min)
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=args.eval_batch_size,
-        learning_rate=args.lr,
+        learning_rate=args.lr,  # the optimiser and its schedule are `txv train`'s own (below)
         max_steps=args.max_steps,
-        warmup_steps=args.warmup_steps,
         max_grad_norm=args.clip_norm,
-        lr_scheduler_type="cosine" if args.lr_schedule == "cosine" else "constant_with_warmup",
-        weight_decay=args.weight_decay,
         eval_strategy="steps" if args.eval_every else "no",
         eval_steps=args.eval_every or None,
         logging_steps=10,
@@ -284,7 +306,13 @@ def train_with_trainer(args) -> dict:
         disable_tqdm=not args.progress,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
-    trainer = MemoryTrainer(model=model, args=training_args, train_dataset=train_set, eval_dataset=valid_set)
+    trainer = MemoryTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_set,
+        eval_dataset=valid_set,
+        optimizers=(optimizer, schedule),
+    )
     with contextlib.ExitStack() as held:  # one run per output folder, as in the Accelerate loop
         hold_output_dir(Path(args.output_dir), held)
         trainer.train()
