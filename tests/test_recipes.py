@@ -258,3 +258,14 @@ def test_per_parameter_clipped_adagrad_is_adaptive_spans_update():
         expected_sum = optimizer.state[large]["sum"]
         scale = 1.0 / (float((gradient * 10).norm()) + 1e-10)
         torch.testing.assert_close(before - large.detach(), 0.1 * scale * gradient * 10 / (expected_sum.sqrt() + 1e-10))
+
+
+def test_the_adaptive_span_flags_txv_train_cannot_honour_are_refused_by_name():
+    from hf_txvariants.training.adaptive_span_flags import parse_original_flags, train_settings_from_flags
+
+    flags, _ = parse_original_flags(["--optim", "adagrad", "--adapt-io"])
+    with pytest.raises(ValueError, match="--adapt-io .* has no txv_adaptive_span_original field"):
+        train_settings_from_flags(flags)
+    flags, _ = parse_original_flags(["--optim", "sgd"])
+    with pytest.raises(ValueError, match="--optim sgd has no txv train equivalent"):
+        train_settings_from_flags(flags)

@@ -164,6 +164,10 @@ def train_settings_from_flags(flags: dict) -> tuple[dict, dict]:
     ValueError naming it."""
     if flags["optim"] != "adagrad":  # the scripts all use adagrad; `txv train` offers no SGD with momentum
         raise ValueError(f"the original's --optim {flags['optim']} has no txv train equivalent (adagrad only)")
+    if flags["adapt_io_enabled"]:  # no experiment script uses it
+        raise ValueError(
+            "the original's --adapt-io (its adaptive input and output) has no txv_adaptive_span_original field"
+        )
     config = config_kwargs(architecture_from_flags(flags, vocab_size=0), flags)
     config.pop("vocab_size")
     train_args = dict(
