@@ -41,6 +41,7 @@ from .policy import make_policy
 from .ppo import PPOSettings
 
 try:
+    from ray.rllib.callbacks.callbacks import RLlibCallback
     from ray.rllib.core.columns import Columns
     from ray.rllib.core.rl_module.apis.value_function_api import ValueFunctionAPI
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
@@ -291,6 +292,20 @@ def memory_module_spec(body: str, observation_space, action_space, **config) -> 
     )
 
 
+# where `EpisodeReturns` logs: `result["env_runners"][EPISODE_RETURNS]`
+EPISODE_RETURNS = "txv_episode_returns"
+
+
+class EpisodeReturns(RLlibCallback):
+    """Logs the return of every episode that ends, whole (RLlib hands an episode cut by its sample calls over in
+    chunks), so that `result["env_runners"][EPISODE_RETURNS]` lists those of the iteration, from every env runner:
+    what POPGym's MMER (`TrainingHistory.mmer`) is computed from. `PPOConfig().callbacks(EpisodeReturns)`."""
+
+    def on_episode_end(self, *, episode, prev_episode_chunks=None, metrics_logger=None, **kwargs):
+        episode_return = episode.get_return() + sum(chunk.get_return() for chunk in prev_episode_chunks or ())
+        metrics_logger.log_value(EPISODE_RETURNS, float(episode_return), reduce="item_series")
+
+
 def ppo_training_settings(settings: PPOSettings, num_envs: int) -> dict:
     """`PPOConfig.training(**...)` arguments for the PPO of `settings` (`train_ppo`'s) with `num_envs` environments
     in all: the same batch (`rollout_steps x num_envs` steps), epochs, minibatches, learning rate and entropy
@@ -325,7 +340,10 @@ def ppo_training_settings(settings: PPOSettings, num_envs: int) -> dict:
 
 
 __all__ = [
+    "EPISODE_RETURNS",
     "RLLIB_BODIES",
+    "CarriedMemory",
+    "EpisodeReturns",
     "MemoryRLModule",
     "check_model_config",
     "check_rllib_spaces",
