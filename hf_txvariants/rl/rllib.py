@@ -106,42 +106,34 @@ def check_model_config(model_config: dict) -> dict:
     }
 
 
-def _space_starts_at_zero(space) -> bool:
-    return not np.any(np.asarray(space.start))
-
-
 def check_rllib_spaces(observation_space, action_space):
-    """Refuses, naming it, a space the module cannot take through RLlib: those `MemoryPolicy` refuses (see
-    `make_policy`), and actions RLlib's distributions number or shape otherwise (a Discrete or MultiDiscrete not
-    counted from 0: RLlib samples codes from 0; a Box of more than one dimension: RLlib's Gaussian is flat)."""
+    """Refuses, naming it, an action space the module cannot take through RLlib (the observation spaces are those
+    `MemoryPolicy` takes, which `make_policy` checks): a Discrete or MultiDiscrete not counted from 0 (RLlib's
+    categorical distributions sample codes from 0), and a Box: RLlib's env runners rescale a Box's actions from
+    [-1, 1] to its bounds by default (`normalize_actions`), where MemoryPolicy's Gaussian is in the space's own units,
+    so a policy trained through RLlib would act otherwise once saved."""
     import gymnasium as gym
 
-    if isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
-        if not _space_starts_at_zero(action_space):
-            raise ValueError(
-                f"action_space {action_space} does not start at 0: RLlib's categorical distributions sample codes "
-                "from 0; shift the actions with an ActionWrapper"
-            )
-    elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) != 1:
+    if isinstance(action_space, gym.spaces.Box):
         raise ValueError(
-            f"action_space {action_space} has shape {action_space.shape}: RLlib's Gaussian gives flat actions; "
-            "flatten the actions with an ActionWrapper"
+            f"action_space {action_space}: Box actions are not taken through RLlib (its env runners rescale them from "
+            "[-1, 1] unless normalize_actions=False, while MemoryPolicy's Gaussian is in the space's units); train "
+            "them with train_ppo"
+        )
+    if isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(action_space.start):
+        raise ValueError(
+            f"action_space {action_space} does not start at 0: RLlib's categorical distributions sample codes "
+            "from 0; shift the actions with an ActionWrapper"
         )
 
 
 def _rllib_action_distribution(action_space):
     import gymnasium as gym
-    from ray.rllib.core.distribution.torch.torch_distribution import (
-        TorchCategorical,
-        TorchDiagGaussian,
-        TorchMultiCategorical,
-    )
+    from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorical, TorchMultiCategorical
 
     if isinstance(action_space, gym.spaces.Discrete):
         return TorchCategorical
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
-        return TorchMultiCategorical.get_partial_dist_cls(space=action_space, input_lens=list(action_space.nvec))
-    return TorchDiagGaussian
+    return TorchMultiCategorical.get_partial_dist_cls(space=action_space, input_lens=list(action_space.nvec))
 
 
 # The memory as the module's state (RLlib's STATE_IN / STATE_OUT): the policy's snapshot, batch first. These two are
@@ -201,6 +193,8 @@ class MemoryRLModule(TorchRLModule, ValueFunctionAPI):
 
     def setup(self):
         self.policy = _build_policy(dict(self.model_config or {}), self.observation_space, self.action_space)
+        # RLlib's Learner connector cuts the learning segments at model_config["max_seq_len"]
+        self.model_config.setdefault("max_seq_len", PPOSettings().segment_length)
         self.action_dist_cls = _rllib_action_distribution(self.action_space)
         self.eval()  # (see `forward_exploration`); `forward_train` switches a Learner's module to training mode
         self.carried = CarriedMemory()
@@ -246,21 +240,16 @@ class MemoryRLModule(TorchRLModule, ValueFunctionAPI):
         memory, starting = resumed
         return self.policy(batch[Columns.OBS], memory, starting[:, None])
 
-    def _distribution_inputs(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.policy.action_kind != "box":
-            return logits
-        return torch.cat([logits, self.policy.log_std.expand_as(logits)], dim=-1)  # RLlib's Gaussian: [mean, log_std]
-
     def _forward(self, batch, **kwargs):
         out = self._act(batch)
         state_out = _memory_to_state(self.policy, out.state)
         self.carried.keep(out.state, state_out)
-        return {Columns.ACTION_DIST_INPUTS: self._distribution_inputs(out.logits), Columns.STATE_OUT: state_out}
+        return {Columns.ACTION_DIST_INPUTS: out.logits, Columns.STATE_OUT: state_out}
 
     def _forward_train(self, batch, **kwargs):
         out = self._run(batch)
         # the values, handed to `compute_values` as the "embeddings" RLlib passes it back
-        return {Columns.ACTION_DIST_INPUTS: self._distribution_inputs(out.logits), Columns.EMBEDDINGS: out.values}
+        return {Columns.ACTION_DIST_INPUTS: out.logits, Columns.EMBEDDINGS: out.values}
 
     def compute_values(self, batch, embeddings=None):
         if embeddings is not None:
@@ -282,7 +271,7 @@ def memory_module_spec(body: str, observation_space, action_space, **config) -> 
     num_attention_heads, intermediate_size, mem_len, gate_bias, ...; the GRU is matched to the GTrXL they describe),
     `episode_clock`, and `max_seq_len` (the learning segments, `PPOSettings.segment_length`'s counterpart; default
     its default). A key the module would not read, or a space it cannot take, is refused here by name."""
-    model_config = {"body": body, **config}
+    model_config = {"body": body, "max_seq_len": PPOSettings().segment_length, **config}
     _build_policy(model_config, observation_space, action_space)  # refuses here what the module would refuse
     return RLModuleSpec(
         module_class=MemoryRLModule,
