@@ -2,16 +2,19 @@
 (RLModule, Learner, EnvRunner). Needs Ray: `pip install "hf-txvariants[rllib]"`.
 
     from ray.rllib.algorithms.ppo import PPOConfig
-    from hf_txvariants.rl.rllib import memory_module_spec, ppo_training_settings
+    from ray.tune.registry import register_env
+    from hf_txvariants.rl import PPOSettings, make_env
+    from hf_txvariants.rl.rllib import EpisodeReturns, memory_module_spec, ppo_training_settings
 
-    envs = make_vector_env("RepeatPreviousMedium", 1)  # for the spaces
-    spec = memory_module_spec("gtrxl", envs.single_observation_space, envs.single_action_space, mem_len=32)
+    register_env("rpm", lambda _: make_env("RepeatPreviousMedium", previous_action=True))
+    env = make_env("RepeatPreviousMedium", previous_action=True)  # for its spaces
     config = (
         PPOConfig()
-        .environment(lambda _: make_env("RepeatPreviousMedium"))
+        .environment("rpm")
         .env_runners(num_env_runners=2, num_envs_per_env_runner=8)
-        .training(**ppo_training_settings(PPOSettings(segment_length=64), num_envs=16))
-        .rl_module(rl_module_spec=spec)
+        .training(**ppo_training_settings(PPOSettings(), num_envs=16))  # train_ppo's PPO settings
+        .rl_module(rl_module_spec=memory_module_spec("gtrxl", env.observation_space, env.action_space, mem_len=32))
+        .callbacks(EpisodeReturns)  # every finished episode's return: POPGym's MMER
     )
     algo = config.build_algo()
     algo.train()
@@ -22,7 +25,8 @@ memory as the module's state: the env runners carry it per environment from step
 `get_initial_state()` (an empty memory: what an episode start gives `MemoryPolicy`); the Learner re-runs each stored
 segment of at most `max_seq_len` steps from the memory stored when acting reached its start, as `train_ppo` learns
 (truncated back-propagation from the memory computed while acting). RLlib cuts its segments at episode ends (zero
-padding the last one, masked out of the loss), where `train_ppo`'s run across them with `episode_starts`.
+padding the last one, masked out of the loss), where `train_ppo`'s run across them with `episode_starts`: with short
+episodes, a `max_seq_len` near their length keeps the padding small (benchmarks/results/rllib.md).
 
 The actor and the critic share the memory body, as in `train_ppo`; PPO's `vf_share_layers` (which PPOConfig always
 passes) is not read. Any other `model_config` key the module does not read is refused by name, as are the spaces it
