@@ -234,6 +234,8 @@ def main(argv=None):
 
     import torch
 
+    from hf_txvariants.txv_files import atomic_write_bytes
+
     torch.set_num_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; load {load()}", flush=True)
     records = []
@@ -268,7 +270,7 @@ def main(argv=None):
                         + record["card_metadata"].replace("\n", "\n    "),
                         flush=True,
                     )
-                Path(args.output).write_text(json.dumps(records, indent=1))
+                atomic_write_bytes(Path(args.output), json.dumps(records, indent=1).encode())  # after every run
     print("\n" + table(records))
     return records
 

@@ -116,6 +116,34 @@ def test_learning_on_a_stored_segment_sees_what_acting_saw(kind, action):
     assert values.shape == (len(segments), length)
 
 
+def test_the_carried_memory_follows_the_weights_rllib_syncs_in():
+    """After `set_state` (how RLlib moves the Learner's weights to an env runner) the module goes on from its carried
+    memory with the new weights: the same outputs as from the memory rebuilt from STATE_IN."""
+    torch.manual_seed(0)
+    module, learner = build_module("gtrxl"), build_module("gtrxl")
+    observations = torch.rand(10, 2, 3) * 2 - 1
+    starts = torch.zeros(10, 2, dtype=torch.bool)
+    starts[0] = True
+    _, states_in = act_as_rllib(module, observations[:8], starts[:8])
+    step = {Columns.OBS: observations[7][:, None], Columns.STATE_IN: batch_of(states_in[7])}
+    module.carried = CarriedMemory()  # carry the memory of step 7 from here on
+    state_out = {k: v.numpy() for k, v in module.forward_exploration(step)[Columns.STATE_OUT].items()}
+    module.set_state(learner.get_state())
+    following = {
+        Columns.OBS: observations[8][:, None],
+        Columns.STATE_IN: batch_of(
+            [{name: value[row].copy() for name, value in state_out.items()} for row in range(2)]
+        ),
+    }
+    assert module.carried.resume(following[Columns.STATE_IN], module.initial_state_tensors) is not None
+    carried = module.forward_exploration(following)[Columns.ACTION_DIST_INPUTS]
+    module.carried = CarriedMemory()
+    rebuilt = module.forward_exploration(following)[Columns.ACTION_DIST_INPUTS]
+    torch.testing.assert_close(carried, rebuilt, atol=1e-5, rtol=1e-5)
+    learner.carried = CarriedMemory()
+    torch.testing.assert_close(learner.forward_exploration(following)[Columns.ACTION_DIST_INPUTS], rebuilt)
+
+
 def test_an_episode_start_forgets_the_past_and_the_memory_carries_it_otherwise():
     """The initial state (what RLlib gives a new episode) acts like a fresh module whatever the row saw before; a row
     that goes on from its STATE_OUT remembers (GTrXL)."""
