@@ -166,6 +166,7 @@ def test_an_episode_start_forgets_the_past_and_the_memory_carries_it_otherwise()
     assert (carried[logits][0] - carried[logits][1]).abs().max() > 1e-4
 
 
+@pytest.mark.exact
 def test_the_module_holds_make_policys_network_and_saves_in_memory_policy_format(tmp_path):
     """The module's policy is `make_policy`'s (the GRU matched to the GTrXL's parameters); `save_pretrained` writes
     MemoryPolicy's folder, which `MemoryPolicy.from_pretrained` loads with the same weights."""
@@ -285,17 +286,21 @@ def test_rllib_ppo_trains_two_iterations_with_the_module(tmp_path, monkeypatch):
         losses = [result["learners"]["default_policy"]["total_loss"] for result in results]
         assert all(np.isfinite(loss) for loss in losses), losses
         assert "evaluation" in results[1] and results[1]["evaluation"]["env_runners"]["num_episodes"] >= 4
+        # (the weights below are copies, equal bit for bit; a tolerance keeps this Ray test out of CI's reruns of the
+        # exact tests under other CPU kernels, where it would test nothing new: the update moves every weight it
+        # touches by far more, lr 5e-4 x several Adam steps)
         after = module.state_dict()
-        assert any(not torch.equal(before[name], after[name]) for name in before)
+        moved = max(float((before[name] - after[name]).abs().max()) for name in before)
+        assert moved > 1e-4, moved
         remote = algo.env_runner_group.foreach_env_runner(
             lambda runner: runner.module.get_state(), local_env_runner=False
         )[0]
         for name, tensor in after.items():
-            assert torch.equal(torch.from_numpy(np.array(remote[name])), tensor), name
+            torch.testing.assert_close(torch.from_numpy(np.array(remote[name])), tensor, atol=1e-7, rtol=0)
         algo.get_module().save_pretrained(tmp_path / "policy")
-        loaded = MemoryPolicy.from_pretrained(tmp_path / "policy")
+        loaded = MemoryPolicy.from_pretrained(tmp_path / "policy").state_dict()
         for name, tensor in module.policy.state_dict().items():
-            assert torch.equal(loaded.state_dict()[name], tensor), name
+            torch.testing.assert_close(loaded[name], tensor, atol=1e-7, rtol=0)
         algo.stop()
     finally:
         ray.shutdown()
