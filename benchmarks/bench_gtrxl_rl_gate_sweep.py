@@ -65,7 +65,8 @@ def run_arm(task: str, arm: str, seed: int, total_steps: int, learning_rate: flo
                 flush=True,
             )
 
-    settings = PPOSettings(total_steps=total_steps, learning_rate=learning_rate)
+    # segments of 16: the PPOSettings default when the stored runs were made (64 since)
+    settings = PPOSettings(total_steps=total_steps, learning_rate=learning_rate, segment_length=16)
     history = train_ppo(policy, envs, settings, seed=seed, log=log)
     envs.close()
     return {"task": task, "arm": arm, "seed": seed, "parameters": policy.num_parameters, **history.to_dict()}

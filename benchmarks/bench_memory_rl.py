@@ -54,7 +54,8 @@ def run_one(task: str, agent: str, seed: int, total_steps: int) -> dict:
     # the paper's b_g = 2, as in the stored runs (measured before make_policy's GTrXL defaulted to b_g = 0)
     fields = {"gate_bias": 2.0} if agent == "gtrxl" else {}
     policy = make_policy(agent, envs.single_observation_space, envs.single_action_space, **fields)
-    history = train_ppo(policy, envs, PPOSettings(total_steps=total_steps), seed=seed)
+    # segments of 16: the PPOSettings default when the stored runs were made (64 since)
+    history = train_ppo(policy, envs, PPOSettings(total_steps=total_steps, segment_length=16), seed=seed)
     envs.close()
     return {"task": task, "agent": agent, "seed": seed, "parameters": policy.num_parameters, **history.to_dict()}
 
@@ -177,7 +178,7 @@ def main(argv=None):
     }
     from hf_txvariants.rl import DEFAULT_GTRXL_FIELDS, PPOSettings
 
-    meta["ppo"] = asdict(PPOSettings())
+    meta["ppo"] = asdict(PPOSettings(segment_length=16))
     meta["gtrxl"] = DEFAULT_GTRXL_FIELDS
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(run_one, *job) for job in jobs]

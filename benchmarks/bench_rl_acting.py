@@ -13,7 +13,7 @@ episode starts the environment returned (RepeatPreviousEasy: episodes of 52 step
     python benchmarks/bench_rl_acting.py --no-ppo             # acting only
     python benchmarks/bench_rl_acting.py --task RepeatPreviousHard --mem-len 64 --segment-length 128
 
-`--mem-len` (GTrXL's memory, default 64) and `--segment-length` (the learning segments of both policies, default 16)
+`--mem-len` (GTrXL's memory, default 64) and `--segment-length` (the learning segments of both policies, default 64)
 measure the settings of a hard task of bench_memory_rl_hard.py: the GRU steps through a segment one time step at a
 time, GTrXL takes it in one pass, so the PPO loop's ratio depends on the segment length. `--hoisted-gru` adds a
 stronger GRU peer (`gru@hoisted`): the same GRU with a segment's input products out of its time loop.
@@ -180,7 +180,9 @@ def main(argv=None):
         "--mem-len", type=int, help="GTrXL's memory (default: make_policy's, 64); the GRU's size does not depend on it"
     )
     parser.add_argument(
-        "--segment-length", type=int, help="PPOSettings.segment_length of the timed train_ppo calls (default: 16)"
+        "--segment-length",
+        type=int,
+        help="PPOSettings.segment_length of the timed train_ppo calls (default: PPOSettings', 64; 16 before)",
     )
     parser.add_argument(
         "--hoisted-gru",

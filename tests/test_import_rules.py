@@ -7,7 +7,8 @@
   standard library (a tokenizer also its tokenization library, sacremoses): never `..`, never `hf_txvariants`,
   never the training / hub / cli / metrics subpackages;
 * nothing in the package imports the repository's `conversion` folder (the wheel installs it as
-  `hf_txvariants.converters`, reached only by `txv convert`)."""
+  `hf_txvariants.converters`, reached only by `txv convert`);
+* only `hf_txvariants.rl.rllib` imports Ray, and nothing in the package imports it (it needs the `rllib` extra)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,16 @@ def test_nothing_in_the_package_imports_conversion():
         if level == 0 and module.split(".")[0] == "conversion"
     ]
     assert offenders == []
+
+
+def test_only_rl_rllib_imports_ray_and_nothing_imports_it():
+    rllib = PACKAGE / "rl" / "rllib.py"
+    offenders = [
+        f"{path.relative_to(PACKAGE)}: {'.' * level}{module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != rllib
+        for level, module in imports(path)
+        if (level == 0 and module.split(".")[0] == "ray") or module.split(".")[-1] == "rllib"
+    ]
+    assert offenders == []
+    assert any(level == 0 and module.startswith("ray.rllib") for level, module in imports(rllib))  # the check sees it

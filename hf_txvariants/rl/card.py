@@ -46,7 +46,8 @@ def build_policy_card(policy, repo_id: str, task: str | None = None, mean_return
 # {repo_id.split("/")[-1]}
 
 A `hf_txvariants.rl.MemoryPolicy`: an actor-critic with a memory ({described}; {policy.num_parameters:,}
-parameters), trained with the segment PPO of `hf_txvariants.rl.train_ppo`. {task_line if task else ""}
+parameters), trained with PPO on stored segments (`hf_txvariants.rl.train_ppo`, or RLlib's PPO through
+`hf_txvariants.rl.rllib`). {task_line if task else ""}
 
 - observation space: `{policy.observation_space}`
 - action space: `{policy.action_space}`

@@ -28,7 +28,10 @@ from .policy import MemoryPolicy
 class PPOSettings:
     total_steps: int = 200_000  # environment steps, all envs together
     rollout_steps: int = 128  # steps per env between updates
-    segment_length: int = 16  # steps per stored segment (truncated back-propagation length)
+    # steps per stored segment (truncated back-propagation length). GTrXL learns a segment in one pass, the GRU one step
+    # after another: at 64 GTrXL's whole loop runs at least as fast as the matched GRU's (at 16 it ran at 0.59x;
+    # benchmarks/bench_rl_acting.py, model_cards/gtrxl.md "Acting speed"), and a segment holds a 64-step dependency
+    segment_length: int = 64
     epochs: int = 4
     minibatches: int = 4
     learning_rate: float = 5e-4
