@@ -31,7 +31,7 @@ CHECK_TEXT = 'The 2nd state-of-the-art model, 23,000 words long (1.80 m tall), w
 
 
 def add_parser(sub, name: str, help_text: str):
-    """`txv upgrade-legacy` (see hf_txvariants_launcher.COMMANDS)."""
+    """`txv upgrade-legacy` (see hf_txvariants_commands.COMMANDS)."""
     upgrade = sub.add_parser(name, help=help_text)
     add_arguments(upgrade)
     upgrade.set_defaults(func=run)
