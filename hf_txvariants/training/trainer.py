@@ -213,9 +213,9 @@ def train_with_trainer(args) -> dict:
     of the Accelerate loop; the model and tokenizer are saved to OUTPUT_DIR/model. Returns the final metrics."""
     from transformers import TrainingArguments
 
-    from ..txv_files import atomic_directory
     from .data import segment_dataset
     from .distributed import announce, fsdp_requested
+    from .folder_lock import locked_atomic_directory
     from .loop import hold_output_dir
     from .models import build_config, build_model, check_model_source, check_text_variant, load_model
     from .token_cache import plan_corpus
@@ -290,7 +290,7 @@ def train_with_trainer(args) -> dict:
         trainer.train()
         metrics = trainer.evaluate()
         if args.save_model:  # the whole folder or nothing: a full disk leaves the previous model/
-            with atomic_directory(Path(args.output_dir) / "model", keep_existing=False) as staging:
+            with locked_atomic_directory(Path(args.output_dir) / "model", keep_existing=False) as staging:
                 trainer.save_model(str(staging))
                 tokenizer.save_pretrained(staging)
     return metrics
