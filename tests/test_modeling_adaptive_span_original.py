@@ -25,19 +25,20 @@ from hf_txvariants import (
     SpanCache,
 )
 from hf_txvariants.txv_compat import output_cache
-from tiny_configs import TINY_CONFIGS
+from tiny_configs import DEFAULT, TINY_CONFIGS, tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original_models"
 META = json.loads((FIXTURES / "meta.json").read_text())
-TINY = TINY_CONFIGS["txv_adaptive_span_original"]
+
+
+SPAN_FIELDS = [name for name in TINY_CONFIGS["txv_adaptive_span_original"] if name.startswith("adapt_span")]
 
 
 class TestAdaptiveSpanOriginal(TxvModelTesterMixin):
-    config_class = AdaptiveSpanOriginalConfig
+    model_type = "txv_adaptive_span_original"
     model_classes = (AdaptiveSpanOriginalModel, AdaptiveSpanOriginalForCausalLM)
     causal_lm_class = AdaptiveSpanOriginalForCausalLM
-    tiny_config_kwargs = TINY
     has_memory = True
     supports_sdpa = False  # the soft mask multiplies the softmax output and renormalises, as the original
 
@@ -55,7 +56,7 @@ class TestAdaptiveSpanOriginal(TxvModelTesterMixin):
 class TestAdaptiveSpanOriginalTrimming(TestAdaptiveSpanOriginal):
     """Spans short enough for the original's 64-step trimming of keys and cache."""
 
-    tiny_config_kwargs = {**TINY, "attn_span": 140, "adapt_span_init": 0.05}
+    config_overrides = {"attn_span": 140, "adapt_span_init": 0.05}
 
     @pytest.mark.slow  # the same files as the first class
     def test_remote_code_loads_without_plugin(self, tmp_path):
@@ -63,7 +64,7 @@ class TestAdaptiveSpanOriginalTrimming(TestAdaptiveSpanOriginal):
 
 
 class TestAdaptiveSpanOriginalFixedSpan(TestAdaptiveSpanOriginal):
-    tiny_config_kwargs = {k: v for k, v in TINY.items() if not k.startswith("adapt_span")}
+    config_overrides = dict.fromkeys(SPAN_FIELDS, DEFAULT)  # the span off
 
     @pytest.mark.slow  # the same files as the first class
     def test_remote_code_loads_without_plugin(self, tmp_path):
@@ -71,7 +72,7 @@ class TestAdaptiveSpanOriginalFixedSpan(TestAdaptiveSpanOriginal):
 
 
 class TestAllAttentionNetwork(TestAdaptiveSpanOriginal):
-    tiny_config_kwargs = {k: v for k, v in TINY.items() if k != "intermediate_size"} | {"persistent_memory_size": 3}
+    config_overrides = {"persistent_memory_size": 3, "intermediate_size": DEFAULT}  # the all-attention network
 
     @pytest.mark.slow  # the same files as the first class
     def test_remote_code_loads_without_plugin(self, tmp_path):
@@ -200,7 +201,7 @@ def test_corpus_of_another_size_is_refused(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------- model behaviour
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
-    return AdaptiveSpanOriginalForCausalLM(AdaptiveSpanOriginalConfig(**{**TINY, **overrides})).eval()
+    return AdaptiveSpanOriginalForCausalLM(tiny_config("txv_adaptive_span_original", **overrides)).eval()
 
 
 def test_cache_lengths_follow_the_spans_and_start_as_zeros():
@@ -278,7 +279,7 @@ def test_padding_is_refused():
 )
 def test_bad_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
-        AdaptiveSpanOriginalConfig(**{**TINY, **overrides})
+        tiny_config("txv_adaptive_span_original", **overrides)
 
 
 @pytest.mark.exact

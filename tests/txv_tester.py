@@ -1,7 +1,8 @@
 """The shared model tester, in the spirit of transformers' ModelTesterMixin.
 
 A variant's test file subclasses `TxvModelTesterMixin` and sets:
-    config_class, model_classes (base model first), causal_lm_class (or None), tiny_config_kwargs (dict)
+    model_type (its tiny config is `tiny_configs.tiny_config(model_type, **config_overrides)`), config_overrides
+    (dict), model_classes (base model first), causal_lm_class (or None)
     has_memory: XL-family memory carried as past_key_values (MemoryCache)
     memory_test_config_kwargs: overrides under which "segment 2 with the memory of segment 1" equals one pass
     supports_sdpa, vocab_size_for_inputs, batch_size, seq_length
@@ -23,6 +24,7 @@ import torch
 from transformers import AutoConfig
 
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import config_class, tiny_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
@@ -38,10 +40,10 @@ def first_tensor(output):
 
 
 class TxvModelTesterMixin:
-    config_class = None
+    model_type: str = ""
+    config_overrides: dict = {}
     model_classes: tuple = ()
     causal_lm_class = None
-    tiny_config_kwargs: dict = {}
     has_memory = False
     memory_test_config_kwargs: dict = {}
     supports_sdpa = True
@@ -49,9 +51,12 @@ class TxvModelTesterMixin:
     seq_length = 7
 
     # ------------------------------------------------------------------------------------------------ helpers
+    @property
+    def config_class(self):
+        return config_class(self.model_type)
+
     def make_config(self, **overrides):
-        kwargs = {**self.tiny_config_kwargs, **overrides}
-        return self.config_class(**kwargs)
+        return tiny_config(self.model_type, **{**self.config_overrides, **overrides})
 
     def make_inputs(self, config, batch_size=None, seq_length=None, seed=0):
         generator = torch.Generator().manual_seed(seed)
