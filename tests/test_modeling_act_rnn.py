@@ -22,19 +22,11 @@ class TestACTRNN(TxvModelTesterMixin):
     causal_lm_class = ACTRNNForCausalLM
     supports_sdpa = False  # no attention
 
-    @pytest.mark.slow  # a subprocess that imports transformers
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestACTRNNLSTM(TestACTRNN):
     """The LSTM cell: the state is (h, c), packed into one tensor for the ACT block."""
 
     config_overrides = {"rnn_type": "lstm"}
-
-    @pytest.mark.slow  # the same files as the tanh variant
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def build(seed=0, model_class=ACTRNNForCausalLM, **overrides):

@@ -32,27 +32,15 @@ class TestAdaptiveSpan(TxvModelTesterMixin):
     has_memory = True
     memory_test_config_kwargs = dict(attn_span=20, adapt_span_init=0.4)
 
-    @pytest.mark.slow  # a subprocess that imports transformers: the slowest test here
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAdaptiveSpanDynamic(TestAdaptiveSpan):
     config_overrides = {**TINY_OVERRIDES, "adapt_span_dynamic": True}
-
-    @pytest.mark.slow  # the same files as the static variant
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 class TestAdaptiveSpanAdaptiveSoftmax(TestAdaptiveSpan):
     """The shared tester with Transformer-XL's adaptive embedding and softmax on (a large-vocabulary option)."""
 
     config_overrides = {**TINY_OVERRIDES, "vocab_size": 40, "adaptive": True, "cutoffs": [8, 20], "div_val": 2}
-
-    @pytest.mark.slow  # the same files as the static variant
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def build(seed=0, **overrides):

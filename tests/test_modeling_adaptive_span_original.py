@@ -48,35 +48,19 @@ class TestAdaptiveSpanOriginal(TxvModelTesterMixin):
         shape = (batch_size or self.batch_size, seq_length or self.seq_length)
         return {"input_ids": torch.randint(1, config.vocab_size, shape, generator=generator)}
 
-    @pytest.mark.slow  # a subprocess that imports transformers
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAdaptiveSpanOriginalTrimming(TestAdaptiveSpanOriginal):
     """Spans short enough for the original's 64-step trimming of keys and cache."""
 
     config_overrides = {"attn_span": 140, "adapt_span_init": 0.05}
 
-    @pytest.mark.slow  # the same files as the first class
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAdaptiveSpanOriginalFixedSpan(TestAdaptiveSpanOriginal):
     config_overrides = dict.fromkeys(SPAN_FIELDS, DEFAULT)  # the span off
 
-    @pytest.mark.slow  # the same files as the first class
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAllAttentionNetwork(TestAdaptiveSpanOriginal):
     config_overrides = {"persistent_memory_size": 3, "intermediate_size": DEFAULT}  # the all-attention network
-
-    @pytest.mark.slow  # the same files as the first class
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def convert(tmp_path, case, container="", flags=None, corpus=True, name="model"):

@@ -33,10 +33,6 @@ class TestRTransformer(TxvModelTesterMixin):
     model_classes = (RTransformerModel, RTransformerForCausalLM, RTransformerForSequenceClassification)
     causal_lm_class = RTransformerForCausalLM
 
-    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 @pytest.mark.slow
 class TestRTransformerLSTMStandardNorm(TxvModelTesterMixin):

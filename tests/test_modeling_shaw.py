@@ -34,10 +34,6 @@ class TestShawDecoder(TxvModelTesterMixin):
     model_classes = (ShawModel, ShawForCausalLM, ShawForSequenceClassification)
     causal_lm_class = ShawForCausalLM
 
-    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 @pytest.mark.slow
 class TestShawEncoderKeysOnly(TxvModelTesterMixin):

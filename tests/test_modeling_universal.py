@@ -45,17 +45,9 @@ class TestUniversalTransformerACT(TxvModelTesterMixin):
     causal_lm_class = UniversalTransformerForCausalLM
     config_overrides = TINY_OVERRIDES
 
-    @pytest.mark.slow  # a subprocess that imports transformers: the slowest test here
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestUniversalTransformerFixedSteps(TestUniversalTransformerACT):
     config_overrides = {**TINY_OVERRIDES, "use_act": False, "is_decoder": False}
-
-    @pytest.mark.slow  # the same files as the ACT variant; a second subprocess load is slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def build(seed=0, **overrides):
@@ -419,10 +411,6 @@ class TestUniversalTransformerPaperLayer(TestUniversalTransformerACT):
     """The shared tester on the paper's options: post-LN with the (causal) separable-convolution transition."""
 
     config_overrides = {**TINY_OVERRIDES, "layer_norm_position": "post", "transition": "separable_conv"}
-
-    @pytest.mark.slow  # the same files as the ACT variant; a third subprocess load is slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 @pytest.mark.exact

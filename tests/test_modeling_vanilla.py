@@ -40,10 +40,6 @@ class TestVanillaDecoder(TxvModelTesterMixin):
     model_classes = (VanillaModel, VanillaForCausalLM, VanillaForSequenceClassification)
     causal_lm_class = VanillaForCausalLM
 
-    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 @pytest.mark.slow
 class TestVanillaPerLayerPositions(TxvModelTesterMixin):

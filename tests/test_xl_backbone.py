@@ -54,10 +54,6 @@ class TestTransfoXLGatedWithAdaptiveSpan(TxvModelTesterMixin):
     has_memory = True
     memory_test_config_kwargs = {"memory_init": "empty"}
 
-    @pytest.mark.slow  # a subprocess that imports transformers; GTrXL with adaptive span covers it in the fast set
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAdaptiveSpanGated(TxvModelTesterMixin):
     model_type = "txv_adaptive_span"
@@ -66,10 +62,6 @@ class TestAdaptiveSpanGated(TxvModelTesterMixin):
     causal_lm_class = AdaptiveSpanForCausalLM
     has_memory = True
     memory_test_config_kwargs = dict(attn_span=20, adapt_span_init=0.4)
-
-    @pytest.mark.slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def test_composed_models_have_both_mechanisms():
