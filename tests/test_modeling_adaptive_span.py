@@ -17,7 +17,7 @@ import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import AdaptiveSpanConfig, AdaptiveSpanForCausalLM, AdaptiveSpanModel
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan, soft_span_mask, span_attention_bias
 from hf_txvariants.txv_compat import output_cache
-from tiny_configs import DEFAULT, TINY_CONFIGS, tiny_config
+from tiny_configs import span_off, tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original"
@@ -86,8 +86,9 @@ def test_soft_mask_formula():
 def naive_first_layer_weights(model, input_ids):
     """softmax without the span, times m_z(x), renormalised: the paper's definition, on the first layer."""
     config = model.config
-    span_off = {name: DEFAULT for name in TINY_CONFIGS["txv_adaptive_span"] if name.startswith("adapt_span_")}
-    plain_config = tiny_config("txv_adaptive_span", **TINY_OVERRIDES, **span_off, adapt_span_enabled=False)
+    plain_config = tiny_config(
+        "txv_adaptive_span", **TINY_OVERRIDES, **span_off("txv_adaptive_span"), adapt_span_enabled=False
+    )
     plain = AdaptiveSpanForCausalLM(plain_config).eval()
     plain.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():

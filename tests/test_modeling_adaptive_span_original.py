@@ -25,14 +25,11 @@ from hf_txvariants import (
     SpanCache,
 )
 from hf_txvariants.txv_compat import output_cache
-from tiny_configs import DEFAULT, TINY_CONFIGS, tiny_config
+from tiny_configs import DEFAULT, span_off, tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original_models"
 META = json.loads((FIXTURES / "meta.json").read_text())
-
-
-SPAN_FIELDS = [name for name in TINY_CONFIGS["txv_adaptive_span_original"] if name.startswith("adapt_span")]
 
 
 class TestAdaptiveSpanOriginal(TxvModelTesterMixin):
@@ -56,7 +53,7 @@ class TestAdaptiveSpanOriginalTrimming(TestAdaptiveSpanOriginal):
 
 
 class TestAdaptiveSpanOriginalFixedSpan(TestAdaptiveSpanOriginal):
-    config_overrides = dict.fromkeys(SPAN_FIELDS, DEFAULT)  # the span off
+    config_overrides = span_off("txv_adaptive_span_original")
 
 
 class TestAllAttentionNetwork(TestAdaptiveSpanOriginal):

@@ -186,6 +186,12 @@ def config_class(model_type: str):
     return txv.VARIANTS[model_type][0]
 
 
+def span_off(model_type: str) -> dict:
+    """Overrides that leave a tiny config's adaptive-span fields (`adapt_span_*`) at their defaults: set ones are
+    refused while the span is off."""
+    return {name: DEFAULT for name in TINY_CONFIGS[model_type] if name.startswith("adapt_span_")}
+
+
 def tiny_policy_gtrxl(**overrides):
     """The tiny GTrXL of the RL tests' policies (`MemoryPolicy.gtrxl(..., config=tiny_policy_gtrxl())`): no vocabulary
     (observations come in as `inputs_embeds`, as in the configs `MemoryPolicy.gtrxl` builds) and a memory of 6."""
