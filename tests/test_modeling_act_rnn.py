@@ -191,6 +191,7 @@ def test_sequence_classification_reads_the_vectors_of_the_parity_task():
 
 
 @pytest.mark.parametrize("model_class", [ACTRNNForCausalLM, ACTRNNForSequenceClassification])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_torch_export_and_compile_fullgraph_trace_the_model(model_class):
     model = build(seed=2, model_class=model_class, halting_bias_init=0.0)
     ids = torch.randint(1, 23, (2, 4), generator=torch.Generator().manual_seed(0))

@@ -255,6 +255,7 @@ def test_shift_labels_are_honoured():
 
 
 @pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_export_and_compile_trace_the_model(attention_type):
     model = _model(attention_type=attention_type, use_cache=False)
     ids = images_to_input_ids(_images(2, 6), model.config)

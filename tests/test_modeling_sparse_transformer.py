@@ -115,6 +115,7 @@ def test_left_padding_is_refused():
 
 
 @pytest.mark.parametrize("mode", ["merged", "per_head"])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_export_and_compile_trace(mode):
     """torch.export and torch.compile(fullgraph=True) trace the model, padding mask included (no check on tensor
     values in forward), and the traced model gives the eager logits."""

@@ -273,6 +273,7 @@ def test_shift_labels_are_honoured():
     assert not torch.allclose(other, model(ids, labels=ids).loss)
 
 
+@pytest.mark.slow  # torch.export and torch.compile
 def test_export_and_compile_trace_the_model():
     model = _model(use_cache=False).eval()
     ids = torch.randint(0, 31, (2, 13), generator=torch.Generator().manual_seed(6))

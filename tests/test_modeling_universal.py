@@ -555,6 +555,7 @@ def test_shift_labels_are_the_targets_when_given():
 
 
 @pytest.mark.parametrize("use_act", [True, False])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_torch_export_and_compile_fullgraph_trace_the_model(use_act):
     model = build(seed=0, use_act=use_act, halting_bias_init=0.0, initializer_range=0.5)
     ids = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(0))

@@ -119,6 +119,7 @@ def test_save_pretrained_on_a_full_disk_keeps_the_previous_folder(model_type, tm
         torch.testing.assert_close(tensor, first_weights[name], msg=name)
 
 
+@pytest.mark.slow  # a subprocess that imports the plugin
 def test_a_killed_save_leaves_a_folder_that_is_ignored_and_cleaned_next_time(tmp_path):
     """A process killed (SIGKILL) while saving leaves its staging folder; the folder it was writing is untouched, and
     the next save removes the leftover."""
@@ -170,6 +171,7 @@ def _limited_train(name: str, call: int, flags: list[str]) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow  # three `txv train` runs, two in subprocesses
 def test_train_on_a_full_disk_keeps_the_last_checkpoint_and_model(tmp_path, capsys):
     out = tmp_path / "run"
     flags = ["--output-dir", str(out), "--save-every", "2"] + TINY_FLAGS
@@ -219,6 +221,7 @@ sys.exit(main(["train", *sys.argv[2:]]))
 """
 
 
+@pytest.mark.slow  # `txv train` subprocesses
 def test_a_second_run_into_the_same_folder_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
     out = tmp_path / "run"
     ready = tmp_path / "ready"

@@ -128,6 +128,7 @@ def test_multi_discrete_log_probs_and_entropies_are_sums_over_independent_catego
     torch.testing.assert_close(greedy, torch.stack([logits[:, :3].argmax(-1) + 1, logits[:, 3:].argmax(-1)], -1))
 
 
+@pytest.mark.slow  # PPO trains until the action is learnt
 def test_ppo_learns_a_box_action_that_matches_the_target():
     """From about -1.2 (random Gaussian actions) to a greedy action within reach of the target, in 4096 steps."""
     torch.manual_seed(0)
@@ -145,6 +146,7 @@ def test_ppo_learns_a_box_action_that_matches_the_target():
     assert np.abs(actions - targets).mean() < 0.15
 
 
+@pytest.mark.slow  # PPO trains until the action is learnt
 def test_ppo_learns_a_multi_discrete_action():
     """Both parts of the action must match their target: 1/3 by chance, 1.0 learned, in 4096 steps."""
     torch.manual_seed(0)

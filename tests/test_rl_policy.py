@@ -284,6 +284,7 @@ def test_target_kl_stops_an_update_after_the_epoch_that_passes_it():
         train_ppo(policy, envs, dataclasses.replace(settings, target_kl=0), seed=0)
 
 
+@pytest.mark.slow  # the example script in a subprocess
 def test_example_runs_from_the_command_line(tmp_path):
     pytest.importorskip("popgym")
     output = tmp_path / "curves.json"

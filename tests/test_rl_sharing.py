@@ -270,6 +270,7 @@ def test_evaluate_policy_counts_each_envs_share_of_episodes():
     assert sorted(returns) == sorted(expected)
 
 
+@pytest.mark.slow  # the evaluation script in a subprocess
 def test_evaluate_script_prints_the_mean_return(tmp_path):
     envs = make_vector_env("txv/ProofOfMemory-v0", 4, seed=0)
     policy = build("gru", envs.single_observation_space, envs.single_action_space)

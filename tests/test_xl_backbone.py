@@ -434,6 +434,7 @@ def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
 
 # ------------------------------------------------------------------------------------------ export and compile
 @pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+@pytest.mark.slow  # torch.export
 def test_torch_export_traces_the_xl_variants(name):
     model = _causal_lms()[name]
     ids = _ids(2, 5)
