@@ -154,13 +154,14 @@ def summary(cfg, extra=None, file=None):
 @contextlib.contextmanager
 def atomic_output_dir(output, overwrite=False):
     """Yield a temporary directory next to ``output``; it replaces ``output`` (as a whole) only if the block
-    succeeds. The project's one atomic-folder helper (`atomic_directory`) does the work."""
-    from hf_txvariants.txv_files import atomic_directory
+    succeeds. The project's one atomic-folder helper (`atomic_directory`) does the work, under the folder's lock (a
+    second conversion into it meanwhile is refused)."""
+    from hf_txvariants.training.folder_lock import locked_atomic_directory
 
     output = os.path.abspath(output)
     if os.path.exists(output) and not overwrite:
         raise ConversionError(f"{output} already exists (use --overwrite to replace it)")
-    with atomic_directory(output, keep_existing=False) as staging:
+    with locked_atomic_directory(output, keep_existing=False) as staging:
         yield str(staging)
 
 

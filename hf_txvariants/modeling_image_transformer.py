@@ -34,7 +34,9 @@ from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin
 from .txv_inputs import check_right_padding, check_token_ids
 from .txv_mha import MultiHeadAttention, cache_past_length
-from .txv_patterns import AttentionPattern, Local1D, Local2D, PatternSelfAttention, to_block_raster
+from .txv_pattern_attention import PatternSelfAttention
+from .txv_pattern_tilings import to_block_raster
+from .txv_patterns import AttentionPattern, Local1D, Local2D
 from .txv_positions import sinusoid_table
 from .txv_pretrained import TxvModelMixin
 from .txv_transformer_stack import run_layers

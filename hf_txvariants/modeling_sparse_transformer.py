@@ -26,7 +26,8 @@ from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_f
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import check_right_padding, embed_inputs
 from .txv_mha import cache_past_length
-from .txv_patterns import Causal, Fixed, Local1D, PatternSelfAttention, PerHead, SlidingWindow, Strided
+from .txv_pattern_attention import PatternSelfAttention
+from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided
 from .txv_pretrained import TxvModelMixin
 from .txv_transformer_stack import run_layers
 

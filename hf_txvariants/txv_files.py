@@ -1,29 +1,26 @@
-"""Writing files and folders so that nothing is lost: the one atomic-file and atomic-folder helpers of the project,
-the error that names what a failed write (a full disk) left untouched, and the lock of an output folder.
+"""Writing files and folders so that nothing is lost: the one atomic-file and atomic-folder helpers of the project and
+the error that names what a failed write (a full disk) left untouched.
 
 - `atomic_write_bytes(path, content)`: a temporary file in the same folder, renamed over `path`.
 - `atomic_directory(target)`: a context manager yielding a temporary sibling folder that replaces `target` only when
   the block succeeds; on failure (a full disk, an exception, Ctrl-C) `target` is left as it was and the temporary
   folder is removed. Leftovers of a killed process are removed (or, for a replaced folder, restored) the next time
-  `target` is written on the same host. Two processes writing the same `target` at once: the second is refused.
+  `target` is written on the same host. It takes no lock: the commands that write output folders hold
+  `hf_txvariants.training.folder_lock` around it (`locked_atomic_directory`), which does not ship with a model.
 - `replace_directory(staging, target)`: the swap itself, for a folder that several processes fill (checkpoints).
 - `explained_write_errors(target)`: turns what a failed write raises (OSError, safetensors' and torch's writer
   errors) into one `WriteFailedError` (an OSError) naming `target` and the cause ("No space left on device").
-- `folder_lock(lock_path, holder)`: an OS lock (`fcntl.flock`) held for a block; a second holder is refused with a
-  `FolderInUseError` naming the first (pid, host, start time); a lock left by a killed process is taken over.
 
 A leaf module: it imports nothing of the project (it ships with the model code in every Hub folder)."""
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import shutil
 import socket
 import tempfile
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,10 +35,6 @@ _TORCH_WRITER_FAILURE = ("inline_container", "PytorchStreamWriter", "file write 
 WRITE_FAILURES = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO, errno.EROFS})
 
 
-class FolderInUseError(OSError):
-    """Another running process holds the lock of the folder (the message names it)."""
-
-
 class WriteFailedError(OSError):
     """A write into `filename` failed (`errno`, `strerror`: the cause, e.g. ENOSPC) and left it as it was; the message
     is one line naming both."""
@@ -54,13 +47,14 @@ class WriteFailedError(OSError):
         return self.message
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This host's name as the names of staging and backup folders (and lock records) carry it."""
     return socket.gethostname().replace("/", "_") or "localhost"
 
 
 def _process_is_gone(host: str, pid: int) -> bool:
     """True only when the process is certainly not running: it was on this host and no longer exists."""
-    if host != _host():
+    if host != host_name():
         return False
     try:
         os.kill(pid, 0)
@@ -99,8 +93,6 @@ def write_failure(error: BaseException, target: str | os.PathLike) -> WriteFaile
     """The WriteFailedError that says `target` could not be written and why, for an error raised while writing into
     it, or None when `error` is not a failed write (`WRITE_FAILURES`, safetensors' or torch's writer): a missing
     input keeps its message, a bug its traceback."""
-    if isinstance(error, FolderInUseError):
-        return None
     code = getattr(error, "errno", None) if isinstance(error, OSError) else None
     if isinstance(error, OSError) and code not in WRITE_FAILURES:
         return None  # a missing or unreadable input keeps its own message
@@ -190,7 +182,7 @@ def replace_directory(staging: Path, target: Path):
     flushed to the disk first, so a full disk is reported before anything is replaced."""
     _fsync_tree(staging)
     if target.is_dir():
-        backup = target.with_name(f".{target.name}.txv-{_host()}-{os.getpid()}-old")
+        backup = target.with_name(f".{target.name}.txv-{host_name()}-{os.getpid()}-old")
         shutil.rmtree(backup, ignore_errors=True)
         os.replace(target, backup)
         os.replace(staging, target)
@@ -208,15 +200,14 @@ def atomic_directory(target: str | os.PathLike, keep_existing: bool = True):
     With `keep_existing`, files already in `target` that the block did not write are kept (e.g. a tokenizer saved
     before the model), except stale weight files; without it `target` is replaced as a whole. On failure the
     temporary folder is removed, `target` is left as it was, and a failed write is re-raised as an OSError naming
-    `target` and the cause (`explained_write_errors`). While the block runs, a second process writing the same
-    `target` is refused (`FolderInUseError`)."""
+    `target` and the cause (`explained_write_errors`). No lock is taken (`locked_atomic_directory` of
+    `hf_txvariants.training.folder_lock` takes one)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with explained_write_errors(target), folder_lock(target.with_name(f".{target.name}.txv.lock"), f"writing {target}"):
+    with explained_write_errors(target):
         clean_stale_siblings(target)
-        staging = Path(
-            tempfile.mkdtemp(prefix=f".{target.name}.txv-{_host()}-{os.getpid()}-", suffix=".tmp", dir=target.parent)
-        )
+        prefix = f".{target.name}.txv-{host_name()}-{os.getpid()}-"
+        staging = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
         _give_default_mode(staging, is_dir=True)
         try:
             yield staging
@@ -254,68 +245,3 @@ def atomic_write(path: str | os.PathLike, write):
 def atomic_write_bytes(path: str | os.PathLike, content: bytes):
     """`atomic_write` of `content`."""
     atomic_write(path, lambda file: file.write(content))
-
-
-def _read_holder(handle: int) -> dict:
-    try:
-        os.lseek(handle, 0, os.SEEK_SET)
-        return json.loads(os.read(handle, 4096).decode() or "{}")
-    except (OSError, ValueError):
-        return {}
-
-
-def describe_holder(holder: dict) -> str:
-    started = holder.get("started")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "?"
-    what = f" ({holder['holder']})" if holder.get("holder") else ""
-    return f"process {holder.get('pid', '?')} on host {holder.get('host', '?')}, started {when}{what}"
-
-
-@contextmanager
-def folder_lock(lock_path: str | os.PathLike, holder: str = "", on_stale=None):
-    """Holds an exclusive `fcntl.flock` on `lock_path` for the block, with this process's pid, host, start time and
-    `holder` (what it does) written inside. Another process holding it: `FolderInUseError` naming that process. A lock
-    file left by a process that was killed (the OS released its lock) is taken over, and `on_stale(message)` is
-    called with a line saying so. The file is removed when the block ends. Where the OS has no flock (Windows), the
-    block runs unlocked."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    lock_path = Path(lock_path)
-    while True:
-        handle = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            other = _read_holder(handle)
-            os.close(handle)
-            raise FolderInUseError(
-                errno.EBUSY,
-                f"{lock_path.parent} is in use by {describe_holder(other)}: wait for it to finish or "
-                f"write elsewhere (lock file {lock_path})",
-            ) from None
-        except BaseException:
-            os.close(handle)
-            raise
-        try:  # the file may have been removed (and recreated) by the holder that just finished: lock the one in place
-            same = os.fstat(handle).st_ino == os.stat(lock_path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(handle)
-    try:
-        previous = _read_holder(handle)
-        if previous and on_stale is not None:
-            on_stale(f"taking over the lock {lock_path} left by {describe_holder(previous)}, which no longer runs")
-        record = {"pid": os.getpid(), "host": _host(), "started": time.time(), "holder": holder}
-        os.ftruncate(handle, 0)
-        os.pwrite(handle, json.dumps(record).encode(), 0)
-        yield
-    finally:
-        try:
-            lock_path.unlink(missing_ok=True)
-        finally:
-            os.close(handle)

@@ -276,6 +276,7 @@ class EmbedAndScore(torch.nn.Module):
 
 
 @pytest.mark.parametrize("div_val", [1, 2])
+@pytest.mark.slow  # torch.export
 def test_torch_export_traces_adaptive_input_and_softmax(div_val):
     """No data-dependent Python check on the path (issue 13: `txv_adaptive_softmax.py:63` broke torch.export)."""
     module = EmbedAndScore(div_val)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import tiny_configs
 from hf_txvariants.cli import main as txv
 
 TESTS = Path(__file__).resolve().parent
@@ -24,16 +25,17 @@ TESTS = Path(__file__).resolve().parent
 
 # ------------------------------------------------------------------------------------------------ the variants
 def _tiny_variants() -> dict:
-    """variant -> (config class, causal LM class, tiny config kwargs), from each variant's own model tests."""
+    """variant -> (config class, causal LM class, tiny config kwargs), from each variant's own model tests (the first
+    shared-tester class with a causal LM)."""
     found = {}
     for path in sorted(TESTS.glob("test_modeling_*.py")):
         module = importlib.import_module(path.stem)
         for obj in vars(module).values():
-            config_class = getattr(obj, "config_class", None)
+            model_type = getattr(obj, "model_type", None)
             causal = getattr(obj, "causal_lm_class", None)
-            tiny = getattr(obj, "tiny_config_kwargs", None)
-            if isinstance(obj, type) and config_class is not None and causal is not None and tiny:
-                found.setdefault(config_class.model_type, (config_class, causal, dict(tiny)))
+            if isinstance(obj, type) and model_type and causal is not None:
+                kwargs = tiny_configs.tiny_config_kwargs(model_type, **obj.config_overrides)
+                found.setdefault(model_type, (tiny_configs.config_class(model_type), causal, kwargs))
     return found
 
 

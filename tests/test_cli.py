@@ -51,7 +51,7 @@ def test_convert_evaluate_names_a_bad_ids_file(tmp_path, capsys):
 
 def test_the_launcher_table_is_the_full_cli():
     """`txv --help` (answered by the launcher) lists exactly the commands the full command line has, with their help."""
-    from hf_txvariants_launcher import COMMANDS
+    from hf_txvariants_commands import COMMANDS
 
     action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert list(action.choices) == list(COMMANDS)

@@ -18,7 +18,7 @@ import hf_txvariants as txv
 from hf_txvariants.txv_config import PAPER_NAMES, TxvConfig, TxvTransformerConfig
 from hf_txvariants.txv_gates import GATES
 from hf_txvariants.txv_xl_config import ADAPTIVE_SPAN_SETTINGS, XLFamilyConfig
-from tiny_configs import TINY_CONFIGS
+from tiny_configs import TINY_CONFIGS, span_off, tiny_config
 
 RECORDED = json.loads((Path(__file__).parent / "fixtures" / "config_defaults.json").read_text())
 CONFIG_CLASSES = {
@@ -39,10 +39,6 @@ def _saved(config, method: str) -> dict:
     return json.loads(json.dumps(values, sort_keys=True))
 
 
-def _tiny(config_class, **overrides):
-    return config_class(**{**TINY_CONFIGS[config_class.model_type], **overrides})
-
-
 # ------------------------------------------------------------------------------------------ unchanged by the bases
 # variants added after the record was made (they never had configs written out before the bases)
 NEWER_VARIANTS = {"txv_adaptive_span_original"}
@@ -57,7 +53,7 @@ def test_config_holds_what_it_held_before_the_bases(model_type):
     """Defaults, derived fields and what save_pretrained writes (to_diff_dict), for the default and the tiny config:
     every recorded entry is there with its recorded value (a field added later by a new option may come on top)."""
     config_class, recorded = CONFIG_CLASSES[model_type], RECORDED[model_type]
-    configs = {"default": config_class(), "tiny": _tiny(config_class)}
+    configs = {"default": config_class(), "tiny": tiny_config(config_class.model_type)}
     for name, config in configs.items():
         for method in ("to_dict", "to_diff_dict"):
             saved = _saved(config, method)
@@ -101,7 +97,7 @@ def test_every_transformer_config_accepts_the_papers_names(model_type):
     tiny = TINY_CONFIGS[model_type]
     names = {alias: tiny[field] for alias, field in PAPER_NAMES.items() if field in tiny}
     kwargs = {k: v for k, v in tiny.items() if k not in PAPER_NAMES.values()}
-    assert _saved(config_class(**kwargs, **names), "to_dict") == _saved(_tiny(config_class), "to_dict")
+    assert _saved(config_class(**kwargs, **names), "to_dict") == _saved(tiny_config(config_class.model_type), "to_dict")
 
 
 # ------------------------------------------------------------------------------------------ ignored fields refused
@@ -109,14 +105,16 @@ def test_every_transformer_config_accepts_the_papers_names(model_type):
 @pytest.mark.parametrize("config_class", XL_CONFIGS, ids=lambda c: c.model_type)
 def test_gate_bias_without_a_biased_gate_is_refused(config_class, gate_type):
     with pytest.raises(ValueError, match=f"gate_bias=0.5 would be ignored: gate_type='{gate_type}' has no gate bias"):
-        _tiny(config_class, gate_type=gate_type, gate_bias=0.5)
-    assert _tiny(config_class, gate_type=gate_type, gate_bias=2.0).gate_type == gate_type  # the default: saved configs
+        tiny_config(config_class.model_type, gate_type=gate_type, gate_bias=0.5)
+    assert (
+        tiny_config(config_class.model_type, gate_type=gate_type, gate_bias=2.0).gate_type == gate_type
+    )  # the default: saved configs
 
 
 @pytest.mark.parametrize("gate_type", GATES_WITH_BIAS)
 @pytest.mark.parametrize("config_class", XL_CONFIGS, ids=lambda c: c.model_type)
 def test_gate_bias_with_a_biased_gate_is_kept(config_class, gate_type):
-    assert _tiny(config_class, gate_type=gate_type, gate_bias=0.5).gate_bias == 0.5
+    assert tiny_config(config_class.model_type, gate_type=gate_type, gate_bias=0.5).gate_bias == 0.5
 
 
 SPAN_SETTINGS = {
@@ -136,18 +134,20 @@ def test_span_settings_cover_every_adapt_span_field():
 @pytest.mark.parametrize("name, value", sorted(SPAN_SETTINGS.items()))
 @pytest.mark.parametrize("config_class", XL_CONFIGS, ids=lambda c: c.model_type)
 def test_span_setting_with_the_span_off_is_refused(config_class, name, value):
-    span_off = {k: v for k, v in TINY_CONFIGS[config_class.model_type].items() if not k.startswith("adapt_span_")}
+    model_type = config_class.model_type
     with pytest.raises(ValueError, match=name):
-        config_class(**span_off, adapt_span_enabled=False, **{name: value})
-    span_on = config_class(**{**span_off, "attn_span": 8}, adapt_span_enabled=True, **{name: value})
+        tiny_config(model_type, **{**span_off(model_type), "adapt_span_enabled": False, name: value})
+    span_on = tiny_config(
+        model_type, **{**span_off(model_type), "attn_span": 8, "adapt_span_enabled": True, name: value}
+    )
     assert getattr(span_on, name) == value
 
 
 @pytest.mark.parametrize("config_class", XL_CONFIGS, ids=lambda c: c.model_type)
 def test_saved_config_with_the_mechanisms_off_loads(config_class, tmp_path):
     """A saved config holds every mechanism field at its default (to_dict and the legacy full dump alike)."""
-    span_off = {k: v for k, v in TINY_CONFIGS[config_class.model_type].items() if not k.startswith("adapt_span_")}
-    config = config_class(**span_off, adapt_span_enabled=False, gate_type="trxl")
+    model_type = config_class.model_type
+    config = tiny_config(model_type, **span_off(model_type), adapt_span_enabled=False, gate_type="trxl")
     config.save_pretrained(tmp_path)
     assert config_class.from_pretrained(tmp_path).to_dict() == config.to_dict()
     full = config.to_dict()

@@ -91,6 +91,7 @@ def _args(tmp_path, **fields) -> TrainArgs:
 
 # --------------------------------------------------------------------------------------------------------------------
 # tokenizers
+@pytest.mark.slow  # a clean subprocess
 def test_byte_tokenizer_ids_are_the_utf8_bytes_and_load_without_the_plugin(tmp_path):
     tokenizer = build_byte_tokenizer()
     text = "héllo wörld\n\t<eos> 日本 \x00\x7f ok"

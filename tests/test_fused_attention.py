@@ -5,9 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from hf_txvariants import RTransformerConfig, RTransformerForCausalLM, VanillaConfig, VanillaForCausalLM
+from hf_txvariants import RTransformerForCausalLM, VanillaConfig, VanillaForCausalLM
 from hf_txvariants.txv_attention import CausalMask, attention_forward, eager_attention_forward
 from hf_txvariants.txv_mha import self_attention_mask
+from tiny_configs import tiny_config
 
 
 class SdpaSpy:
@@ -61,18 +62,15 @@ def test_fused_mask_keeps_padding_explicit():
         self_attention_mask(torch.ones(2, 5), 2, 6, 0, True, torch.float32, "cpu", fused=True)
 
 
-TINY = dict(vocab_size=29, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
-
-
 @pytest.mark.parametrize(
     "config",
-    [VanillaConfig(**TINY, max_position_embeddings=32), RTransformerConfig(**TINY)],
+    [tiny_config("txv_vanilla"), tiny_config("txv_r_transformer")],
     ids=["vanilla", "r_transformer"],
 )
 def test_models_reach_fused_causal_kernel(config, monkeypatch):
     torch.manual_seed(0)
     model = (VanillaForCausalLM if isinstance(config, VanillaConfig) else RTransformerForCausalLM)(config).eval()
-    ids = torch.randint(0, 29, (2, 9), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     model.set_attn_implementation("eager")
     with torch.no_grad():
         expected = model(ids).logits

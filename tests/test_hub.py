@@ -86,6 +86,7 @@ def test_card_from_model_cards_keeps_its_body(tiny):
     assert "hf-txvariants" in card.data.tags and card.data.eval_results[0].metric_value == 0.99
 
 
+@pytest.mark.slow  # a clean subprocess
 def test_load_by_repo_id_from_the_hf_cache_offline(tiny, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

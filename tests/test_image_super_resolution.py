@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForImageToImage
 
-from hf_txvariants import ImageTransformerConfig, ImageTransformerForCausalLM, ImageTransformerForSuperResolution
+from hf_txvariants import ImageTransformerForCausalLM, ImageTransformerForSuperResolution
 from hf_txvariants.modeling_image_transformer import (
     conditioning_neighbourhood,
     generation_order,
@@ -13,24 +13,28 @@ from hf_txvariants.modeling_image_transformer import (
     images_to_input_ids,
 )
 from hf_txvariants.training.images import downsample, synthetic_shapes
+from tiny_configs import DEFAULT, tiny_config
 
-TINY = dict(
+# this file's tiny model: tiny_config("txv_image_transformer") as a super-resolution model, 8x8 grey images conditioned
+# on 4x4 ones, local 1D attention
+SUPER_RESOLUTION = dict(
     image_size=[8, 8],
     num_channels=1,
     conditioning_image_size=[4, 4],
     num_encoder_layers=1,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=48,
     attention_type="local_1d",
-    block_length=8,
+    query_shape=DEFAULT,
+    memory_flange=DEFAULT,
 )
+
+
+def super_resolution_config(**overrides):
+    return tiny_config("txv_image_transformer", **{**SUPER_RESOLUTION, **overrides})
 
 
 def _model(**overrides):
     torch.manual_seed(0)
-    return ImageTransformerForSuperResolution(ImageTransformerConfig(**{**TINY, **overrides})).eval()
+    return ImageTransformerForSuperResolution(super_resolution_config(**overrides)).eval()
 
 
 def _sharp(model):
@@ -77,16 +81,13 @@ def test_the_decoder_learns_to_use_the_low_resolution_image():
     the encoder's intensity embeddings scaled by sqrt(hidden)) lets the low-resolution image reach the decoder: after
     60 steps the true images give far fewer bits than shuffled ones."""
     torch.manual_seed(0)
-    config = ImageTransformerConfig(
+    config = super_resolution_config(
         image_size=[4, 4],
-        num_channels=1,
         conditioning_image_size=[2, 2],
-        num_encoder_layers=1,
         hidden_size=16,
         num_hidden_layers=1,
         num_attention_heads=2,
         intermediate_size=32,
-        attention_type="local_1d",
         block_length=4,
     )
     model = ImageTransformerForSuperResolution(config)
@@ -111,15 +112,12 @@ def test_the_decoder_learns_to_use_the_low_resolution_image():
 def test_cross_attention_neighbourhood_is_the_pixels_around_the_covering_one(attention_type, radius):
     """Naive check: for every decoder step, the allowed encoder positions are the channels of the low-resolution
     pixels within `radius` rows and columns of the one covering the pixel that step predicts."""
-    config = ImageTransformerConfig(
-        **{
-            **TINY,
-            "num_channels": 2,
-            "attention_type": attention_type,
-            "query_shape": [2, 4],
-            "memory_flange": [1, 4],
-            "conditioning_attention_radius": radius,
-        }
+    config = super_resolution_config(
+        num_channels=2,
+        attention_type=attention_type,
+        query_shape=[2, 4],
+        memory_flange=[1, 4],
+        conditioning_attention_radius=radius,
     )
     allowed = conditioning_neighbourhood(config, torch.arange(config.num_positions + 1))
     order = generation_order(config)
@@ -188,11 +186,11 @@ def test_upscale_returns_images_and_auto_class_loads(tmp_path):
 
 def test_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="conditioning_image_size"):
-        ImageTransformerForSuperResolution(ImageTransformerConfig(**{**TINY, "conditioning_image_size": None}))
+        ImageTransformerForSuperResolution(super_resolution_config(conditioning_image_size=None))
     with pytest.raises(ValueError, match="conditioning_image_size"):
-        ImageTransformerConfig(**{**TINY, "conditioning_image_size": [0, 4]})
+        super_resolution_config(conditioning_image_size=[0, 4])
     with pytest.raises(ValueError, match="conditioning_attention_radius"):
-        ImageTransformerConfig(**{**TINY, "conditioning_attention_radius": -1})
+        super_resolution_config(conditioning_attention_radius=-1)
     model = _model()
     ids, conditioning = _batch(model.config)
     with pytest.raises(ValueError, match="conditioning_ids"):

@@ -12,45 +12,26 @@ import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import ACTRNNConfig, ACTRNNForCausalLM, ACTRNNForSequenceClassification, ACTRNNModel
 from hf_txvariants.modeling_act_rnn import ACTRNNCache
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
-
-TINY = dict(
-    vocab_size=23,
-    embedding_size=6,
-    hidden_size=8,
-    rnn_type="tanh",
-    max_ponder_steps=5,
-    halting_bias_init=-1.0,  # a few updates per input step in the tiny model
-    initializer_range=0.5,
-    pad_token_id=0,
-)
 
 
 class TestACTRNN(TxvModelTesterMixin):
-    config_class = ACTRNNConfig
+    model_type = "txv_act_rnn"
     model_classes = (ACTRNNModel, ACTRNNForCausalLM, ACTRNNForSequenceClassification)
     causal_lm_class = ACTRNNForCausalLM
-    tiny_config_kwargs = TINY
     supports_sdpa = False  # no attention
-
-    @pytest.mark.slow  # a subprocess that imports transformers
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 class TestACTRNNLSTM(TestACTRNN):
     """The LSTM cell: the state is (h, c), packed into one tensor for the ACT block."""
 
-    tiny_config_kwargs = {**TINY, "rnn_type": "lstm"}
-
-    @pytest.mark.slow  # the same files as the tanh variant
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = {"rnn_type": "lstm"}
 
 
 def build(seed=0, model_class=ACTRNNForCausalLM, **overrides):
     torch.manual_seed(seed)
-    return model_class(ACTRNNConfig(**{**TINY, **overrides})).eval()
+    return model_class(tiny_config("txv_act_rnn", **overrides)).eval()
 
 
 def naive_cell(model, inputs, state):
@@ -210,6 +191,7 @@ def test_sequence_classification_reads_the_vectors_of_the_parity_task():
 
 
 @pytest.mark.parametrize("model_class", [ACTRNNForCausalLM, ACTRNNForSequenceClassification])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_torch_export_and_compile_fullgraph_trace_the_model(model_class):
     model = build(seed=2, model_class=model_class, halting_bias_init=0.0)
     ids = torch.randint(1, 23, (2, 4), generator=torch.Generator().manual_seed(0))
@@ -244,7 +226,7 @@ def test_auto_classes_and_paper_names():
 )
 def test_bad_config_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
-        ACTRNNConfig(**{**TINY, **kwargs})
+        tiny_config("txv_act_rnn", **kwargs)
 
 
 def test_bad_input_names_the_tensor():

@@ -17,58 +17,35 @@ import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants import AdaptiveSpanConfig, AdaptiveSpanForCausalLM, AdaptiveSpanModel
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan, soft_span_mask, span_attention_bias
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import span_off, tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original"
-
-TINY = dict(
-    vocab_size=31,
-    d_model=16,
-    n_head=2,
-    d_inner=32,
-    n_layer=2,
-    attn_span=12,
-    adapt_span_ramp=3,
-    adapt_span_init=0.25,
-    initializer_range=0.2,
-    pad_token_id=0,
-)
+TINY_OVERRIDES = dict(initializer_range=0.2)  # this file's tiny model: tiny_config("txv_adaptive_span") with these
 
 
 class TestAdaptiveSpan(TxvModelTesterMixin):
-    config_class = AdaptiveSpanConfig
+    model_type = "txv_adaptive_span"
     model_classes = (AdaptiveSpanModel, AdaptiveSpanForCausalLM)
     causal_lm_class = AdaptiveSpanForCausalLM
-    tiny_config_kwargs = TINY
+    config_overrides = TINY_OVERRIDES
     has_memory = True
     memory_test_config_kwargs = dict(attn_span=20, adapt_span_init=0.4)
 
-    @pytest.mark.slow  # a subprocess that imports transformers: the slowest test here
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAdaptiveSpanDynamic(TestAdaptiveSpan):
-    tiny_config_kwargs = {**TINY, "adapt_span_dynamic": True}
-
-    @pytest.mark.slow  # the same files as the static variant
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = {**TINY_OVERRIDES, "adapt_span_dynamic": True}
 
 
 class TestAdaptiveSpanAdaptiveSoftmax(TestAdaptiveSpan):
     """The shared tester with Transformer-XL's adaptive embedding and softmax on (a large-vocabulary option)."""
 
-    tiny_config_kwargs = {**TINY, "vocab_size": 40, "adaptive": True, "cutoffs": [8, 20], "div_val": 2}
-
-    @pytest.mark.slow  # the same files as the static variant
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = {**TINY_OVERRIDES, "vocab_size": 40, "adaptive": True, "cutoffs": [8, 20], "div_val": 2}
 
 
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
-    return AdaptiveSpanForCausalLM(AdaptiveSpanConfig(**{**TINY, **overrides})).eval()
+    return AdaptiveSpanForCausalLM(tiny_config("txv_adaptive_span", **{**TINY_OVERRIDES, **overrides})).eval()
 
 
 def ids(batch, length, seed=0):
@@ -109,8 +86,9 @@ def test_soft_mask_formula():
 def naive_first_layer_weights(model, input_ids):
     """softmax without the span, times m_z(x), renormalised: the paper's definition, on the first layer."""
     config = model.config
-    span_off = {name: value for name, value in TINY.items() if not name.startswith("adapt_span_")}
-    plain_config = AdaptiveSpanConfig(**span_off, adapt_span_enabled=False)
+    plain_config = tiny_config(
+        "txv_adaptive_span", **TINY_OVERRIDES, **span_off("txv_adaptive_span"), adapt_span_enabled=False
+    )
     plain = AdaptiveSpanForCausalLM(plain_config).eval()
     plain.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():
@@ -234,7 +212,7 @@ def test_auto_class_and_original_names():
 )
 def test_bad_config_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
-        AdaptiveSpanConfig(**{**TINY, **kwargs})
+        tiny_config("txv_adaptive_span", **kwargs)
 
 
 def test_bad_input_names_the_tensor():

@@ -25,19 +25,17 @@ from hf_txvariants import (
     SpanCache,
 )
 from hf_txvariants.txv_compat import output_cache
-from tiny_configs import TINY_CONFIGS
+from tiny_configs import DEFAULT, span_off, tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "adaptive_span_original_models"
 META = json.loads((FIXTURES / "meta.json").read_text())
-TINY = TINY_CONFIGS["txv_adaptive_span_original"]
 
 
 class TestAdaptiveSpanOriginal(TxvModelTesterMixin):
-    config_class = AdaptiveSpanOriginalConfig
+    model_type = "txv_adaptive_span_original"
     model_classes = (AdaptiveSpanOriginalModel, AdaptiveSpanOriginalForCausalLM)
     causal_lm_class = AdaptiveSpanOriginalForCausalLM
-    tiny_config_kwargs = TINY
     has_memory = True
     supports_sdpa = False  # the soft mask multiplies the softmax output and renormalises, as the original
 
@@ -47,35 +45,19 @@ class TestAdaptiveSpanOriginal(TxvModelTesterMixin):
         shape = (batch_size or self.batch_size, seq_length or self.seq_length)
         return {"input_ids": torch.randint(1, config.vocab_size, shape, generator=generator)}
 
-    @pytest.mark.slow  # a subprocess that imports transformers
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAdaptiveSpanOriginalTrimming(TestAdaptiveSpanOriginal):
     """Spans short enough for the original's 64-step trimming of keys and cache."""
 
-    tiny_config_kwargs = {**TINY, "attn_span": 140, "adapt_span_init": 0.05}
-
-    @pytest.mark.slow  # the same files as the first class
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = {"attn_span": 140, "adapt_span_init": 0.05}
 
 
 class TestAdaptiveSpanOriginalFixedSpan(TestAdaptiveSpanOriginal):
-    tiny_config_kwargs = {k: v for k, v in TINY.items() if not k.startswith("adapt_span")}
-
-    @pytest.mark.slow  # the same files as the first class
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = span_off("txv_adaptive_span_original")
 
 
 class TestAllAttentionNetwork(TestAdaptiveSpanOriginal):
-    tiny_config_kwargs = {k: v for k, v in TINY.items() if k != "intermediate_size"} | {"persistent_memory_size": 3}
-
-    @pytest.mark.slow  # the same files as the first class
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = {"persistent_memory_size": 3, "intermediate_size": DEFAULT}  # the all-attention network
 
 
 def convert(tmp_path, case, container="", flags=None, corpus=True, name="model"):
@@ -200,7 +182,7 @@ def test_corpus_of_another_size_is_refused(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------- model behaviour
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
-    return AdaptiveSpanOriginalForCausalLM(AdaptiveSpanOriginalConfig(**{**TINY, **overrides})).eval()
+    return AdaptiveSpanOriginalForCausalLM(tiny_config("txv_adaptive_span_original", **overrides)).eval()
 
 
 def test_cache_lengths_follow_the_spans_and_start_as_zeros():
@@ -278,7 +260,7 @@ def test_padding_is_refused():
 )
 def test_bad_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
-        AdaptiveSpanOriginalConfig(**{**TINY, **overrides})
+        tiny_config("txv_adaptive_span_original", **overrides)
 
 
 @pytest.mark.exact

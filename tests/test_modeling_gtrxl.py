@@ -10,28 +10,29 @@ from hf_txvariants.configuration_gtrxl import GATE_TYPES
 from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_gates import GatingLayer, GRUGate, ResidualGate
 from hf_txvariants.txv_positions import sinusoid_table
+from tiny_configs import TINY_CONFIGS, tiny_config
 from txv_tester import TxvModelTesterMixin
 
-TINY = dict(vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2, mem_len=8)
 ATOL = 1e-5
 
 
 class TestGTrXL(TxvModelTesterMixin):
-    config_class = GTrXLConfig
+    model_type = "txv_gtrxl"
     model_classes = (GTrXLModel, GTrXLForCausalLM)
     causal_lm_class = GTrXLForCausalLM
-    tiny_config_kwargs = TINY
     has_memory = True
     memory_test_config_kwargs = {"mem_len": 7}
 
 
 def build(gate_type="gru", seed=0, **overrides):
     torch.manual_seed(seed)
-    return GTrXLModel(GTrXLConfig(**{**TINY, "gate_type": gate_type, **overrides})).eval()
+    return GTrXLModel(tiny_config("txv_gtrxl", **{"gate_type": gate_type, **overrides})).eval()
 
 
 def observations(batch, length, seed=1):
-    return torch.randn(batch, length, TINY["hidden_size"], generator=torch.Generator().manual_seed(seed))
+    return torch.randn(
+        batch, length, TINY_CONFIGS["txv_gtrxl"]["hidden_size"], generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def step_by_step(model, embeds, episode_starts=None, use_reset_rows=False):
@@ -51,7 +52,7 @@ def step_by_step(model, embeds, episode_starts=None, use_reset_rows=False):
 
 # ---------------------------------------------------------------------------------------------------------- config
 def test_registered_with_auto_classes():
-    config = AutoConfig.for_model("txv_gtrxl", **TINY)
+    config = AutoConfig.for_model("txv_gtrxl", **TINY_CONFIGS["txv_gtrxl"])
     assert type(config) is GTrXLConfig
     assert type(AutoModel.from_config(config)) is GTrXLModel
     assert type(AutoModelForCausalLM.from_config(config)) is GTrXLForCausalLM
@@ -70,7 +71,7 @@ def test_registered_with_auto_classes():
 )
 def test_wrong_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
-        GTrXLConfig(**{**TINY, **overrides})
+        tiny_config("txv_gtrxl", **overrides)
 
 
 def test_paper_names_accepted():
@@ -249,8 +250,8 @@ def test_memory_less_model_sees_only_the_current_step():
 @pytest.mark.exact
 def test_causal_lm_generate_keeps_its_memory():
     torch.manual_seed(0)
-    model = GTrXLForCausalLM(GTrXLConfig(**TINY)).eval()
-    prompt = torch.randint(0, 13, (2, 4))
+    model = GTrXLForCausalLM(tiny_config("txv_gtrxl")).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (2, 4))
     generated = model.generate(prompt, max_new_tokens=5, do_sample=False, pad_token_id=0)
     ids = prompt
     with torch.no_grad():
@@ -271,7 +272,7 @@ def test_bad_inputs_are_clear_errors():
     with pytest.raises(ValueError, match="exactly one"):
         model()
     with pytest.raises(ValueError, match="vocab_size"):
-        model(input_ids=torch.tensor([[13]]))
+        model(input_ids=torch.tensor([[model.config.vocab_size]]))
     memory = output_cache(model(inputs_embeds=observations(2, 3)))
     with pytest.raises(ValueError, match="batch size"):
         model(inputs_embeds=observations(3, 1), cache=memory)
@@ -337,12 +338,12 @@ def test_reset_rows_by_default_is_a_fresh_start_up_to_float_rounding():
 def test_final_layer_norm_normalises_what_the_lm_head_reads():
     """The default GTrXL normalises its last hidden state (the gated stack never does): the tied LM head then reads
     unit-scale vectors at initialisation, not vectors of the embeddings' scale (what made a char LM learn slowly)."""
-    ids = torch.randint(0, 13, (2, 6))
+    ids = torch.randint(0, TINY_CONFIGS["txv_gtrxl"]["vocab_size"], (2, 6))
     with torch.no_grad():
         torch.manual_seed(0)
-        normed = GTrXLModel(GTrXLConfig(**TINY)).eval()(ids).last_hidden_state
+        normed = GTrXLModel(tiny_config("txv_gtrxl")).eval()(ids).last_hidden_state
         torch.manual_seed(0)
-        bare_model = GTrXLModel(GTrXLConfig(**TINY, final_layer_norm=False)).eval()
+        bare_model = GTrXLModel(tiny_config("txv_gtrxl", final_layer_norm=False)).eval()
         bare = bare_model(ids).last_hidden_state
     assert normed.std(-1, unbiased=False).min() > 0.9  # (eps 1e-5 against a variance of ~4e-4)
     assert bare.std() < 0.1
@@ -351,16 +352,16 @@ def test_final_layer_norm_normalises_what_the_lm_head_reads():
 
 # ------------------------------------------------------------------------------ adaptive softmax (large vocabularies)
 
-ADAPTIVE = dict(TINY, vocab_size=40, adaptive=True, cutoffs=[8, 20], div_val=2, d_embed=16)
+ADAPTIVE = dict(vocab_size=40, adaptive=True, cutoffs=[8, 20], div_val=2, d_embed=16)  # tiny_config overrides
 
 
 class TestGTrXLAdaptiveSoftmax(TxvModelTesterMixin):
     """The whole shared tester (save/load, remote code, generate, memory, ...) with the adaptive softmax on."""
 
-    config_class = GTrXLConfig
+    model_type = "txv_gtrxl"
+    config_overrides = ADAPTIVE
     model_classes = (GTrXLModel, GTrXLForCausalLM)
     causal_lm_class = GTrXLForCausalLM
-    tiny_config_kwargs = ADAPTIVE
     has_memory = True
     memory_test_config_kwargs = {"mem_len": 7}
 
@@ -369,8 +370,8 @@ def test_adaptive_softmax_loss_equals_the_naive_cluster_factorisation():
     """log p(w) = log p_head(w) for a shortlist token, log p_head(cluster i) + log p_i(w | cluster i) for a tail token
     (Grave et al. 2017), written out from the head's weights; the loss is the mean of -log p(next token)."""
     torch.manual_seed(0)
-    model = GTrXLForCausalLM(GTrXLConfig(**ADAPTIVE)).eval()
-    ids = torch.randint(0, ADAPTIVE["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(3))
+    model = GTrXLForCausalLM(tiny_config("txv_gtrxl", **ADAPTIVE)).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         out = model(ids, labels=ids)
         hidden = model.model(ids).last_hidden_state
@@ -390,7 +391,7 @@ def test_adaptive_softmax_loss_equals_the_naive_cluster_factorisation():
 
 
 def test_adaptive_softmax_is_tied_like_transformer_xl():
-    model = GTrXLForCausalLM(GTrXLConfig(**ADAPTIVE))
+    model = GTrXLForCausalLM(tiny_config("txv_gtrxl", **ADAPTIVE))
     for i in range(3):
         assert model.crit.out_layers[i].weight is model.model.embed_tokens.emb_layers[i].weight
     assert model.crit.out_projs[1] is model.model.embed_tokens.emb_projs[1]  # tie_projs: all but the first
@@ -400,9 +401,7 @@ def test_adaptive_softmax_is_tied_like_transformer_xl():
 def test_a_50k_vocabulary_trains_with_the_adaptive_softmax():
     """A GPT-2-sized vocabulary: the adaptive embedding and softmax stay small, and an optimiser step lowers the
     loss on the batch."""
-    config = GTrXLConfig(
-        **{**TINY, "vocab_size": 50257, "adaptive": True, "cutoffs": [2000, 10000], "div_val": 4, "d_embed": 16}
-    )
+    config = tiny_config("txv_gtrxl", vocab_size=50257, adaptive=True, cutoffs=[2000, 10000], div_val=4, d_embed=16)
     torch.manual_seed(0)
     model = GTrXLForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) < 50257 * 16  # less than one full-width embedding table
@@ -420,7 +419,7 @@ def test_a_50k_vocabulary_trains_with_the_adaptive_softmax():
 
 def test_adaptive_softmax_fields_are_checked():
     with pytest.raises(ValueError, match="cutoffs"):
-        GTrXLConfig(**{**ADAPTIVE, "cutoffs": [30, 8]})
+        tiny_config("txv_gtrxl", **{**ADAPTIVE, "cutoffs": [30, 8]})
     with pytest.raises(ValueError, match="tie_projs"):
-        GTrXLConfig(**{**ADAPTIVE, "tie_projs": [True]})
-    GTrXLConfig(**{**TINY, "cutoffs": [30, 8]})  # not checked while adaptive is off (today's behaviour)
+        tiny_config("txv_gtrxl", **ADAPTIVE, tie_projs=[True])
+    tiny_config("txv_gtrxl", cutoffs=[30, 8])  # not checked while adaptive is off (today's behaviour)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_txvariants import ImageTransformerConfig, ImageTransformerForCausalLM, ImageTransformerModel
+from hf_txvariants import ImageTransformerForCausalLM, ImageTransformerModel
 from hf_txvariants.modeling_image_transformer import (
     generation_order,
     images_to_input_ids,
@@ -15,33 +15,20 @@ from hf_txvariants.modeling_image_transformer import (
 )
 from hf_txvariants.training.images import save_png
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import tiny_config
 from txv_tester import TxvModelTesterMixin
-
-TINY = dict(
-    image_size=[4, 4],
-    num_channels=3,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=48,
-    attention_type="local_2d",
-    block_length=8,
-    query_shape=[2, 4],
-    memory_flange=[1, 4],
-)
 
 
 def _images(batch, seed=0, config=None):
-    config = config or ImageTransformerConfig(**TINY)
+    config = config or tiny_config("txv_image_transformer")
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (batch, *config.image_size, config.num_channels), generator=generator)
 
 
 class TestImageTransformer(TxvModelTesterMixin):
-    config_class = ImageTransformerConfig
+    model_type = "txv_image_transformer"
     model_classes = (ImageTransformerModel, ImageTransformerForCausalLM)
     causal_lm_class = ImageTransformerForCausalLM
-    tiny_config_kwargs = TINY
     seq_length = 30
 
     def make_inputs(self, config, batch_size=None, seq_length=None, seed=0):
@@ -50,27 +37,25 @@ class TestImageTransformer(TxvModelTesterMixin):
 
     def test_eager_equals_sdpa(self):
         """The dense path through eager and SDPA (blocked and FlexAttention are compared with it below)."""
-        self.tiny_config_kwargs = {**TINY, "pattern_implementation": "dense"}
+        self.config_overrides = {"pattern_implementation": "dense"}
         super().test_eager_equals_sdpa()
 
 
 def _model(**overrides):
     torch.manual_seed(0)
-    return ImageTransformerForCausalLM(ImageTransformerConfig(**{**TINY, **overrides})).eval()
+    return ImageTransformerForCausalLM(tiny_config("txv_image_transformer", **overrides)).eval()
 
 
 @pytest.mark.exact
 def test_images_round_trip_and_block_raster_order():
-    config = ImageTransformerConfig(**TINY)
+    config = tiny_config("txv_image_transformer")
     images = _images(2)
     ids = images_to_input_ids(images, config)
     assert ids.shape == (2, 49) and (ids[:, 0] == 256).all()
     assert torch.equal(input_ids_to_images(ids, config), images.to(torch.uint8))
     # Grid 4 x 12 (width * channels), query blocks 2 x 4: the first block is rows 0-1, grid columns 0-3.
     assert generation_order(config)[:8].tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
-    assert generation_order(ImageTransformerConfig(**{**TINY, "attention_type": "local_1d"})).tolist() == list(
-        range(48)
-    )
+    assert generation_order(tiny_config("txv_image_transformer", attention_type="local_1d")).tolist() == list(range(48))
 
 
 @pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
@@ -102,7 +87,7 @@ def test_receptive_field_is_the_papers(attention_type):
 
 @pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
 def test_implementations_agree(attention_type):
-    ids = images_to_input_ids(_images(2, 1), ImageTransformerConfig(**TINY))
+    ids = images_to_input_ids(_images(2, 1), tiny_config("txv_image_transformer"))
     logits = []
     for implementation in ("dense", "blocked", "flex"):
         model = _model(attention_type=attention_type, pattern_implementation=implementation)
@@ -152,11 +137,11 @@ def test_class_conditioning_and_generation(tmp_path):
 )
 def test_bad_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
-        ImageTransformerConfig(**{**TINY, field: value})
+        tiny_config("txv_image_transformer", **{field: value})
 
 
 def test_bad_input_names_tensor():
-    config = ImageTransformerConfig(**TINY)
+    config = tiny_config("txv_image_transformer")
     with pytest.raises(ValueError, match="images"):
         images_to_input_ids(torch.zeros(1, 4, 4, 1), config)
     with pytest.raises(ValueError, match="longer than an image"):
@@ -165,7 +150,7 @@ def test_bad_input_names_tensor():
 
 def test_images_outside_the_intensity_range_are_refused():
     """Intensities must lie in 0..255: one above or below is a ValueError naming the images and the range found."""
-    config = ImageTransformerConfig(**TINY)
+    config = tiny_config("txv_image_transformer")
     height, width = config.image_size
     for bad_value in (256, -1):
         images = torch.zeros(1, height, width, config.num_channels)
@@ -197,10 +182,10 @@ def test_local_1d_memory_length_is_the_papers(memory_length):
 
 
 def test_local_1d_memory_length_defaults_to_the_block():
-    config = ImageTransformerConfig(**{**TINY, "attention_type": "local_1d"})
+    config = tiny_config("txv_image_transformer", attention_type="local_1d")
     assert config.memory_length == config.block_length == 8
     with pytest.raises(ValueError, match="memory_length"):
-        ImageTransformerConfig(**{**TINY, "memory_length": -1})
+        tiny_config("txv_image_transformer", memory_length=-1)
 
 
 # ------------------------------------------------------------------------------------------------ generation cache
@@ -270,6 +255,7 @@ def test_shift_labels_are_honoured():
 
 
 @pytest.mark.parametrize("attention_type", ["local_1d", "local_2d"])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_export_and_compile_trace_the_model(attention_type):
     model = _model(attention_type=attention_type, use_cache=False)
     ids = images_to_input_ids(_images(2, 6), model.config)

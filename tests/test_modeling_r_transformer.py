@@ -19,39 +19,27 @@ from hf_txvariants.modeling_r_transformer import (
     RTransformerModel,
 )
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import tiny_config
 from txv_tester import TxvModelTesterMixin
 
-TINY = dict(
-    vocab_size=19,
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_rnn_layers=2,
-    num_attention_heads=2,
-    local_window=3,
-    dropout=0.1,
-    attention_dropout=0.1,
-    embedding_dropout=0.1,
-    pad_token_id=0,
-)
+# this file's tiny model: tiny_config("txv_r_transformer") with two RNN layers and dropout on (the tester checks that
+# evaluation turns it off and that gradient checkpointing replays it)
+TINY_OVERRIDES = dict(num_rnn_layers=2, dropout=0.1, attention_dropout=0.1, embedding_dropout=0.1)
 
 
 class TestRTransformer(TxvModelTesterMixin):
-    config_class = RTransformerConfig
+    model_type = "txv_r_transformer"
+    config_overrides = TINY_OVERRIDES
     model_classes = (RTransformerModel, RTransformerForCausalLM, RTransformerForSequenceClassification)
     causal_lm_class = RTransformerForCausalLM
-    tiny_config_kwargs = TINY
-
-    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 @pytest.mark.slow
 class TestRTransformerLSTMStandardNorm(TxvModelTesterMixin):
-    config_class = RTransformerConfig
+    model_type = "txv_r_transformer"
     model_classes = (RTransformerModel,)
-    tiny_config_kwargs = {
-        **TINY,
+    config_overrides = {
+        **TINY_OVERRIDES,
         "rnn_type": "LSTM",
         "num_rnn_layers": 1,
         "layer_norm_type": "standard",
@@ -61,7 +49,7 @@ class TestRTransformerLSTMStandardNorm(TxvModelTesterMixin):
 
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
-    return RTransformerForCausalLM(RTransformerConfig(**{**TINY, **overrides})).eval()
+    return RTransformerForCausalLM(tiny_config("txv_r_transformer", **{**TINY_OVERRIDES, **overrides})).eval()
 
 
 def ids(batch=2, length=8, seed=0):
@@ -199,9 +187,9 @@ def test_assisted_decoding_is_refused_with_transformers_error():
 
 def test_errors_name_the_field():
     with pytest.raises(ValueError, match="rnn_type"):
-        RTransformerConfig(**{**TINY, "rnn_type": "QRNN"})
+        tiny_config("txv_r_transformer", rnn_type="QRNN")
     with pytest.raises(ValueError, match="local_window"):
-        RTransformerConfig(**{**TINY, "local_window": 0})
+        tiny_config("txv_r_transformer", local_window=0)
     with pytest.raises(ValueError, match="attention_mask"):
         build()(ids(), attention_mask=torch.ones(2, 3))
     with pytest.raises(ValueError, match="RTransformerCache"):

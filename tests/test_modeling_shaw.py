@@ -9,7 +9,6 @@ import torch
 from transformers import DynamicCache, EncoderDecoderModel
 
 import hf_txvariants  # noqa: F401
-from hf_txvariants.configuration_shaw import ShawConfig
 from hf_txvariants.modeling_shaw import (
     ShawForCausalLM,
     ShawForMaskedLM,
@@ -18,42 +17,31 @@ from hf_txvariants.modeling_shaw import (
 )
 from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_shaw_attention import RelationAwareSelfAttention, relative_distance_index
+from tiny_configs import tiny_config
 from txv_tester import TxvModelTesterMixin
 
-TINY = dict(
-    vocab_size=21,
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=24,
-    max_relative_position=3,
-    dropout=0.1,
-    attention_dropout=0.1,
-    pad_token_id=0,
-)
+# this file's tiny model: tiny_config("txv_shaw") with dropout on (the tester checks that evaluation turns it off and
+# that gradient checkpointing replays it)
+TINY_OVERRIDES = dict(dropout=0.1, attention_dropout=0.1)
 
 
 class TestShawDecoder(TxvModelTesterMixin):
     """With relative values (the default) the value term needs the attention weights: eager only."""
 
-    config_class = ShawConfig
+    model_type = "txv_shaw"
+    config_overrides = TINY_OVERRIDES
     supports_sdpa = False
     model_classes = (ShawModel, ShawForCausalLM, ShawForSequenceClassification)
     causal_lm_class = ShawForCausalLM
-    tiny_config_kwargs = TINY
-
-    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 @pytest.mark.slow
 class TestShawEncoderKeysOnly(TxvModelTesterMixin):
     """Without relative values the key term goes through sdpa as a bias: eager == sdpa is checked here."""
 
-    config_class = ShawConfig
+    model_type = "txv_shaw"
     model_classes = (ShawModel, ShawForMaskedLM, ShawForSequenceClassification)
-    tiny_config_kwargs = {**TINY, "is_decoder": False, "relative_values": False, "pre_lnorm": True}
+    config_overrides = {**TINY_OVERRIDES, "is_decoder": False, "relative_values": False, "pre_lnorm": True}
 
 
 def naive_relation_aware_attention(attn: RelationAwareSelfAttention, x, past=None, causal=True):
@@ -90,7 +78,9 @@ def naive_relation_aware_attention(attn: RelationAwareSelfAttention, x, past=Non
 
 def make_attention(relative_values=True, seed=0):
     torch.manual_seed(seed)
-    attn = RelationAwareSelfAttention(ShawConfig(**{**TINY, "relative_values": relative_values}), layer_idx=0).eval()
+    attn = RelationAwareSelfAttention(
+        tiny_config("txv_shaw", **TINY_OVERRIDES, relative_values=relative_values), layer_idx=0
+    ).eval()
     with torch.no_grad():  # non-trivial relative embeddings and biases
         for parameter in attn.parameters():
             parameter.normal_(0, 0.5)
@@ -134,7 +124,7 @@ def test_relative_distance_index():
 
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
-    return ShawForCausalLM(ShawConfig(**{**TINY, **overrides})).eval()
+    return ShawForCausalLM(tiny_config("txv_shaw", **{**TINY_OVERRIDES, **overrides})).eval()
 
 
 def ids(batch=2, length=9, seed=0):
@@ -172,17 +162,17 @@ def test_no_absolute_positions_and_errors():
     model = build()
     assert not any("position" in n and "relative" not in n for n, _ in model.named_parameters())
     with pytest.raises(ValueError, match="max_relative_position"):
-        ShawConfig(**{**TINY, "max_relative_position": 0})
+        tiny_config("txv_shaw", max_relative_position=0)
     with pytest.raises(ValueError, match="is_decoder=False"):
-        ShawForMaskedLM(ShawConfig(**TINY))
+        ShawForMaskedLM(tiny_config("txv_shaw"))
     with pytest.raises(ValueError, match="attention_mask"):
         model(ids(), attention_mask=torch.ones(2, 4))
 
 
 def test_encoder_decoder_model():
     torch.manual_seed(0)
-    encoder = ShawModel(ShawConfig(**{**TINY, "is_decoder": False}))
-    decoder = ShawForCausalLM(ShawConfig(**{**TINY, "add_cross_attention": True}))
+    encoder = ShawModel(tiny_config("txv_shaw", **TINY_OVERRIDES, is_decoder=False))
+    decoder = ShawForCausalLM(tiny_config("txv_shaw", **TINY_OVERRIDES, add_cross_attention=True))
     model = EncoderDecoderModel(encoder=encoder, decoder=decoder)
     model.config.decoder_start_token_id = 1
     model.config.pad_token_id = 0

@@ -4,55 +4,39 @@ import pytest
 import torch
 
 from hf_txvariants import (
-    SparseTransformerConfig,
     SparseTransformerForCausalLM,
     SparseTransformerForSequenceClassification,
     SparseTransformerModel,
 )
 from hf_txvariants.modeling_sparse_transformer import layer_patterns
 from hf_txvariants.txv_patterns import FixedBlock, FixedSummary, PerHead, Strided, StridedColumn, StridedLocal
+from tiny_configs import tiny_config
 from txv_tester import TxvModelTesterMixin
-
-TINY = dict(
-    vocab_size=37,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=64,
-    attention_pattern="strided",
-    pattern_mode="interleaved",
-    stride=3,
-    block_size=4,
-)
 
 
 class TestSparseTransformer(TxvModelTesterMixin):
-    config_class = SparseTransformerConfig
+    model_type = "txv_sparse_transformer"
     model_classes = (SparseTransformerModel, SparseTransformerForCausalLM, SparseTransformerForSequenceClassification)
     causal_lm_class = SparseTransformerForCausalLM
-    tiny_config_kwargs = TINY
     seq_length = 11
 
     def test_eager_equals_sdpa(self):
         """The dense path through eager and SDPA (blocked and FlexAttention are compared with it below)."""
-        self.tiny_config_kwargs = {**TINY, "pattern_implementation": "dense"}
+        self.config_overrides = {"pattern_implementation": "dense"}
         super().test_eager_equals_sdpa()
 
 
 def _model(**overrides):
     torch.manual_seed(0)
-    return SparseTransformerForCausalLM(SparseTransformerConfig(**{**TINY, **overrides})).eval()
+    return SparseTransformerForCausalLM(tiny_config("txv_sparse_transformer", **overrides)).eval()
 
 
 def test_pattern_modes():
-    config = SparseTransformerConfig(**{**TINY, "num_hidden_layers": 3})
+    config = tiny_config("txv_sparse_transformer", num_hidden_layers=3)
     assert layer_patterns(config) == [StridedLocal(3), StridedColumn(3), StridedLocal(3)]
-    config = SparseTransformerConfig(**{**TINY, "pattern_mode": "merged"})
+    config = tiny_config("txv_sparse_transformer", pattern_mode="merged")
     assert layer_patterns(config) == [Strided(3)] * 2
-    config = SparseTransformerConfig(
-        **{**TINY, "pattern_mode": "per_head", "attention_pattern": "fixed", "summary_size": 1}
-    )
+    config = tiny_config("txv_sparse_transformer", pattern_mode="per_head", attention_pattern="fixed", summary_size=1)
     assert layer_patterns(config) == [PerHead((FixedBlock(3), FixedSummary(3, 1)))] * 2
 
 
@@ -99,17 +83,16 @@ def test_implementations_agree(mode, pattern, convention):
 def test_paper_convention_factor_sets():
     """pattern_convention="paper": strided A(1) = {max(0, i - l), ..., i} (l + 1 keys), fixed A(2) = the summary
     positions only; the reference convention keeps today's sets."""
-    strided = SparseTransformerConfig(**{**TINY, "pattern_convention": "paper"})
+    strided = tiny_config("txv_sparse_transformer", pattern_convention="paper")
     assert layer_patterns(strided) == [StridedLocal(4), StridedColumn(3)]
-    fixed = SparseTransformerConfig(
-        **{**TINY, "pattern_convention": "paper", "attention_pattern": "fixed", "summary_size": 1}
-    )
+    fixed = tiny_config("txv_sparse_transformer", pattern_convention="paper", attention_pattern="fixed", summary_size=1)
     assert layer_patterns(fixed) == [FixedBlock(3), FixedSummary(3, 1, include_query=False)]
-    assert layer_patterns(SparseTransformerConfig(**{**TINY, "attention_pattern": "fixed", "summary_size": 1}))[
+    assert layer_patterns(tiny_config("txv_sparse_transformer", attention_pattern="fixed", summary_size=1))[
         1
     ] == FixedSummary(3, 1)
-    merged = {**TINY, "pattern_mode": "merged"}
-    assert layer_patterns(SparseTransformerConfig(**merged, pattern_convention="paper"))[0] == Strided(3, paper=True)
+    assert layer_patterns(tiny_config("txv_sparse_transformer", pattern_mode="merged", pattern_convention="paper"))[
+        0
+    ] == Strided(3, paper=True)
 
 
 def test_left_padding_is_refused():
@@ -132,6 +115,7 @@ def test_left_padding_is_refused():
 
 
 @pytest.mark.parametrize("mode", ["merged", "per_head"])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_export_and_compile_trace(mode):
     """torch.export and torch.compile(fullgraph=True) trace the model, padding mask included (no check on tensor
     values in forward), and the traced model gives the eager logits."""
@@ -193,12 +177,12 @@ def test_cached_generation_equals_full_pass():
 
 
 def test_image_positions_and_checkpointing_default():
-    config = SparseTransformerConfig(
-        **{**TINY, "image_shape": [4, 3, 3], "num_hidden_layers": 3, "gradient_checkpointing_min_layers": 3}
+    config = tiny_config(
+        "txv_sparse_transformer", image_shape=[4, 3, 3], num_hidden_layers=3, gradient_checkpointing_min_layers=3
     )
     model = SparseTransformerForCausalLM(config)
     assert model.is_activation_checkpointing
-    assert not SparseTransformerForCausalLM(SparseTransformerConfig(**TINY)).is_activation_checkpointing
+    assert not SparseTransformerForCausalLM(tiny_config("txv_sparse_transformer")).is_activation_checkpointing
     ids = torch.randint(0, 37, (2, 36))
     model.train()
     loss = model(ids, labels=ids).loss
@@ -220,7 +204,7 @@ def test_image_positions_and_checkpointing_default():
 )
 def test_bad_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
-        SparseTransformerConfig(**{**TINY, field: value})
+        tiny_config("txv_sparse_transformer", **{field: value})
 
 
 def test_bad_input_names_tensor():

@@ -16,49 +16,45 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceCl
 import hf_txvariants
 from hf_txvariants import (
     MemoryCache,
-    TransfoXLConfig,
     TransfoXLForSequenceClassification,
     TransfoXLLMHeadModel,
     TransfoXLModel,
 )
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
 LEGACY_FIXTURES = Path(__file__).parent / "fixtures" / "transfo_xl_legacy"
 LEGACY_CASES = sorted(p.name for p in LEGACY_FIXTURES.iterdir() if p.is_dir())
 
-TINY = dict(
-    vocab_size=40,
-    cutoffs=[10, 20],
-    div_val=2,
-    d_model=16,
-    d_embed=16,
-    n_head=2,
-    d_head=8,
-    d_inner=32,
-    n_layer=2,
-    mem_len=5,
-    clamp_len=6,
-    same_length=True,
-    dropout=0.0,
-    dropatt=0.0,
-    init_std=0.2,
-    proj_init_std=0.2,
-    pad_token_id=0,
-)
+
+# this file's tiny model: tiny_config("transfo-xl") with the paper's evaluation setting (same_length), no dropout and
+# N(0, 0.2) weights
+TINY_OVERRIDES = dict(same_length=True, dropout=0.0, dropatt=0.0, init_std=0.2, proj_init_std=0.2)
+
+
+def xl_config(**overrides):
+    return tiny_config("transfo-xl", **{**TINY_OVERRIDES, **overrides})
 
 
 class TestTransfoXL(TxvModelTesterMixin):
-    config_class = TransfoXLConfig
+    model_type = "transfo-xl"
     model_classes = (TransfoXLModel, TransfoXLLMHeadModel, TransfoXLForSequenceClassification)
     causal_lm_class = TransfoXLLMHeadModel
-    tiny_config_kwargs = TINY
+    config_overrides = TINY_OVERRIDES
     has_memory = True
     memory_test_config_kwargs = dict(memory_init="empty", mem_len=7)
 
 
 class TestTransfoXLPreNormNoCutoffs(TestTransfoXL):
-    tiny_config_kwargs = {**TINY, "cutoffs": [], "div_val": 1, "pre_lnorm": True, "untie_r": False, "d_embed": 12}
+    config_overrides = {
+        **TINY_OVERRIDES,
+        "cutoffs": [],
+        "div_val": 1,
+        "pre_lnorm": True,
+        "untie_r": False,
+        "d_embed": 12,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- legacy parity
@@ -162,11 +158,11 @@ def test_checkpoint_with_missing_or_extra_tensor_is_an_error(tmp_path, change):
 )
 def test_inconsistent_config_is_a_value_error_naming_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
-        TransfoXLConfig(**{**TINY, **overrides})
+        xl_config(**overrides)
 
 
 def test_token_ids_out_of_range():
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY)).eval()
+    model = TransfoXLLMHeadModel(xl_config()).eval()
     with pytest.raises(ValueError, match="vocab_size"):
         model(torch.tensor([[1, 2, 40]]))
     with pytest.raises(ValueError, match="vocab_size"):
@@ -176,22 +172,22 @@ def test_token_ids_out_of_range():
 
 
 def test_memory_from_another_batch_size_or_config():
-    config = TransfoXLConfig(**TINY)
+    config = xl_config()
     model = TransfoXLLMHeadModel(config).eval()
     memory = output_cache(model(torch.randint(0, 40, (2, 4))))
     with pytest.raises(ValueError, match="batch size 2"):
         model(torch.randint(0, 40, (3, 4)), cache=memory)
-    wider = TransfoXLLMHeadModel(TransfoXLConfig(**{**TINY, "d_model": 32, "d_head": 16})).eval()
+    wider = TransfoXLLMHeadModel(xl_config(d_model=32, d_head=16)).eval()
     with pytest.raises(ValueError, match="hidden size"):
         wider(torch.randint(0, 40, (2, 4)), cache=memory)
-    deeper = TransfoXLLMHeadModel(TransfoXLConfig(**{**TINY, "n_layer": 3})).eval()
+    deeper = TransfoXLLMHeadModel(xl_config(n_layer=3)).eval()
     with pytest.raises(ValueError, match="layers"):
         deeper(torch.randint(0, 40, (2, 4)), cache=memory)
 
 
 # ---------------------------------------------------------------------------------------------------- memory
 def test_memory_is_detached_trimmed_and_rows_reset_independently():
-    config = TransfoXLConfig(**{**TINY, "memory_init": "empty", "same_length": False})
+    config = xl_config(memory_init="empty", same_length=False)
     model = TransfoXLLMHeadModel(config).train()
     ids = torch.randint(0, 40, (3, 4))
     cache = output_cache(model(ids, labels=ids))
@@ -212,7 +208,7 @@ def test_memory_is_detached_trimmed_and_rows_reset_independently():
 
 
 def test_zero_memory_reset_row_equals_fresh_row():
-    config = TransfoXLConfig(**TINY)  # memory_init="zeros", the legacy behaviour
+    config = xl_config()  # memory_init="zeros", the legacy behaviour
     model = TransfoXLLMHeadModel(config).eval()
     with torch.no_grad():
         cache = output_cache(model(torch.randint(0, 40, (2, 6))))
@@ -226,7 +222,7 @@ def test_zero_memory_reset_row_equals_fresh_row():
 # ---------------------------------------------------------------------------------------------------- generation
 def _generation_model(**overrides):
     torch.manual_seed(0)
-    config = TransfoXLConfig(**{**TINY, "memory_init": "empty", "mem_len": 6, **overrides})
+    config = xl_config(**{"memory_init": "empty", "mem_len": 6, **overrides})
     return TransfoXLLMHeadModel(config).eval()
 
 
@@ -285,7 +281,7 @@ def test_beam_search_and_sampling_use_memory():
 
 # ---------------------------------------------------------------------------------------------------- training
 def test_loss_is_scalar_mean_over_shifted_labels_and_honours_ignore_index():
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY)).eval()
+    model = TransfoXLLMHeadModel(xl_config()).eval()
     ids = torch.randint(0, 40, (2, 6))
     labels = ids.clone()
     labels[0, 3] = -100
@@ -306,7 +302,7 @@ def test_loss_is_scalar_mean_over_shifted_labels_and_honours_ignore_index():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_forward_backward_is_finite(dtype):
     torch.manual_seed(0)
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**{**TINY, "dropout": 0.1})).to(dtype).train()
+    model = TransfoXLLMHeadModel(xl_config(dropout=0.1)).to(dtype).train()
     ids = torch.randint(0, 40, (2, 6))
     attention_mask = torch.ones_like(ids)
     attention_mask[1, :2] = 0
@@ -319,7 +315,7 @@ def test_half_precision_forward_backward_is_finite(dtype):
 
 
 def test_sequence_classification_uses_the_last_real_token():
-    config = TransfoXLConfig(**{**TINY, "num_labels": 3, "memory_init": "empty"})
+    config = xl_config(num_labels=3, memory_init="empty")
     model = TransfoXLForSequenceClassification(config).eval()
     ids = torch.randint(1, 40, (1, 4))
     padded = torch.cat([ids, torch.zeros(1, 2, dtype=torch.long)], dim=1)
@@ -334,7 +330,7 @@ def test_sequence_classification_uses_the_last_real_token():
 
 
 def test_auto_classes_are_registered():
-    config = TransfoXLConfig(**TINY)
+    config = xl_config()
     assert isinstance(AutoModel.from_config(config), TransfoXLModel)
     assert isinstance(AutoModelForCausalLM.from_config(config), TransfoXLLMHeadModel)
     assert isinstance(AutoModelForSequenceClassification.from_config(config), TransfoXLForSequenceClassification)
@@ -342,7 +338,7 @@ def test_auto_classes_are_registered():
 
 
 def test_failed_save_leaves_no_folder(tmp_path, monkeypatch):
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY))
+    model = TransfoXLLMHeadModel(xl_config())
     from hf_txvariants import txv_pretrained
 
     def broken(*args, **kwargs):
@@ -369,7 +365,7 @@ def test_generate_without_memory_recomputes_the_whole_context():
 
 @pytest.mark.exact
 def test_labels_keep_the_logits_unless_the_caller_opts_out():
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY)).eval()
+    model = TransfoXLLMHeadModel(xl_config()).eval()
     ids = torch.randint(0, 40, (2, 6))
     with torch.no_grad():
         with_labels = model(ids, labels=ids)
@@ -384,7 +380,7 @@ def test_labels_keep_the_logits_unless_the_caller_opts_out():
 @pytest.mark.exact
 def test_resize_token_embeddings_keeps_the_shared_rows():
     torch.manual_seed(0)
-    config = TransfoXLConfig(**{**TINY, "cutoffs": [], "div_val": 1, "d_embed": 12})
+    config = xl_config(cutoffs=[], div_val=1, d_embed=12)
     model = TransfoXLLMHeadModel(config).eval()
     ids = torch.randint(0, 40, (2, 6))
     with torch.no_grad():
@@ -403,6 +399,6 @@ def test_resize_token_embeddings_keeps_the_shared_rows():
 
 
 def test_resize_token_embeddings_with_cutoffs_names_the_reason():
-    model = TransfoXLLMHeadModel(TransfoXLConfig(**TINY))
+    model = TransfoXLLMHeadModel(xl_config())
     with pytest.raises(ValueError, match="cutoffs"):
         model.resize_token_embeddings(50)

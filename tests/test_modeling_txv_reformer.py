@@ -9,41 +9,26 @@ from safetensors.torch import load_file
 
 from hf_txvariants import (
     TxvReformerCache,
-    TxvReformerConfig,
     TxvReformerForCausalLM,
     TxvReformerForSequenceClassification,
     TxvReformerModel,
 )
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import tiny_config
 from txv_tester import TxvModelTesterMixin
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-TINY = dict(
-    vocab_size=31,
-    hidden_size=16,
-    num_attention_heads=2,
-    attention_head_size=8,
-    feed_forward_size=24,
-    attn_layers=["local", "lsh"],
-    axial_pos_shape=[8, 8],
-    axial_pos_embds_dim=[8, 8],
-    max_position_embeddings=64,
-    lsh_attn_chunk_length=4,
-    local_attn_chunk_length=4,
-    num_buckets=4,
-    num_hashes=2,
-    hash_seed=7,
-    hidden_dropout_prob=0.0,
-    local_attention_probs_dropout_prob=0.0,
-)
+
+# this file's tiny model: tiny_config("txv_reformer") with two hashing rounds under a fixed seed and no dropout
+TINY_OVERRIDES = dict(num_hashes=2, hash_seed=7, hidden_dropout_prob=0.0, local_attention_probs_dropout_prob=0.0)
 
 
 class TestTxvReformer(TxvModelTesterMixin):
-    config_class = TxvReformerConfig
+    model_type = "txv_reformer"
+    config_overrides = TINY_OVERRIDES
     model_classes = (TxvReformerModel, TxvReformerForCausalLM, TxvReformerForSequenceClassification)
     causal_lm_class = TxvReformerForCausalLM
-    tiny_config_kwargs = TINY
     supports_sdpa = False
     seq_length = 13  # not a multiple of the chunk length: padded inside
 
@@ -73,7 +58,7 @@ def test_parity_depends_on_the_hash_seed():
 
 def _model(**overrides):
     torch.manual_seed(0)
-    return TxvReformerForCausalLM(TxvReformerConfig(**{**TINY, **overrides}))
+    return TxvReformerForCausalLM(tiny_config("txv_reformer", **{**TINY_OVERRIDES, **overrides}))
 
 
 def test_reversible_gradients_equal_stored_activations_with_dropout():
@@ -136,7 +121,7 @@ def test_padding_does_not_change_real_positions():
 )
 def test_bad_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
-        TxvReformerConfig(**{**TINY, field: value})
+        tiny_config("txv_reformer", **{field: value})
 
 
 def test_bad_input_names_tensor():
@@ -146,7 +131,7 @@ def test_bad_input_names_tensor():
     with pytest.raises(ValueError, match="max_position_embeddings"):
         model(torch.zeros(1, 65, dtype=torch.long))
     with pytest.raises(ValueError, match="is_decoder"):
-        TxvReformerForCausalLM(TxvReformerConfig(**{**TINY, "is_decoder": False}))
+        TxvReformerForCausalLM(tiny_config("txv_reformer", is_decoder=False))
 
 
 # ------------------------------------------------------------------------------------------------ generation cache
@@ -288,6 +273,7 @@ def test_shift_labels_are_honoured():
     assert not torch.allclose(other, model(ids, labels=ids).loss)
 
 
+@pytest.mark.slow  # torch.export and torch.compile
 def test_export_and_compile_trace_the_model():
     model = _model(use_cache=False).eval()
     ids = torch.randint(0, 31, (2, 13), generator=torch.Generator().manual_seed(6))

@@ -22,25 +22,20 @@ from hf_txvariants import (
 from hf_txvariants.modeling_universal import UniversalStepCache
 from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_positions import sinusoid_table
+from tiny_configs import tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
-TINY = dict(
-    vocab_size=37,
-    d_model=16,
-    n_head=2,
-    d_inner=32,
-    max_steps=4,
-    dropout=0.0,
-    dropatt=0.0,
-    initializer_range=0.2,
-    halting_bias_init=-1.0,  # positions take a few steps in the tiny model
-    pad_token_id=0,
-    is_decoder=True,
-)
+# this file's tiny model: tiny_config("txv_universal") with up to four steps (positions halt after different numbers),
+# no dropout and N(0, 0.2) weights
+TINY_OVERRIDES = dict(max_steps=4, dropout=0.0, dropatt=0.0, initializer_range=0.2)
+
+
+def universal_config(**overrides):
+    return tiny_config("txv_universal", **{**TINY_OVERRIDES, **overrides})
 
 
 class TestUniversalTransformerACT(TxvModelTesterMixin):
-    config_class = UniversalTransformerConfig
+    model_type = "txv_universal"
     model_classes = (
         UniversalTransformerModel,
         UniversalTransformerForCausalLM,
@@ -48,24 +43,16 @@ class TestUniversalTransformerACT(TxvModelTesterMixin):
         UniversalTransformerForSequenceClassification,
     )
     causal_lm_class = UniversalTransformerForCausalLM
-    tiny_config_kwargs = TINY
-
-    @pytest.mark.slow  # a subprocess that imports transformers: the slowest test here
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = TINY_OVERRIDES
 
 
 class TestUniversalTransformerFixedSteps(TestUniversalTransformerACT):
-    tiny_config_kwargs = {**TINY, "use_act": False, "is_decoder": False}
-
-    @pytest.mark.slow  # the same files as the ACT variant; a second subprocess load is slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = {**TINY_OVERRIDES, "use_act": False, "is_decoder": False}
 
 
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
-    return UniversalTransformerForCausalLM(UniversalTransformerConfig(**{**TINY, **overrides})).eval()
+    return UniversalTransformerForCausalLM(universal_config(**overrides)).eval()
 
 
 def naive_weight_tied_stack(model, input_ids):
@@ -189,7 +176,7 @@ def test_left_padded_generation_equals_rows_alone():
 
 
 def test_masked_lm_is_bidirectional_and_causal_lm_is_not():
-    config = UniversalTransformerConfig(**TINY)
+    config = universal_config()
     torch.manual_seed(0)
     mlm = UniversalTransformerForMaskedLM(config).eval()
     clm = UniversalTransformerForCausalLM(config).eval()
@@ -203,13 +190,13 @@ def test_masked_lm_is_bidirectional_and_causal_lm_is_not():
     labels = torch.full_like(ids, -100)
     labels[0, 2] = 4
     assert mlm(ids, labels=labels).loss.isfinite()
-    classifier = UniversalTransformerForSequenceClassification(UniversalTransformerConfig(**TINY, num_labels=3))
+    classifier = UniversalTransformerForSequenceClassification(universal_config(num_labels=3))
     assert classifier(ids, labels=torch.tensor([1])).logits.shape == (1, 3)
 
 
 def test_encoder_decoder_cross_attention():
-    encoder_config = UniversalTransformerConfig(**{**TINY, "is_decoder": False})
-    decoder_config = UniversalTransformerConfig(**{**TINY, "is_decoder": True, "add_cross_attention": True})
+    encoder_config = universal_config(is_decoder=False)
+    decoder_config = universal_config(is_decoder=True, add_cross_attention=True)
     torch.manual_seed(0)
     encoder = UniversalTransformerModel(encoder_config)
     decoder = UniversalTransformerForCausalLM(decoder_config)
@@ -260,7 +247,7 @@ def test_auto_class_and_paper_names():
 )
 def test_bad_config_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
-        UniversalTransformerConfig(**{**TINY, **kwargs})
+        tiny_config("txv_universal", **kwargs)
 
 
 def test_bad_input_names_the_tensor():
@@ -399,8 +386,9 @@ def naive_universal_transformer(model, input_ids, real, causal):
 @pytest.mark.parametrize("transition", ["feed_forward", "separable_conv"])
 @pytest.mark.parametrize("head", [UniversalTransformerForCausalLM, UniversalTransformerForMaskedLM])
 def test_layer_equals_the_paper_equations(layer_norm_position, transition, head):
-    config = UniversalTransformerConfig(
-        **{**TINY, "use_act": False, "initializer_range": 0.3},
+    config = universal_config(
+        use_act=False,
+        initializer_range=0.3,
         layer_norm_position=layer_norm_position,
         transition=transition,
         separable_conv_kernel_sizes=[3, 2],
@@ -422,11 +410,7 @@ def test_layer_equals_the_paper_equations(layer_norm_position, transition, head)
 class TestUniversalTransformerPaperLayer(TestUniversalTransformerACT):
     """The shared tester on the paper's options: post-LN with the (causal) separable-convolution transition."""
 
-    tiny_config_kwargs = {**TINY, "layer_norm_position": "post", "transition": "separable_conv"}
-
-    @pytest.mark.slow  # the same files as the ACT variant; a third subprocess load is slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
+    config_overrides = {**TINY_OVERRIDES, "layer_norm_position": "post", "transition": "separable_conv"}
 
 
 @pytest.mark.exact
@@ -458,7 +442,7 @@ def test_separable_conv_generation_recomputes_the_sequence_and_keeps_left_paddin
 )
 def test_bad_paper_option_names_the_field(field, kwargs):
     with pytest.raises(ValueError, match=field):
-        UniversalTransformerConfig(**{**TINY, **kwargs})
+        tiny_config("txv_universal", **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -521,7 +505,7 @@ def test_batched_pipelines_equal_one_row_at_a_time():
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="[PAD]", mask_token="[MASK]", unk_token="w0"
     )
-    config = UniversalTransformerConfig(**{**TINY, "is_decoder": False, "halting_bias_init": 0.0}, num_labels=2)
+    config = universal_config(is_decoder=False, halting_bias_init=0.0, num_labels=2)
     torch.manual_seed(0)
     tasks = [
         ("text-classification", UniversalTransformerForSequenceClassification(config), ["w1 w2 w3", "w4 w5", "w6"]),
@@ -571,6 +555,7 @@ def test_shift_labels_are_the_targets_when_given():
 
 
 @pytest.mark.parametrize("use_act", [True, False])
+@pytest.mark.slow  # torch.export and torch.compile
 def test_torch_export_and_compile_fullgraph_trace_the_model(use_act):
     model = build(seed=0, use_act=use_act, halting_bias_init=0.0, initializer_range=0.5)
     ids = torch.randint(1, 37, (2, 6), generator=torch.Generator().manual_seed(0))

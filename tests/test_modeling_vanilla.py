@@ -12,7 +12,6 @@ from torch import nn
 from transformers import EncoderDecoderModel
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
-from hf_txvariants.configuration_vanilla import VanillaConfig
 from hf_txvariants.modeling_vanilla import (
     VanillaForCausalLM,
     VanillaForMaskedLM,
@@ -22,40 +21,32 @@ from hf_txvariants.modeling_vanilla import (
 from hf_txvariants.training.callbacks import TrainingProgressCallback
 from hf_txvariants.training.sliding_window import sliding_window_log_probs
 from hf_txvariants.txv_compat import cache_field, output_cache
+from tiny_configs import tiny_config
 from txv_tester import TxvModelTesterMixin
 
-TINY = dict(
-    vocab_size=23,
-    hidden_size=16,
-    num_hidden_layers=3,
-    num_attention_heads=2,
-    intermediate_size=24,
-    max_position_embeddings=32,
-    dropout=0.1,
-    attention_dropout=0.1,
-    num_future_targets=3,
-    intermediate_loss_weight=1.0,
-    pad_token_id=0,
-)
+# this file's tiny model: tiny_config("txv_vanilla") with three layers (Al-Rfou et al.'s per-layer positions and
+# intermediate losses reach layers 2 and 3), three future targets and dropout on (the tester checks that evaluation
+# turns it off and that gradient checkpointing replays it)
+TINY_OVERRIDES = dict(num_hidden_layers=3, num_future_targets=3, dropout=0.1, attention_dropout=0.1)
+
+
+def vanilla_config(**overrides):
+    return tiny_config("txv_vanilla", **{**TINY_OVERRIDES, **overrides})
 
 
 class TestVanillaDecoder(TxvModelTesterMixin):
-    config_class = VanillaConfig
+    model_type = "txv_vanilla"
+    config_overrides = TINY_OVERRIDES
     model_classes = (VanillaModel, VanillaForCausalLM, VanillaForSequenceClassification)
     causal_lm_class = VanillaForCausalLM
-    tiny_config_kwargs = TINY
-
-    @pytest.mark.slow  # a clean subprocess importing transformers: about 10 s
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 @pytest.mark.slow
 class TestVanillaPerLayerPositions(TxvModelTesterMixin):
-    config_class = VanillaConfig
+    model_type = "txv_vanilla"
+    config_overrides = {**TINY_OVERRIDES, "per_layer_positions": True, "pre_lnorm": True}
     model_classes = (VanillaForCausalLM,)
     causal_lm_class = VanillaForCausalLM
-    tiny_config_kwargs = {**TINY, "per_layer_positions": True, "pre_lnorm": True}
 
 
 def test_per_layer_positions_are_added_at_each_layer_input():
@@ -74,19 +65,24 @@ def test_per_layer_positions_are_added_at_each_layer_input():
         expected = produced[layer_idx - 1] + model.model.layer_positions[layer_idx - 1].weight[positions]
         torch.testing.assert_close(seen[layer_idx], expected, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="per_layer_positions"):
-        VanillaConfig(**{**TINY, "per_layer_positions": True, "position_embedding_type": "sinusoidal"})
+        vanilla_config(per_layer_positions=True, position_embedding_type="sinusoidal")
 
 
 @pytest.mark.slow
 class TestVanillaSinusoidalEncoder(TxvModelTesterMixin):
-    config_class = VanillaConfig
+    model_type = "txv_vanilla"
+    config_overrides = {
+        **TINY_OVERRIDES,
+        "is_decoder": False,
+        "position_embedding_type": "sinusoidal",
+        "pre_lnorm": True,
+    }
     model_classes = (VanillaModel, VanillaForMaskedLM, VanillaForSequenceClassification)
-    tiny_config_kwargs = {**TINY, "is_decoder": False, "position_embedding_type": "sinusoidal", "pre_lnorm": True}
 
 
 def build(seed=0, **overrides):
     torch.manual_seed(seed)
-    config = VanillaConfig(**{**TINY, **overrides})
+    config = vanilla_config(**overrides)
     return VanillaForCausalLM(config).eval()
 
 
@@ -110,7 +106,7 @@ def sinusoids(length, dim):
 def test_matches_torch_transformer_encoder_layer(position_embedding_type, is_decoder):
     """Post-LN layers equal torch.nn.TransformerEncoderLayer (ReLU, post-norm) with the same weights."""
     torch.manual_seed(0)
-    config = VanillaConfig(**{**TINY, "position_embedding_type": position_embedding_type, "is_decoder": is_decoder})
+    config = vanilla_config(position_embedding_type=position_embedding_type, is_decoder=is_decoder)
     model = VanillaModel(config).eval()
     x = ids()
     reference_layers = []
@@ -255,23 +251,23 @@ def test_sliding_window_log_probs(windows_per_batch=4):
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="position_embedding_type"):
-        VanillaConfig(**{**TINY, "position_embedding_type": "rotary"})
+        vanilla_config(position_embedding_type="rotary")
     with pytest.raises(ValueError, match="hidden_size"):
-        VanillaConfig(**{**TINY, "hidden_size": 15})
+        vanilla_config(hidden_size=15)
     with pytest.raises(ValueError, match="add_cross_attention"):
-        VanillaConfig(**{**TINY, "is_decoder": False, "add_cross_attention": True})
+        vanilla_config(is_decoder=False, add_cross_attention=True)
     with pytest.raises(ValueError, match="num_future_targets"):
-        VanillaConfig(**{**TINY, "num_future_targets": 0})
+        vanilla_config(num_future_targets=0)
     with pytest.raises(ValueError, match="is_decoder=False"):
-        VanillaForMaskedLM(VanillaConfig(**TINY))
+        VanillaForMaskedLM(vanilla_config())
     with pytest.raises(ValueError, match="input_ids"):
         build()(torch.full((1, 3), 99))
 
 
 def make_encoder_decoder(seed=0):
     torch.manual_seed(seed)
-    encoder = VanillaModel(VanillaConfig(**{**TINY, "is_decoder": False, "position_embedding_type": "sinusoidal"}))
-    decoder = VanillaForCausalLM(VanillaConfig(**{**TINY, "is_decoder": True, "add_cross_attention": True}))
+    encoder = VanillaModel(vanilla_config(is_decoder=False, position_embedding_type="sinusoidal"))
+    decoder = VanillaForCausalLM(vanilla_config(is_decoder=True, add_cross_attention=True))
     model = EncoderDecoderModel(encoder=encoder, decoder=decoder).eval()
     model.config.decoder_start_token_id = 1
     model.config.pad_token_id = 0

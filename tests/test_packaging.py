@@ -57,7 +57,8 @@ def test_the_wheel_has_no_top_level_conversion_package(tmp_path):
     assert not [n for n in names if n.startswith("conversion/")]
     assert "hf_txvariants/converters/kimiyoung_tf.py" in names and "hf_txvariants/converters/safe_pickle.py" in names
     assert "hf_txvariants/cli/convert.py" in names
-    # the `txv` script's launcher (answers --help / --version without importing the models) is in the wheel
-    assert "hf_txvariants_launcher.py" in names
+    # the `txv` script's launcher (answers --help / --version without importing the models) and its table of
+    # subcommands are in the wheel
+    assert "hf_txvariants_launcher.py" in names and "hf_txvariants_commands.py" in names
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert "txv = hf_txvariants_launcher:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

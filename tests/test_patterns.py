@@ -5,6 +5,10 @@ import pytest
 import torch
 from torch import nn
 
+from hf_txvariants.txv_pattern_attention import choose_implementation, pattern_attention
+from hf_txvariants.txv_pattern_flex import compiles_mask
+from hf_txvariants.txv_pattern_tiled import tile_masks
+from hf_txvariants.txv_pattern_tilings import from_block_raster, to_block_raster
 from hf_txvariants.txv_patterns import (
     Causal,
     Fixed,
@@ -17,13 +21,7 @@ from hf_txvariants.txv_patterns import (
     Strided,
     StridedColumn,
     StridedLocal,
-    choose_implementation,
-    compiles_mask,
     dense_allowed,
-    from_block_raster,
-    pattern_attention,
-    tile_masks,
-    to_block_raster,
 )
 
 L = 48
@@ -216,9 +214,9 @@ def test_offset_queries_equal_full():
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_tiles_without_gathers(name, monkeypatch):
     """The tiled path never gathers keys, and its masks hold O(L * keys per query) entries, not O(L^2)."""
-    import hf_txvariants.txv_patterns as patterns
+    import hf_txvariants.txv_pattern_gathered as gathered
 
-    monkeypatch.setattr(patterns, "gather_index", lambda *a, **k: pytest.fail("the tiled path gathered keys"))
+    monkeypatch.setattr(gathered, "gather_index", lambda *a, **k: pytest.fail("the tiled path gathered keys"))
     q, k, v = _inputs(length=L)
     with torch.no_grad():
         pattern_attention(_Module().eval(), q, k, v, ALL[name], "blocked")
@@ -307,18 +305,19 @@ def test_flex_refuses_cpu_training():
 def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
     """On CPU a union of tilings takes one softmax over fused-kernel calls (combined by their log-sum-exp), never
     the materialised scores; the fixed pattern's summary keys of earlier blocks go to the kernel without a mask."""
-    import hf_txvariants.txv_patterns as patterns
+    import hf_txvariants.txv_pattern_fused_union as fused_union
+    import hf_txvariants.txv_pattern_tiled as tiled
 
-    monkeypatch.setattr(patterns, "_merged_tilings_attention", lambda *a, **k: pytest.fail("scores materialised"))
+    monkeypatch.setattr(tiled, "_merged_tilings_attention", lambda *a, **k: pytest.fail("scores materialised"))
     if name == "fixed_a2_paper":  # one tile of every query with every summary key: cut in groups, not one masked call
-        monkeypatch.setattr(patterns, "_single_tiling_attention", lambda *a, **k: pytest.fail("one masked call"))
+        monkeypatch.setattr(tiled, "_single_tiling_attention", lambda *a, **k: pytest.fail("one masked call"))
     pattern, length = ALL[name], 96
     q, k, v = [t.requires_grad_() for t in _inputs(seed=4, length=length)]
     blocked, _ = pattern_attention(_Module().train(), q, k, v, pattern, "blocked")
     eager, _ = pattern_attention(_Module().train(), q, k, v, pattern, "eager")
     torch.testing.assert_close(blocked, eager, atol=1e-5, rtol=0)
     for part in pattern.parts if pattern.per_head else [pattern]:
-        pieces = patterns._union_pieces(tile_masks(part, length, "cpu"), length, torch.float32, None)
+        pieces = fused_union._union_pieces(tile_masks(part, length, "cpu"), length, torch.float32, None)
         unmasked = [piece for piece in pieces if piece.bias is None and not piece.causal]
         assert bool(unmasked) == ("fixed" in name and not isinstance(part, FixedBlock)), part
         for piece in unmasked:  # every pair of an unmasked piece is allowed
@@ -342,15 +341,15 @@ def test_compiled_flex_keeps_its_fused_kernel_past_the_global_recompile_limit(ca
     with no fallback."""
     import logging
 
-    from hf_txvariants import txv_patterns
+    from hf_txvariants import txv_pattern_flex
 
     torch._dynamo.reset()
     q, k, v = _inputs()
     with torch._dynamo.config.patch(recompile_limit=1), torch.no_grad(), caplog.at_level(logging.WARNING):
         for stride in (2, 4, 8):
             pattern = Strided(stride)
-            compiled = txv_patterns.flex_pattern_attention(q, k, v, pattern, 0.5, compile=True)
-            reference = txv_patterns.flex_pattern_attention(q, k, v, pattern, 0.5, compile=False)
+            compiled = txv_pattern_flex.flex_pattern_attention(q, k, v, pattern, 0.5, compile=True)
+            reference = txv_pattern_flex.flex_pattern_attention(q, k, v, pattern, 0.5, compile=False)
             torch.testing.assert_close(compiled, reference, atol=1e-5, rtol=1e-4)  # fused vs unfused sums
     assert not [record for record in caplog.records if "recompile_limit" in record.getMessage()]
     torch._dynamo.reset()
@@ -381,7 +380,7 @@ def test_the_compiled_build_is_chosen_for_long_cuda_masks():
 def test_compiled_block_mask_equals_the_eager_one(pattern, device):
     """The compiled build gives the eager build's blocks: the same partial and full blocks of every query block,
     in the same order, at a length that is no multiple of the block size."""
-    from hf_txvariants.txv_patterns import flex_block_mask
+    from hf_txvariants.txv_pattern_flex import flex_block_mask
 
     eager, compiled = (flex_block_mask(pattern, 4, 1000, 1000, device, compile_mask=flag) for flag in (False, True))
     assert torch.equal(compiled.to_dense(), eager.to_dense())
@@ -398,7 +397,7 @@ def test_compiled_mask_builds_stay_compiled_past_the_global_recompile_limit(capl
     whole [heads, L, L] grid (out of an H100's memory at 64k). The compiled builds run under FLEX_RECOMPILE_LIMIT."""
     import logging
 
-    from hf_txvariants.txv_patterns import flex_block_mask
+    from hf_txvariants.txv_pattern_flex import flex_block_mask
 
     torch._dynamo.reset()
     with torch._dynamo.config.patch(recompile_limit=1), caplog.at_level(logging.WARNING):

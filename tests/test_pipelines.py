@@ -9,20 +9,18 @@ import torch
 from transformers import pipeline
 
 from conversion.vocab import build_tokenizer
-from hf_txvariants import VanillaConfig, VanillaForCausalLM, VanillaForSequenceClassification
+from hf_txvariants import VanillaForCausalLM, VanillaForSequenceClassification
 from hf_txvariants.training.data import build_char_tokenizer
+from tiny_configs import tiny_config
 
 TEXT = "the quick brown fox jumps over the lazy dog. "
 WORDS = ["<eos>", "<unk>", "the", "cat", "sat", "on", "mat", "a", "dog"]
 
 
 def _config(tokenizer, **overrides):
-    return VanillaConfig(
+    return tiny_config(
+        "txv_vanilla",
         vocab_size=len(tokenizer),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=24,
         max_position_embeddings=64,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=None,

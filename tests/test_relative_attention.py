@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 import hf_txvariants  # noqa: F401  (registers the Auto classes)
 from hf_txvariants.txv_attention import causal_allowed, eager_attention_forward
@@ -20,23 +20,9 @@ from hf_txvariants.txv_relative_attention import (
     relative_position_embeddings,
     relative_shift,
 )
+from tiny_configs import tiny_config
 
-TINY_XL = dict(
-    vocab_size=40,
-    cutoffs=[10, 20],
-    div_val=2,
-    d_model=16,
-    d_embed=16,
-    n_head=2,
-    d_head=8,
-    d_inner=32,
-    n_layer=2,
-    mem_len=5,
-    clamp_len=6,
-    same_length=True,
-    dropout=0.0,
-    dropatt=0.0,
-)
+XL_OVERRIDES = dict(same_length=True, dropout=0.0, dropatt=0.0)  # tiny_config("transfo-xl") with these
 # the files that make up the relative-attention layer stack and the adaptive head (this issue's scope)
 LAYER_STACK_FILES = {"txv_relative_attention.py", "txv_adaptive_softmax.py", "txv_attention.py", "txv_positions.py"}
 
@@ -74,7 +60,7 @@ def attention_inputs(config, memory_length=3, query_length=4):
 
 @pytest.mark.slow
 def test_relative_attention_compiles_fullgraph_to_the_eager_result():
-    config = AutoConfig.for_model("transfo-xl", **TINY_XL, attn_implementation="sdpa")
+    config = tiny_config("transfo-xl", **XL_OVERRIDES, attn_implementation="sdpa")
     torch.manual_seed(0)
     attention = RelativePositionAttention(config)
     with torch.no_grad():
@@ -106,7 +92,7 @@ def test_torch_compile_transfo_xl_gives_the_eager_outputs():
     """`torch.compile(model)` (the compiled path) equals eager with memory and labels; fullgraph=True as well, except
     where a graph break comes from outside the layer stack (then the test reports that location as an expected
     failure: the cache / loss checks belong to issue 13)."""
-    config = AutoConfig.for_model("transfo-xl", **TINY_XL)
+    config = tiny_config("transfo-xl", **XL_OVERRIDES)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(1))
@@ -164,7 +150,7 @@ def test_query_blocks_hold_every_key_their_queries_may_see(window):
 def test_attention_in_query_blocks_equals_one_block(implementation, window, with_span_bias):
     """Blocks of queries attending only to their key range give the output and gradients of one block over all keys
     (windowed and causal masks, a padding key, an extra additive bias such as adaptive span's, memory)."""
-    config = AutoConfig.for_model("transfo-xl", **TINY_XL, attn_implementation=implementation)
+    config = tiny_config("transfo-xl", **XL_OVERRIDES, attn_implementation=implementation)
     memory_length, query_length = 37, 29
     hidden, table, allowed, memory = attention_inputs(config, memory_length, query_length)
     allowed = causal_allowed(query_length, memory_length, "cpu", window)[None, None].repeat(2, 1, 1, 1)
@@ -191,7 +177,7 @@ def test_backward_computes_no_input_gradient_for_the_detached_memory(pre_norm):
     the memory's input gradient (2 * B * M * hidden * 2 * inner FLOPs), unless a pre-norm's parameters need it."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    config = AutoConfig.for_model("transfo-xl", **TINY_XL)
+    config = tiny_config("transfo-xl", **XL_OVERRIDES)
     attention = random_attention(config, block_size=4)
     norm = torch.nn.LayerNorm(config.hidden_size) if pre_norm else None
     hidden, table, allowed, memory = attention_inputs(config, memory_length=6, query_length=5)

@@ -25,7 +25,7 @@ import hf_txvariants as txv
 from hf_txvariants.cli import main
 from hf_txvariants.training import read_metrics
 from hf_txvariants.training.checkpoints import complete_checkpoints
-from hf_txvariants.txv_files import atomic_directory
+from hf_txvariants.training.folder_lock import locked_atomic_directory
 from tests.tiny_configs import TINY_CONFIGS, TINY_TRAINING_FLAGS, model_class, tiny_config
 
 resource = pytest.importorskip("resource", reason="file-size limits need a POSIX system")
@@ -119,6 +119,7 @@ def test_save_pretrained_on_a_full_disk_keeps_the_previous_folder(model_type, tm
         torch.testing.assert_close(tensor, first_weights[name], msg=name)
 
 
+@pytest.mark.slow  # a subprocess that imports the plugin
 def test_a_killed_save_leaves_a_folder_that_is_ignored_and_cleaned_next_time(tmp_path):
     """A process killed (SIGKILL) while saving leaves its staging folder; the folder it was writing is untouched, and
     the next save removes the leftover."""
@@ -170,6 +171,7 @@ def _limited_train(name: str, call: int, flags: list[str]) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow  # three `txv train` runs, two in subprocesses
 def test_train_on_a_full_disk_keeps_the_last_checkpoint_and_model(tmp_path, capsys):
     out = tmp_path / "run"
     flags = ["--output-dir", str(out), "--save-every", "2"] + TINY_FLAGS
@@ -188,7 +190,7 @@ def test_train_on_a_full_disk_keeps_the_last_checkpoint_and_model(tmp_path, caps
     model_files = snapshot(out / "model")
 
     # the disk fills while the final model of a longer run is written: the previous model/ is kept as it was
-    run = _limited_train("atomic_directory", 1, ["--resume", "latest", "--max-steps", "6"] + flags)
+    run = _limited_train("locked_atomic_directory", 1, ["--resume", "latest", "--max-steps", "6"] + flags)
     assert run.returncode == 2, run.stderr[-3000:]
     last = run.stderr.strip().splitlines()[-1]
     assert last == f"txv: error: could not write {out / 'model'} (left as it was): File too large"
@@ -219,6 +221,7 @@ sys.exit(main(["train", *sys.argv[2:]]))
 """
 
 
+@pytest.mark.slow  # `txv train` subprocesses
 def test_a_second_run_into_the_same_folder_is_refused_and_a_killed_runs_lock_is_taken_over(tmp_path, capsys):
     out = tmp_path / "run"
     ready = tmp_path / "ready"
@@ -278,7 +281,7 @@ def test_convert_on_a_full_disk_keeps_the_previous_output(tmp_path, capsys):
 
 def test_a_conversion_into_a_folder_being_written_is_refused(tmp_path, capsys):
     out = tmp_path / "converted"
-    with atomic_directory(out):
+    with locked_atomic_directory(out):
         assert (
             main(
                 [
@@ -314,7 +317,7 @@ def test_upgrade_legacy_in_place_on_a_full_disk_keeps_the_original(small_disk, c
 
 def test_train_lock_names_json_holder_fields(tmp_path):
     """The lock file holds what the refusal names (pid, host, start time) while the run holds it."""
-    from hf_txvariants.txv_files import folder_lock
+    from hf_txvariants.training.folder_lock import folder_lock
 
     lock = tmp_path / ".txv.lock"
     with folder_lock(lock, "txv train"):
@@ -324,13 +327,36 @@ def test_train_lock_names_json_holder_fields(tmp_path):
     assert not lock.exists()
 
 
+def test_no_shipped_file_holds_a_process_lock():
+    """The output-folder lock serves the commands (hf_txvariants.training.folder_lock): the files a Hub folder carries
+    (txv_*, configuration_*, modeling_*, tokenization_*) neither define nor import it, nor fcntl."""
+    import ast
+
+    shipped = ("txv_", "configuration_", "modeling_", "tokenization_")
+    found = []
+    for path in sorted(Path(txv.__file__).parent.glob("*.py")):
+        if not path.name.startswith(shipped):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [alias.name for alias in node.names]
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            else:
+                continue
+            found += [f"{path.name}: {name}" for name in names if name in ("fcntl", "folder_lock", "FolderInUseError")]
+    assert found == []
+
+
 def test_every_variant_is_covered():
     assert set(TINY_CONFIGS) == set(txv.VARIANTS)
 
 
 def test_trainer_path_holds_the_same_lock_and_saves_the_model_folder_whole(tmp_path, capsys):
     """`txv train --trainer` is refused into a folder another run holds, and writes model/ as one folder."""
-    from hf_txvariants.txv_files import folder_lock
+    from hf_txvariants.training.folder_lock import folder_lock
 
     out = tmp_path / "run"
     out.mkdir()

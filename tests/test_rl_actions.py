@@ -13,8 +13,8 @@ gym = pytest.importorskip("gymnasium")
 
 from hf_txvariants.rl import MemoryPolicy, PPOSettings, linear_schedule, train_ppo  # noqa: E402
 from hf_txvariants.rl import ppo as ppo_module  # noqa: E402
+from tiny_configs import tiny_policy_gtrxl  # noqa: E402
 
-TINY_GTRXL = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, mem_len=6)
 BOX = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
 MULTI = gym.spaces.MultiDiscrete([3, 2], start=[1, 0])
 
@@ -64,7 +64,7 @@ def test_segment_rerun_gives_the_log_probs_acting_gave(kind, action_space):
     torch.manual_seed(0)
     observation_space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
     if kind == "gtrxl":
-        policy = MemoryPolicy.gtrxl(observation_space, action_space, **TINY_GTRXL).eval()
+        policy = MemoryPolicy.gtrxl(observation_space, action_space, config=tiny_policy_gtrxl()).eval()
     else:
         policy = MemoryPolicy.gru(observation_space, action_space, 16).eval()
     observations = torch.randn(3, 5, 3)
@@ -128,6 +128,7 @@ def test_multi_discrete_log_probs_and_entropies_are_sums_over_independent_catego
     torch.testing.assert_close(greedy, torch.stack([logits[:, :3].argmax(-1) + 1, logits[:, 3:].argmax(-1)], -1))
 
 
+@pytest.mark.slow  # PPO trains until the action is learnt
 def test_ppo_learns_a_box_action_that_matches_the_target():
     """From about -1.2 (random Gaussian actions) to a greedy action within reach of the target, in 4096 steps."""
     torch.manual_seed(0)
@@ -145,6 +146,7 @@ def test_ppo_learns_a_box_action_that_matches_the_target():
     assert np.abs(actions - targets).mean() < 0.15
 
 
+@pytest.mark.slow  # PPO trains until the action is learnt
 def test_ppo_learns_a_multi_discrete_action():
     """Both parts of the action must match their target: 1/3 by chance, 1.0 learned, in 4096 steps."""
     torch.manual_seed(0)

@@ -19,8 +19,8 @@ from hf_txvariants.rl import (  # noqa: E402
     MemoryPolicy,
     make_policy,
 )
+from tiny_configs import tiny_policy_gtrxl  # noqa: E402
 
-TINY_GTRXL = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, mem_len=6)
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 
 
@@ -81,7 +81,7 @@ def test_the_clock_tells_apart_steps_whose_observations_are_equal_and_restarts_w
 
 def test_predict_carries_the_episode_steps_in_its_state():
     torch.manual_seed(0)
-    policy = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), episode_clock=True, **TINY_GTRXL).eval()
+    policy = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), tiny_policy_gtrxl(), episode_clock=True).eval()
     observations = np.zeros((4, 2, 3), np.float32)
     state = None
     for t in range(4):
@@ -142,8 +142,8 @@ def test_bad_clock_input_is_refused_by_name():
 def test_the_model_card_names_the_clock_and_its_periods():
     from hf_txvariants.rl.card import build_policy_card
 
-    clocked = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), episode_clock=True, **TINY_GTRXL)
+    clocked = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), tiny_policy_gtrxl(), episode_clock=True)
     card = build_policy_card(clocked, "someone/clocked", "AutoencodeEasy", 0.99).content
     assert "with an episode clock (the step within the episode, periods 4, 8, 16, 32, 64, 128, 256, 512)" in card
-    plain = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), **TINY_GTRXL)
+    plain = MemoryPolicy.gtrxl(BOX_OBS, gym.spaces.Discrete(2), tiny_policy_gtrxl())
     assert "with an episode clock" not in build_policy_card(plain, "someone/plain").content

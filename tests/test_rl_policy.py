@@ -25,9 +25,9 @@ from hf_txvariants.rl import (  # noqa: E402
     popgym_env,
     train_ppo,
 )
+from tiny_configs import tiny_policy_gtrxl  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TINY_GTRXL = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, mem_len=6)
 BODIES = ["gtrxl", "trxl_i", "gru", "mlp"]
 
 
@@ -39,9 +39,8 @@ def build(kind, observation_space, action_space, **fields):
         return MemoryPolicy.gtrxl(
             observation_space,
             action_space,
+            tiny_policy_gtrxl(**{"gate_type": "gru" if kind == "gtrxl" else "trxl_i", **fields}),
             episode_clock=clock,
-            gate_type="gru" if kind == "gtrxl" else "trxl_i",
-            **{**TINY_GTRXL, **fields},
         )
     return getattr(MemoryPolicy, kind)(observation_space, action_space, 16, episode_clock=clock)
 
@@ -285,6 +284,7 @@ def test_target_kl_stops_an_update_after_the_epoch_that_passes_it():
         train_ppo(policy, envs, dataclasses.replace(settings, target_kl=0), seed=0)
 
 
+@pytest.mark.slow  # the example script in a subprocess
 def test_example_runs_from_the_command_line(tmp_path):
     pytest.importorskip("popgym")
     output = tmp_path / "curves.json"

@@ -25,8 +25,8 @@ from hf_txvariants.rl import (  # noqa: E402
     train_ppo,
 )
 from hf_txvariants.rl.evaluate import evaluate_policy  # noqa: E402
+from tiny_configs import tiny_policy_gtrxl  # noqa: E402
 
-TINY_GTRXL = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, mem_len=6)
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 ACTION_SPACES = {
     "discrete": gym.spaces.Discrete(3, start=1),
@@ -40,10 +40,10 @@ def build(kind, observation_space, action_space):
     clock = kind.endswith("+clock")
     kind = kind.removesuffix("+clock")
     if kind in ("gtrxl", "trxl_i", "gtrxl_no_memory"):
-        fields = {**TINY_GTRXL, "gate_type": "trxl_i" if kind == "trxl_i" else "gru"}
+        fields = {"gate_type": "trxl_i" if kind == "trxl_i" else "gru"}
         if kind == "gtrxl_no_memory":
             fields["mem_len"] = 0
-        return MemoryPolicy.gtrxl(observation_space, action_space, episode_clock=clock, **fields)
+        return MemoryPolicy.gtrxl(observation_space, action_space, tiny_policy_gtrxl(**fields), episode_clock=clock)
     return getattr(MemoryPolicy, kind)(observation_space, action_space, 16, episode_clock=clock)
 
 
@@ -270,6 +270,7 @@ def test_evaluate_policy_counts_each_envs_share_of_episodes():
     assert sorted(returns) == sorted(expected)
 
 
+@pytest.mark.slow  # the evaluation script in a subprocess
 def test_evaluate_script_prints_the_mean_return(tmp_path):
     envs = make_vector_env("txv/ProofOfMemory-v0", 4, seed=0)
     policy = build("gru", envs.single_observation_space, envs.single_action_space)

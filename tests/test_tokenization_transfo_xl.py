@@ -187,6 +187,7 @@ def test_text_generation_pipeline_on_the_legacy_folder():
 
 
 # --------------------------------------------------------------------------------------------- upgrade-legacy
+@pytest.mark.slow  # a clean subprocess loading remote code
 def test_upgrade_legacy_writes_a_pickle_free_copy_that_loads_as_remote_code(tmp_path, capsys):
     out = tmp_path / "safe"
     assert txv_main(["upgrade-legacy", str(WT103), "--output", str(out)]) == 0
@@ -233,6 +234,7 @@ def test_upgrade_legacy_in_place_and_bad_input(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a subprocess that imports the plugin
 def test_missing_sacremoses_is_one_clear_error(tmp_path):
     script = textwrap.dedent(
         f"""

@@ -27,7 +27,7 @@ from hf_txvariants import (
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan
 from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_gates import GRUGate
-from tiny_configs import general_path_only
+from tiny_configs import DEFAULT, general_path_only
 from txv_tester import ATOL, TxvModelTesterMixin
 
 SIZE = dict(vocab_size=23, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
@@ -39,37 +39,29 @@ ADAPTIVE_SPAN = dict(**SIZE, attn_span=12, adapt_span_ramp=3, adapt_span_init=0.
 
 # ------------------------------------------------------------------------------------------ composed models, tested
 class TestGTrXLWithAdaptiveSpan(TxvModelTesterMixin):
-    config_class = GTrXLConfig
+    model_type = "txv_gtrxl"
+    config_overrides = {**GTRXL, **SPAN}
     model_classes = (GTrXLModel, GTrXLForCausalLM)
     causal_lm_class = GTrXLForCausalLM
-    tiny_config_kwargs = {**GTRXL, **SPAN}
     has_memory = True
 
 
 class TestTransfoXLGatedWithAdaptiveSpan(TxvModelTesterMixin):
-    config_class = TransfoXLConfig
+    model_type = "transfo-xl"
+    config_overrides = {**TRANSFO_XL, "clamp_len": DEFAULT, "gate_type": "gru", **SPAN}
     model_classes = (TransfoXLModel, TransfoXLLMHeadModel)
     causal_lm_class = TransfoXLLMHeadModel
-    tiny_config_kwargs = {**TRANSFO_XL, "gate_type": "gru", **SPAN}
     has_memory = True
     memory_test_config_kwargs = {"memory_init": "empty"}
 
-    @pytest.mark.slow  # a subprocess that imports transformers; GTrXL with adaptive span covers it in the fast set
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
-
 
 class TestAdaptiveSpanGated(TxvModelTesterMixin):
-    config_class = AdaptiveSpanConfig
+    model_type = "txv_adaptive_span"
+    config_overrides = {**ADAPTIVE_SPAN, "gate_type": "gru", "adapt_span_dynamic": True}
     model_classes = (AdaptiveSpanModel, AdaptiveSpanForCausalLM)
     causal_lm_class = AdaptiveSpanForCausalLM
-    tiny_config_kwargs = {**ADAPTIVE_SPAN, "gate_type": "gru", "adapt_span_dynamic": True}
     has_memory = True
     memory_test_config_kwargs = dict(attn_span=20, adapt_span_init=0.4)
-
-    @pytest.mark.slow
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        super().test_remote_code_loads_without_plugin(tmp_path)
 
 
 def test_composed_models_have_both_mechanisms():
@@ -442,6 +434,7 @@ def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
 
 # ------------------------------------------------------------------------------------------ export and compile
 @pytest.mark.parametrize("name", ["transfo-xl", "gtrxl", "adaptive_span"])
+@pytest.mark.slow  # torch.export
 def test_torch_export_traces_the_xl_variants(name):
     model = _causal_lms()[name]
     ids = _ids(2, 5)

@@ -1,5 +1,6 @@
-"""One tiny config per variant (keyword arguments of its config class), shared by the tests that run every variant:
-transformers' common tests, export/compile and PEFT. A new variant adds its line here. `general_path_only` turns off
+"""One tiny config per variant (keyword arguments of its config class), the start of every test that builds a tiny
+model (`tiny_config(model_type, **overrides)`): the shared model tester, transformers' common tests, export/compile,
+PEFT, mixed precision, the RL policies. A new variant adds its line here. `general_path_only` turns off
 an XL-family model's one-position step for the tests of the general backbone's own caching."""
 
 from __future__ import annotations
@@ -158,9 +159,43 @@ TINY_CONFIGS = {
 SEQ_LENGTHS = {"txv_image_transformer": 4 * 4 * 3}
 
 
+class _Default:
+    def __repr__(self):
+        return "DEFAULT"
+
+
+DEFAULT = _Default()  # as an override: the field is left out of the tiny config, so the config's default applies
+
+
 def tiny_config(model_type: str, **overrides):
-    config_class, _ = txv.VARIANTS[model_type]
-    return config_class(**{**TINY_CONFIGS[model_type], **overrides})
+    """The tiny config of `model_type` (`TINY_CONFIGS`) with `overrides` replacing its fields: every test that builds a
+    tiny model starts here, and says by its overrides what it needs besides. An override may use a paper's name (it
+    reaches the config as given; the tiny config's standard name for the same field is left out), or be `DEFAULT`
+    (the field left at the config's default, e.g. a field that is refused while the option using it is off)."""
+    return config_class(model_type)(**tiny_config_kwargs(model_type, **overrides))
+
+
+def tiny_config_kwargs(model_type: str, **overrides) -> dict:
+    """The keyword arguments `tiny_config(model_type, **overrides)` passes to the config class."""
+    replaced = {config_class(model_type).attribute_map.get(name, name) for name in overrides}
+    base = {name: value for name, value in TINY_CONFIGS[model_type].items() if name not in replaced}
+    return {**base, **{name: value for name, value in overrides.items() if value is not DEFAULT}}
+
+
+def config_class(model_type: str):
+    return txv.VARIANTS[model_type][0]
+
+
+def span_off(model_type: str) -> dict:
+    """Overrides that leave a tiny config's adaptive-span fields (`adapt_span_*`) at their defaults: set ones are
+    refused while the span is off."""
+    return {name: DEFAULT for name in TINY_CONFIGS[model_type] if name.startswith("adapt_span_")}
+
+
+def tiny_policy_gtrxl(**overrides):
+    """The tiny GTrXL of the RL tests' policies (`MemoryPolicy.gtrxl(..., config=tiny_policy_gtrxl())`): no vocabulary
+    (observations come in as `inputs_embeds`, as in the configs `MemoryPolicy.gtrxl` builds) and a memory of 6."""
+    return tiny_config("txv_gtrxl", **{"vocab_size": 1, "pad_token_id": DEFAULT, "mem_len": 6, **overrides})
 
 
 def model_class(model_type: str, auto_name: str):

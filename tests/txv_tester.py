@@ -1,11 +1,14 @@
 """The shared model tester, in the spirit of transformers' ModelTesterMixin.
 
 A variant's test file subclasses `TxvModelTesterMixin` and sets:
-    config_class, model_classes (base model first), causal_lm_class (or None), tiny_config_kwargs (dict)
+    model_type (its tiny config is `tiny_configs.tiny_config(model_type, **config_overrides)`), config_overrides
+    (dict), model_classes (base model first), causal_lm_class (or None)
     has_memory: XL-family memory carried as past_key_values (MemoryCache)
     memory_test_config_kwargs: overrides under which "segment 2 with the memory of segment 1" equals one pass
     supports_sdpa, vocab_size_for_inputs, batch_size, seq_length
 and may override `make_inputs(config)`. Every check runs on CPU, in float32, with dropout off unless said otherwise.
+That each tester's saved folder loads as remote code without the plugin is checked for all testers at once, in one
+clean subprocess (`load_without_plugin`, tests/test_remote_code.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ import torch
 from transformers import AutoConfig
 
 from hf_txvariants.txv_compat import output_cache
+from tiny_configs import config_class, tiny_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ATOL = 1e-5
@@ -38,10 +41,10 @@ def first_tensor(output):
 
 
 class TxvModelTesterMixin:
-    config_class = None
+    model_type: str = ""
+    config_overrides: dict = {}
     model_classes: tuple = ()
     causal_lm_class = None
-    tiny_config_kwargs: dict = {}
     has_memory = False
     memory_test_config_kwargs: dict = {}
     supports_sdpa = True
@@ -49,9 +52,12 @@ class TxvModelTesterMixin:
     seq_length = 7
 
     # ------------------------------------------------------------------------------------------------ helpers
+    @property
+    def config_class(self):
+        return config_class(self.model_type)
+
     def make_config(self, **overrides):
-        kwargs = {**self.tiny_config_kwargs, **overrides}
-        return self.config_class(**kwargs)
+        return tiny_config(self.model_type, **{**self.config_overrides, **overrides})
 
     def make_inputs(self, config, batch_size=None, seq_length=None, seed=0):
         generator = torch.Generator().manual_seed(seed)
@@ -285,35 +291,72 @@ class TxvModelTesterMixin:
         beams = model.generate(prompt, num_beams=2, do_sample=False, **kwargs)
         assert beams.shape == (2, 7)
 
-    # ------------------------------------------------------------------------------------------------ remote code
-    def test_remote_code_loads_without_plugin(self, tmp_path):
-        """A saved folder loads with trust_remote_code=True where hf_txvariants cannot be imported."""
-        config = self.make_config()
-        inputs = self.make_inputs(config)
-        model_class = self.causal_lm_class or self.model_classes[0]
-        model = self.build(model_class, config)
-        expected = first_tensor(self.run(model, **inputs))
-        folder = tmp_path / "model"
-        model.save_pretrained(folder)
-        torch.save(inputs, tmp_path / "inputs.pt")
-        auto_name = "AutoModelForCausalLM" if self.causal_lm_class else "AutoModel"
-        script = textwrap.dedent(
-            f"""
-            import sys
-            sys.modules["hf_txvariants"] = None  # any import of the plugin fails
-            import torch, transformers
-            inputs = torch.load({str(tmp_path / "inputs.pt")!r}, weights_only=True)
-            model = getattr(transformers, {auto_name!r}).from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
-            assert not type(model).__module__.startswith("hf_txvariants"), type(model).__module__
-            with torch.no_grad():
-                output = model(**inputs)
-            tensor = output.logits if getattr(output, "logits", None) is not None else output.last_hidden_state
-            torch.save(tensor, {str(tmp_path / "output.pt")!r})
-            """
-        )
-        env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-        result = subprocess.run(
-            [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        torch.testing.assert_close(torch.load(tmp_path / "output.pt", weights_only=True), expected, atol=ATOL, rtol=0)
+
+# One clean process for the folders of every tester: the plugin cannot be imported there, and each folder's code is
+# loaded as its own remote module (folders have distinct names: the module transformers makes is named after it).
+LOAD_WITHOUT_PLUGIN = """
+import sys, traceback
+sys.modules["hf_txvariants"] = None  # any import of the plugin fails
+import torch, transformers
+for folder, auto_name in CASES:
+    try:
+        inputs = torch.load(folder + ".inputs.pt", weights_only=True)
+        model = getattr(transformers, auto_name).from_pretrained(folder, trust_remote_code=True).eval()
+        assert not type(model).__module__.startswith("hf_txvariants"), type(model).__module__
+        with torch.no_grad():
+            output = model(**inputs)
+        tensor = output.logits if getattr(output, "logits", None) is not None else output.last_hidden_state
+        torch.save(tensor, folder + ".output.pt")
+    except Exception:
+        with open(folder + ".error.txt", "w") as file:
+            file.write(traceback.format_exc())
+"""
+
+
+def load_without_plugin(testers, folder: Path) -> dict:
+    """For every tester class: `(expected, loaded)`, where `expected` is the output of its causal LM (or base model),
+    built and run here and saved under `folder`, and `loaded` the output of that folder loaded with
+    trust_remote_code=True in ONE clean subprocess for all of them (or, where that failed, the error as text)."""
+    cases, expected = [], {}
+    for tester_class in testers:
+        tester = tester_class()
+        config = tester.make_config()
+        inputs = tester.make_inputs(config)
+        model = tester.build(tester.causal_lm_class or tester.model_classes[0], config)
+        expected[tester_class] = first_tensor(tester.run(model, **inputs))
+        case = str(folder / f"{tester_class.__module__}_{tester_class.__name__}")
+        model.save_pretrained(case)
+        torch.save(inputs, case + ".inputs.pt")
+        cases.append((case, "AutoModelForCausalLM" if tester.causal_lm_class else "AutoModel"))
+    script = f"CASES = {cases!r}\n" + LOAD_WITHOUT_PLUGIN
+    env = {**os.environ, "HF_MODULES_CACHE": str(folder / "modules"), "PYTHONPATH": ""}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=folder, env=env, capture_output=True, text=True, timeout=1200
+    )
+    outputs = {}
+    for tester_class, (case, _) in zip(testers, cases):
+        output, error = Path(case + ".output.pt"), Path(case + ".error.txt")
+        if output.exists():
+            loaded = torch.load(output, weights_only=True)
+        elif error.exists():
+            loaded = error.read_text()[-3000:]
+        else:  # the process stopped before this folder
+            loaded = f"exit status {result.returncode}: {result.stderr[-3000:]}"
+        outputs[tester_class] = (expected[tester_class], loaded)
+    return outputs
+
+
+def all_testers() -> list[type]:
+    """Every shared-tester class of the suite: the test modules that use the tester are imported (each once: pytest
+    imports them under the same names), and the subclasses collected."""
+    import importlib
+
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        if "(TxvModelTesterMixin)" in path.read_text():
+            importlib.import_module(path.stem)
+    testers, pending = [], list(TxvModelTesterMixin.__subclasses__())
+    while pending:
+        tester = pending.pop(0)
+        testers.append(tester)
+        pending += tester.__subclasses__()
+    return sorted(set(testers), key=lambda tester: (tester.__module__, tester.__name__))

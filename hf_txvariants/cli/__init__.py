@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from hf_txvariants_commands import COMMANDS, DESCRIPTION, add_version_argument
+
 from .errors import UsageError, run_guarded
 
 
@@ -256,9 +258,7 @@ def add_push_parser(sub, name: str, help_text: str):
 
 
 def build_parser():
-    """Every subcommand of the table `hf_txvariants_launcher.COMMANDS`, with all its flags."""
-    from hf_txvariants_launcher import COMMANDS, DESCRIPTION, add_version_argument
-
+    """Every subcommand of the table `hf_txvariants_commands.COMMANDS`, with all its flags."""
     parser = TxvParser(prog="txv", description=DESCRIPTION)
     add_version_argument(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_hf_parser_class())

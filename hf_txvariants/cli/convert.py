@@ -25,7 +25,7 @@ def run(name: str, argv: list[str]) -> int:
 
 
 def add_parser(sub, name: str, help_text: str):
-    """`txv convert NAME ...` (see hf_txvariants_launcher.COMMANDS)."""
+    """`txv convert NAME ...` (see hf_txvariants_commands.COMMANDS)."""
     convert = sub.add_parser(name, help=help_text, add_help=True)
     convert.add_argument("converter", choices=sorted(CONVERTERS), help="which converter")
     convert.add_argument("converter_args", nargs=argparse.REMAINDER, help="the converter's own flags")

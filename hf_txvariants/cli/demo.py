@@ -18,7 +18,7 @@ import torch
 
 
 def add_parser(sub, name: str, help_text: str):
-    """`txv demo` (see hf_txvariants_launcher.COMMANDS)."""
+    """`txv demo` (see hf_txvariants_commands.COMMANDS)."""
     demo = sub.add_parser(name, help=help_text)
     add_arguments(demo)
     demo.set_defaults(func=run)

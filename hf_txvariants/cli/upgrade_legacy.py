@@ -31,7 +31,7 @@ CHECK_TEXT = 'The 2nd state-of-the-art model, 23,000 words long (1.80 m tall), w
 
 
 def add_parser(sub, name: str, help_text: str):
-    """`txv upgrade-legacy` (see hf_txvariants_launcher.COMMANDS)."""
+    """`txv upgrade-legacy` (see hf_txvariants_commands.COMMANDS)."""
     upgrade = sub.add_parser(name, help=help_text)
     add_arguments(upgrade)
     upgrade.set_defaults(func=run)
@@ -54,7 +54,7 @@ def upgrade_legacy(folder, output=None, overwrite=False) -> dict:
 
     import hf_txvariants  # noqa: F401 - registers the Auto classes
     from hf_txvariants import TransfoXLTokenizer
-    from hf_txvariants.txv_files import atomic_directory
+    from hf_txvariants.training.folder_lock import locked_atomic_directory
 
     source = Path(folder)
     if not source.is_dir():
@@ -80,7 +80,7 @@ def upgrade_legacy(folder, output=None, overwrite=False) -> dict:
     tokenizer = TransfoXLTokenizer.from_pretrained(source) if has_vocabulary else None
     model = AutoModelForCausalLM.from_pretrained(source).eval() if has_weights else None
 
-    with atomic_directory(target, keep_existing=False) as staging:
+    with locked_atomic_directory(target, keep_existing=False) as staging:
         staging = Path(staging)
         for name in sorted(names - REWRITTEN):
             path = source / name

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from ..txv_files import atomic_directory, folder_lock
 from . import distributed
 from .arguments import TrainArgs, given_fields, plan_flags, size_fields
 from .checkpoints import (
@@ -33,6 +32,7 @@ from .checkpoints import (
 )
 from .data import DataError, segment_stream
 from .evaluation import evaluate_stream, summarize
+from .folder_lock import folder_lock, locked_atomic_directory
 from .models import (
     AUXILIARY_TERMS,
     ModelError,
@@ -354,7 +354,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     if args.save_model:
         state_dict = sharded.full_state_dict() if sharded else accelerator.get_state_dict(model)
         if accelerator.is_main_process:  # the whole folder or nothing: a full disk leaves the previous model/
-            with atomic_directory(model_dir, keep_existing=False) as staging:
+            with locked_atomic_directory(model_dir, keep_existing=False) as staging:
                 (sharded or accelerator.unwrap_model(model)).save_pretrained(staging, state_dict=state_dict)
                 tokenizer.save_pretrained(staging)
                 (staging / "eval_results.json").write_text(

@@ -171,6 +171,7 @@ class Recipe:
     evaluation: str  # how the original evaluates the trained model
     vocabulary: str
     config_follows: dict = field(default_factory=dict)  # config field -> the TrainArgs field it always equals
+    train_follows: dict = field(default_factory=dict)  # TrainArgs field -> the one it equals unless given itself
 
 
 def _transfo_xl_recipe(key: str) -> Recipe:
@@ -245,6 +246,7 @@ def _adaptive_span_recipe(preset: str) -> Recipe:
         ),
         vocabulary=VOCABULARIES[spec["data"]],
         config_follows={"block_size": "seg_len", "attention_dropout": "dropout"},
+        train_follows={"eval_batch_size": "batch_size"},  # its validation data has the training batch's rows
     )
 
 
@@ -275,6 +277,9 @@ def recipe_train_args(name: str, **overrides):
     if unknown:
         raise DataError(f"recipe {name}: no TrainArgs field(s) {unknown}")
     values = {**recipe.train_args, **overrides}
+    for train_field, source in recipe.train_follows.items():
+        if train_field not in overrides:
+            values[train_field] = values[source]
     # a config field given under a paper's name (`d_head`) replaces the recipe's field of the same meaning (`head_dim`)
     aliases = getattr(config_class(values["variant"]), "attribute_map", {})
 

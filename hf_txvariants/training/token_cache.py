@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..txv_files import atomic_directory, atomic_write
+from ..txv_files import atomic_write
 from .data import DataError, TextSource, build_char_tokenizer, count_chars, open_text_source, text_blocks
+from .folder_lock import locked_atomic_directory
 
 BUILT_TOKENIZERS = ("char", "byte", "word")
 CACHE_FORMAT = 1
@@ -293,7 +294,7 @@ def _load_tokenizer(folder: Path):
 
 def _save_folder_atomically(tokenizer, folder: Path, stamp: dict):
     """The tokenizer saved with `txv-source.json` into `folder`, as one atomic folder (a whole new one or none)."""
-    with atomic_directory(folder, keep_existing=False) as staging:
+    with locked_atomic_directory(folder, keep_existing=False) as staging:
         tokenizer.save_pretrained(str(staging))
         (staging / "txv-source.json").write_text(json.dumps(stamp, indent=1) + "\n")
 

@@ -227,10 +227,10 @@ def train_with_trainer(args) -> dict:
     from accelerate.utils import set_seed
     from transformers import TrainingArguments
 
-    from ..txv_files import atomic_directory
     from .arguments import given_fields, plan_flags, size_fields
     from .data import segment_dataset
     from .distributed import announce, fsdp_requested
+    from .folder_lock import locked_atomic_directory
     from .loop import hold_output_dir
     from .models import build_config, build_model, check_model_source, check_text_variant, load_config, load_model
     from .optimizers import build_optimizer, build_schedule
@@ -318,7 +318,7 @@ def train_with_trainer(args) -> dict:
         trainer.train()
         metrics = trainer.evaluate()
         if args.save_model:  # the whole folder or nothing: a full disk leaves the previous model/
-            with atomic_directory(Path(args.output_dir) / "model", keep_existing=False) as staging:
+            with locked_atomic_directory(Path(args.output_dir) / "model", keep_existing=False) as staging:
                 trainer.save_model(str(staging))
                 tokenizer.save_pretrained(staging)
     return metrics
