@@ -401,7 +401,9 @@ EVAL_CASES = [
     (["--mem-len", "-1"], ["--mem-len"]),
     (["--data", "missing.txt"], ["not found", "missing.txt"]),
     (["--window", "100000"], ["window"]),
-    (["--seg-len", "100000"], ["too short"]),
+    # more rows than the text has pairs of tokens (a segment longer than a row is the row: the originals' shorter
+    # last segment)
+    (["--batch-size", "100000"], ["too short"]),
 ]
 
 

@@ -471,3 +471,14 @@ def test_resume_names_a_refused_missing_or_torn_file_and_falls_back(tmp_path, ca
         assert len(skipped) == 1 and name in skipped[0] and "step-2 instead" in skipped[0], (name, skipped)
         assert reason[how] in skipped[0]
     assert list(_losses(run)) == list(range(1, 7))  # the last run trained steps 3-6 again, from step 2
+
+
+def test_evaluation_reads_every_token_of_its_rows_once_even_with_a_segment_longer_than_a_row():
+    from hf_txvariants.training import build_config, build_model, evaluate_text
+
+    torch.manual_seed(0)
+    model = build_model(build_config("transfo-xl", 40, d_model=16, n_layer=1, n_head=2, mem_len=4, dropout=0.0))
+    tokens = torch.randint(0, 40, (51,))
+    # 2 rows of 25 tokens: 24 predicted in each, whatever the segment length (the last segment is the shorter one)
+    for seg_len in (5, 7, 1000):
+        assert evaluate_text(model, tokens, batch_size=2, seg_len=seg_len)["tokens"] == 48
