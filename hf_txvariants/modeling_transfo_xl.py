@@ -198,8 +198,7 @@ class TransfoXLModel(XLModelMixin, XLBackboneMixin, TransfoXLPreTrainedModel):
         if mems is not None:
             if cache is not None:
                 raise ValueError("Pass either the cache or the legacy mems, not both")
-            cache = MemoryCache.from_legacy_mems(mems, config.mem_len)
-            cache.memory_init, cache.model_type = config.memory_init, config.model_type
+            cache = MemoryCache.from_legacy_mems(mems, config.mem_len, config.memory_init, config.model_type)
         return cache, {"shared_biases": None if config.untie_r else (self.r_w_bias, self.r_r_bias)}
 
 

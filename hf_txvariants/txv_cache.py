@@ -29,14 +29,38 @@ class RowStateCache(Cache):
     the model's cache: the batch-row operations `generate()` uses (beam reordering, expansion, selection) are applied
     to every tensor that `_row_tensors()` names, and the model keeps its own cache instead of a `DynamicCache`.
 
-    Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty) and
-    `get_seq_length`."""
+    Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty),
+    `get_seq_length`, and the state protocol: `to_state()` gives the cache's content as plain tensors, lists of them,
+    ints, strings and None (what `torch.load(weights_only=True)` reads back), `from_state(state)` the cache again.
+    Checkpoints, RL snapshots and the pytree registration all go through it; nothing outside a cache reads or writes
+    its private fields."""
 
     def __init__(self):
         super().__init__(layers=[])
 
     def _row_tensors(self) -> dict:
         raise NotImplementedError
+
+    def to_state(self) -> dict:
+        """This cache's content (see the class docstring); later passes never change what it returns."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_state(cls, state: dict):
+        """The cache that `to_state()` described; a ValueError names what does not fit."""
+        raise NotImplementedError
+
+    @classmethod
+    def _state_fields(cls, state, *names: str) -> tuple:
+        """`state[name]` for each of `names`, after checking that `state` is a dict holding them."""
+        if not isinstance(state, dict):
+            raise ValueError(
+                f"a {cls.__name__} state must be the dict its to_state() gives, got {type(state).__name__}"
+            )
+        missing = [name for name in names if name not in state]
+        if missing:
+            raise ValueError(f"the {cls.__name__} state lacks {', '.join(missing)} (it has {', '.join(sorted(state))})")
+        return tuple(state[name] for name in names)
 
     def _map_rows(self, fn):
         for name, value in self._row_tensors().items():
@@ -62,9 +86,12 @@ class RowStateCache(Cache):
         """The first layer's `[batch, length, hidden]` state (None when empty): what `check_compatible` reads."""
         raise NotImplementedError
 
-    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None):
+    def check_compatible(
+        self, *, batch_size: int | None, hidden_size: int | None, num_layers: int, model_type: str | None = None
+    ):
         """Raises a ValueError naming the mismatch when this cache cannot be used with the given input and model
-        (subclasses set `num_layers` and `model_type`, the type of the model that wrote the cache, None for any)."""
+        (subclasses set `num_layers` and `model_type`, the type of the model that wrote the cache, None for any);
+        a size given as None is not checked."""
         if model_type is not None and self.model_type is not None and self.model_type != model_type:
             raise ValueError(
                 f"the cache holds the states of a {self.model_type!r} model, this model is {model_type!r}: "
@@ -75,11 +102,11 @@ class RowStateCache(Cache):
         first = self._first_state()
         if first is None:
             return
-        if first.shape[0] != batch_size:
+        if batch_size is not None and first.shape[0] != batch_size:
             raise ValueError(
                 f"the cache holds states for batch size {first.shape[0]}, but the input has batch size {batch_size}"
             )
-        if first.shape[-1] != hidden_size:
+        if hidden_size is not None and first.shape[-1] != hidden_size:
             raise ValueError(
                 f"the cache holds states of hidden size {first.shape[-1]}, but config.hidden_size is {hidden_size}"
             )
@@ -336,18 +363,58 @@ class MemoryCache(RowStateCache):
         return cache
 
     @classmethod
-    def from_legacy_mems(cls, mems, mem_len: int) -> MemoryCache:
+    def from_legacy_mems(
+        cls, mems, mem_len: int, memory_init: str = "empty", model_type: str | None = None
+    ) -> MemoryCache:
         """Builds a cache from the legacy `mems` list (one time-major `[length, batch, hidden]` tensor per layer)."""
         if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) and m.dim() == 3 for m in mems):
             raise ValueError("`mems` must be a list with one [memory_length, batch, hidden_size] tensor per layer")
         memories = [m.transpose(0, 1) for m in mems]
-        return cls(len(mems), mem_len, memories, seen_tokens=memories[0].shape[1] if memories else 0)
+        seen_tokens = memories[0].shape[1] if memories else 0
+        return cls(len(mems), mem_len, memories, None, seen_tokens, memory_init, model_type)
 
     def to_legacy_mems(self) -> list[torch.Tensor] | None:
         """The memory in the legacy layout: a list of time-major `[length, batch, hidden]` tensors."""
         if self.memories is None:
             return None
         return [m.transpose(0, 1) for m in self.memories]
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # the state protocol (`RowStateCache`)
+    def to_state(self) -> dict:
+        """The memory as plain tensors, ints and strings: `memory [batch, layers, length, hidden]` (every layer's
+        memory, stacked: a new tensor) and `memory_mask [batch, length]` (a copy), both None while the memory is
+        empty; `seen_tokens`; and what the cache was made with: `num_layers`, `mem_len`, `memory_init`, `model_type`.
+        What is cached besides the memory (its keys and values, the position table) is left out: recomputed.
+        Checkpoints keep this dict; an RL snapshot keeps its two tensors (batch first, so that snapshots stack and
+        index per environment)."""
+        empty = self.memories is None
+        return {
+            "memory": None if empty else torch.stack(self.memories, dim=1),
+            "memory_mask": None if empty else self.memory_mask.clone(),
+            "seen_tokens": self.seen_tokens,
+            "num_layers": self.num_layers,
+            "mem_len": self.mem_len,
+            "memory_init": self.memory_init,
+            "model_type": self.model_type,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> MemoryCache:
+        memory, memory_mask, seen_tokens, num_layers, mem_len, memory_init, model_type = cls._state_fields(
+            state, "memory", "memory_mask", "seen_tokens", "num_layers", "mem_len", "memory_init", "model_type"
+        )
+        cache = cls(num_layers, mem_len, seen_tokens=int(seen_tokens), memory_init=memory_init, model_type=model_type)
+        if memory is not None:
+            if not isinstance(memory, torch.Tensor) or memory.dim() != 4 or memory.shape[1] != num_layers:
+                shape = tuple(memory.shape) if isinstance(memory, torch.Tensor) else type(memory).__name__
+                raise ValueError(
+                    f"the memory state's `memory` must be [batch, layers={num_layers}, length, hidden], got {shape}"
+                )
+            if not isinstance(memory_mask, torch.Tensor):
+                raise ValueError(f"the memory state's `memory_mask` must be a tensor, got {type(memory_mask).__name__}")
+            cache._set(list(memory.unbind(1)), memory_mask)
+        return cache
 
     def _set(self, memories: list[torch.Tensor], memory_mask: torch.Tensor | None):
         if len(memories) != self.num_layers:
@@ -596,15 +663,22 @@ class MemoryCache(RowStateCache):
 
 
 def _flatten_memory(cache: MemoryCache):
-    context = (cache.num_layers, cache.mem_len, cache.seen_tokens, cache.memory_init, cache.model_type)
-    return [cache.memories, cache.memory_mask], context
+    """The pytree children of a `MemoryCache`: the tensors of its state; the rest of the state is the context."""
+    state = cache.to_state()
+    children = [state.pop(name) for name in PYTREE_CHILDREN]
+    return children, tuple(sorted(state.items()))
+
+
+def _flatten_memory_with_keys(cache: MemoryCache):
+    children, context = _flatten_memory(cache)
+    return [(torch.utils._pytree.MappingKey(name), child) for name, child in zip(PYTREE_CHILDREN, children)], context
 
 
 def _unflatten_memory(children, context) -> MemoryCache:
-    num_layers, mem_len, seen_tokens, memory_init, model_type = context
-    memories, memory_mask = children
-    return MemoryCache(num_layers, mem_len, memories, memory_mask, seen_tokens, memory_init, model_type)
+    return MemoryCache.from_state({**dict(context), **dict(zip(PYTREE_CHILDREN, children))})
 
+
+PYTREE_CHILDREN = ("memory", "memory_mask")
 
 # A pytree node, so that `torch.export` and `torch.compile` can return (and take) the memory as the cache.
 torch.utils._pytree.register_pytree_node(
@@ -612,13 +686,7 @@ torch.utils._pytree.register_pytree_node(
     _flatten_memory,
     _unflatten_memory,
     serialized_type_name=f"{__name__}.MemoryCache",
-    flatten_with_keys_fn=lambda cache: (
-        [
-            (torch.utils._pytree.GetAttrKey(k), v)
-            for k, v in zip(("memories", "memory_mask"), _flatten_memory(cache)[0])
-        ],
-        _flatten_memory(cache)[1],
-    ),
+    flatten_with_keys_fn=_flatten_memory_with_keys,
 )
 
 

@@ -264,7 +264,13 @@ class XLBackboneMixin:
     """For the base model of an XL-family variant, which has `config`, `layers` (`XLLayer`s), `drop` and `norm`
     (`build_final_norm`)."""
 
-    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+    @property
+    def carries_memory(self) -> bool:
+        """Whether the cache is a memory carried from one segment to the next (`mem_len` > 0), as training and
+        evaluation streams carry it."""
+        return self.config.mem_len > 0
+
+    def initial_cache(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
         """The memory a first segment starts with (see `config.memory_init`)."""
         parameter = next(self.parameters())
         return MemoryCache.initial(
@@ -334,7 +340,7 @@ class XLBackboneMixin:
         layer_inputs = []
         with torch.inference_mode():  # as `GTrXLBody`: its tensors stay in the step's state
             if fresh:
-                step = StepMemory.from_cache(cache, mem_len)
+                step = StepMemory.from_state(cache.to_state(), mem_len)
             hidden = xl_step(self.step_weights(), step, inputs_embeds[:, 0], None, layer_inputs)
         cache.adopt_step(step)
         # ordinary tensors for the caller, who may change them in place (an inference tensor refuses that)
@@ -351,7 +357,7 @@ class XLBackboneMixin:
         config = self.config
         return memory_for_input(
             memory,
-            lambda: self.init_memory(batch_size, dtype, device),
+            lambda: self.initial_cache(batch_size, dtype, device),
             batch_size=batch_size,
             hidden_size=config.hidden_size,
             num_layers=len(self.layers),

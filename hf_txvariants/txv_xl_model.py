@@ -173,9 +173,14 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
             return loss
         return loss + self.config.adapt_span_loss * outputs.span_penalty
 
-    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+    @property
+    def carries_memory(self) -> bool:
+        """Whether the cache is a memory carried from one segment to the next (`mem_len` > 0)."""
+        return self.base_model.carries_memory
+
+    def initial_cache(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
         """The memory a first segment starts with (see `config.memory_init`)."""
-        return self.base_model.init_memory(batch_size, dtype, device)
+        return self.base_model.initial_cache(batch_size, dtype, device)
 
 
 __all__ = [

@@ -36,7 +36,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .txv_cache import MemoryCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_gates import GatingLayer, GRUGate
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
@@ -227,13 +226,14 @@ def _window_in_front(buffer: torch.Tensor, dim: int, start: int, length: int) ->
 
 
 class StepMemory:
-    """The memory of an acting agent or of a generation in step buffers (see the module's docstring); `from_cache` /
-    `to_cache` convert from and to a `MemoryCache`. A step advances it in place."""
+    """The memory of an acting agent or of a generation in step buffers (see the module's docstring), made from a
+    memory's state (`MemoryCache.to_state`, `from_state`) and giving one back (`to_state`). A step advances it in
+    place."""
 
-    def __init__(self, vectors: list[torch.Tensor], memory_mask: torch.Tensor, cache_fields: dict):
+    def __init__(self, vectors: list[torch.Tensor], memory_mask: torch.Tensor, header: dict):
         rows, mem_len, hidden = vectors[0].shape
         self.mem_len, self.start, self.capacity = mem_len, 0, 2 * mem_len
-        self.cache_fields = cache_fields  # num_layers, memory_init, model_type: what `to_cache` gives back
+        self.header = header  # the rest of the memory's state: num_layers, memory_init, model_type, seen_tokens
         self.vectors = []
         for layer_vectors in vectors:
             buffer = layer_vectors.new_empty(rows, self.capacity, hidden)
@@ -248,18 +248,18 @@ class StepMemory:
         self.weights = None  # the `StepWeights` the keys and values were made with
 
     @classmethod
-    def from_cache(cls, cache: MemoryCache, mem_len: int | None = None) -> StepMemory:
-        """The memory of `cache` in step buffers of `mem_len` slots (default: the cache's length); a shorter memory
-        (a prompt shorter than mem_len) gets blocked empty slots in front."""
-        vectors, mask = cache.memories, cache.memory_mask
-        missing = (mem_len or cache.memory_length) - cache.memory_length
+    def from_state(cls, state: dict, mem_len: int | None = None) -> StepMemory:
+        """The memory of a `MemoryCache.to_state()` in step buffers of `mem_len` slots (default: the memory's
+        length); a shorter memory (a prompt shorter than mem_len) gets blocked empty slots in front."""
+        memory, mask = state["memory"], state["memory_mask"]
+        missing = (mem_len or memory.shape[2]) - memory.shape[2]
         if missing < 0:
-            raise ValueError(f"the memory holds {cache.memory_length} slots, more than mem_len={mem_len}")
+            raise ValueError(f"the memory holds {memory.shape[2]} slots, more than mem_len={mem_len}")
         if missing:
-            vectors = [F.pad(v, (0, 0, missing, 0)) for v in vectors]
+            memory = F.pad(memory, (0, 0, missing, 0))
             mask = F.pad(mask, (missing, 0), value=False)
-        fields = {"num_layers": cache.num_layers, "memory_init": cache.memory_init, "model_type": cache.model_type}
-        return cls(vectors, mask, fields)
+        header = {name: state[name] for name in ("num_layers", "memory_init", "model_type", "seen_tokens")}
+        return cls(list(memory.unbind(1)), mask, header)
 
     @property
     def memory_length(self) -> int:
@@ -275,17 +275,10 @@ class StepMemory:
         window = slice(self.start, self.start + self.mem_len)
         return [vectors[:, window] for vectors in self.vectors], ~self.blocked[:, window]
 
-    def to_cache(self) -> MemoryCache:
+    def to_state(self) -> dict:
+        """The memory's state, as `MemoryCache.to_state` gives it."""
         vectors, mask = self.memory()
-        fields = self.cache_fields
-        return MemoryCache(
-            fields["num_layers"],
-            self.mem_len,
-            memories=[v.clone() for v in vectors],
-            memory_mask=mask,
-            memory_init=fields["memory_init"],
-            model_type=fields["model_type"],
-        )
+        return {"memory": torch.stack(vectors, dim=1), "memory_mask": mask, "mem_len": self.mem_len, **self.header}
 
     def map_rows(self, fn):
         """Applies `fn` (a `[rows, ...] -> [rows', ...]` selection, e.g. beam search's reordering) to every buffer."""
@@ -339,6 +332,7 @@ class StepMemory:
 
     def end(self):
         self.start += 1
+        self.header["seen_tokens"] += 1
 
 
 def xl_step(

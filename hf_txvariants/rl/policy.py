@@ -227,6 +227,19 @@ class GTrXLBody(MemoryBody):
         mask = torch.full((num_envs, config.mem_len), config.memory_init == "zeros", dtype=torch.bool, device=device)
         return self.restore({"memory": memory, "memory_mask": mask})
 
+    def _memory_state(self, snapshot: dict[str, torch.Tensor]) -> dict:
+        """The `MemoryCache` state of a snapshot: its two tensors, the rest from this body's config."""
+        config = self.config
+        return {
+            "memory": snapshot["memory"],
+            "memory_mask": snapshot["memory_mask"],
+            "seen_tokens": 0,
+            "num_layers": config.num_hidden_layers,
+            "mem_len": config.mem_len,
+            "memory_init": config.memory_init,
+            "model_type": config.model_type,
+        }
+
     def stepping(self, inputs: torch.Tensor) -> bool:
         """Whether this call takes the one-step path (`txv_xl_step`): one position per row, evaluation without
         autograd or autocast, and a model that path supports (else the general backbone computes the same)."""
@@ -247,7 +260,7 @@ class GTrXLBody(MemoryBody):
             # memory's snapshot or cache) is read by ordinary ops, which make ordinary tensors of them.
             with torch.inference_mode():
                 if not isinstance(state, StepMemory):
-                    state = StepMemory.from_cache(state)
+                    state = StepMemory.from_state(state.to_state())
                 if state.batch_size != inputs.shape[0]:
                     raise ValueError(
                         f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations "
@@ -256,39 +269,30 @@ class GTrXLBody(MemoryBody):
                 hidden = xl_step(self.model.step_weights(), state, inputs[:, 0], episode_starts[:, 0])
             return hidden[:, None], state
         if isinstance(state, StepMemory):
-            state = state.to_cache()
+            state = MemoryCache.from_state(state.to_state())
         # the backbone itself (the model's forward would only check `inputs_embeds`, made here by the encoder, and
         # wrap the same two results in a ModelOutput)
         out = self.model.run_backbone(inputs, None, state, True, False, episode_starts=episode_starts)
         return out.last_hidden_state, out.cache
 
     def snapshot(self, state: MemoryCache | None) -> dict[str, torch.Tensor]:
-        """Every layer's memory, `memory [envs, layers, mem_len, hidden]`, and `memory_mask [envs, mem_len]` (a copy:
-        acting goes on updating the state itself)."""
+        """The two tensors of the memory's state (`MemoryCache.to_state`): every layer's memory, `memory [envs,
+        layers, mem_len, hidden]`, and `memory_mask [envs, mem_len]`, new tensors (acting goes on updating the state
+        itself), batch first (snapshots stack and index per env); the rest of the state is this body's config."""
         if self.memoryless:
             return {}
-        if isinstance(state, StepMemory):
-            memory, mask = state.memory()
-            return {"memory": torch.stack(memory, dim=1), "memory_mask": mask}  # both new tensors
-        if state is None or state.memories is None or state.memory_length != self.config.mem_len:
+        memory = None if state is None else state.to_state()
+        length = "no memory" if memory is None or memory["memory"] is None else memory["memory"].shape[2]
+        if length != self.mem_len:
             raise ValueError(
-                f"the GTrXL state must hold mem_len={self.config.mem_len} slots (start from "
-                f"`initial_state`), got {state.memory_length}"
+                f"the GTrXL state must hold mem_len={self.mem_len} slots (start from `initial_state`), got {length}"
             )
-        return {"memory": torch.stack(state.memories, dim=1).clone(), "memory_mask": state.memory_mask.clone()}
+        return {"memory": memory["memory"], "memory_mask": memory["memory_mask"]}
 
     def restore(self, snapshot: dict[str, torch.Tensor]) -> MemoryCache | None:
         if self.memoryless:
             return None
-        config = self.config
-        return MemoryCache(
-            config.num_hidden_layers,
-            config.mem_len,
-            memories=list(snapshot["memory"].unbind(1)),
-            memory_mask=snapshot["memory_mask"],
-            memory_init=config.memory_init,
-            model_type=config.model_type,
-        )
+        return MemoryCache.from_state(self._memory_state(snapshot))
 
 
 class GRUBody(MemoryBody):
