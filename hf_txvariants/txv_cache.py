@@ -330,8 +330,13 @@ class MemoryCache(RowStateCache):
         self.memory_init = memory_init
         self.model_type = model_type
         self.layers = [MemoryLayer(self, i) for i in range(num_layers)]
-        self.memories: list[torch.Tensor] | None = None
-        self.memory_mask: torch.Tensor | None = None
+        # the memory in one of two layouts: per layer `[batch, length, hidden]` tensors and the mask (`memories`,
+        # `memory_mask`), or, after a one-position step, the step's buffers (`_step`, a `txv_xl_step.StepMemory`),
+        # of which `memories` and `memory_mask` are then views (`_step_window`)
+        self._memories: list[torch.Tensor] | None = None
+        self._memory_mask: torch.Tensor | None = None
+        self._step = None
+        self._step_window_read = True  # whether `_memories` and `_memory_mask` show the step's window
         self._all_real_mask: torch.Tensor | None = None
         # per layer, aligned with `memories` (see `KeyValueSlot`); None where not cached
         self.memory_keys: list[torch.Tensor | None] | None = None
@@ -344,7 +349,6 @@ class MemoryCache(RowStateCache):
         self._relative_table_key: tuple | None = None
         self._position_keys: list = [None] * num_layers
         self.seen_tokens = seen_tokens
-        self._step_memory = None  # the `txv_xl_step.StepMemory` a one-position step left (see `adopt_step`)
         if memories is not None:
             self._set(list(memories), memory_mask)
 
@@ -428,30 +432,67 @@ class MemoryCache(RowStateCache):
             memory_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
         elif memory_mask.shape != first.shape[:2]:
             raise ValueError(f"memory_mask has shape {tuple(memory_mask.shape)}, expected {tuple(first.shape[:2])}")
-        self._step_memory = None
-        self.memories = [m.detach() if m.requires_grad else m for m in memories]
-        self.memory_mask = memory_mask.to(torch.bool)
+        self._step = None
+        self._memories = [m.detach() if m.requires_grad else m for m in memories]
+        self._memory_mask = memory_mask.to(torch.bool)
         # the mask known (without reading it) to be all True: `key_mask` then needs no mask and no host sync
-        self._all_real_mask = self.memory_mask if all_real else None
+        self._all_real_mask = self._memory_mask if all_real else None
         self._forget_memory_key_values()
 
+    # ----------------------------------------------------------------------------------------------------------------
+    # the memory and its two layouts
     @property
-    def step_memory(self):
-        """The `txv_xl_step.StepMemory` that holds this memory since the last one-position step, or None."""
-        return self._step_memory
+    def memories(self) -> list[torch.Tensor] | None:
+        """Every layer's memory, `[batch, length, hidden]` (None while empty)."""
+        if not self._step_window_read:
+            self._read_step_window()
+        return self._memories
 
-    def adopt_step(self, step):
-        """After a one-position step (`XLBackboneMixin.step_backbone`): the memory is now `step`'s window (views of its
-        buffers, which the next step goes on from), one more token seen."""
-        self.memories, self.memory_mask = step.memory()
+    @memories.setter
+    def memories(self, memories: list[torch.Tensor] | None):
+        self._leave_step_layout()
+        self._memories = memories
+
+    @property
+    def memory_mask(self) -> torch.Tensor | None:
+        """`[batch, length]` bool, True where a memory slot may be attended to (None while empty)."""
+        if not self._step_window_read:
+            self._read_step_window()
+        return self._memory_mask
+
+    @memory_mask.setter
+    def memory_mask(self, memory_mask: torch.Tensor | None):
+        self._leave_step_layout()
+        self._memory_mask = memory_mask
+
+    def _read_step_window(self):
+        self._memories, self._memory_mask = self._step.memory()
+        self._step_window_read = True
+
+    def _leave_step_layout(self):
+        """Before any change of the memory other than a step: the memory is the step's window, and the next step
+        starts from the changed memory (`step_layout`), not from the step's buffers."""
+        if self._step is not None:
+            if not self._step_window_read:
+                self._read_step_window()
+            self._step = None
+
+    def step_layout(self, mem_len: int, make_layout):
+        """This memory in the layout of the one-position step (`txv_xl_step.StepMemory`: buffers of `mem_len` slots,
+        the keys and values with them), `make_layout(self.to_state(), mem_len)` unless the cache holds it already
+        (nothing but steps has changed the memory since). A step advances it in place, then calls `stepped()`."""
+        if self._step is None or self._step.mem_len != mem_len:
+            self._step = make_layout(self.to_state(), mem_len)
+            self._step_window_read = False
+        return self._step
+
+    def stepped(self):
+        """After a one-position step advanced `step_layout()`: the memory is the step's window (read when asked for),
+        one more token seen."""
+        self._step_window_read = False
         self._all_real_mask = None
         self._forget_memory_key_values()
         self.seen_tokens += 1
-        self._step_memory = step
-
-    def drop_step(self):
-        """Leaves the step's buffers to the step: every change of the memory other than a step goes through here."""
-        self._step_memory = None
 
     def _forget_memory_key_values(self):
         self.memory_keys = self.memory_values = self.key_value_tokens = None
@@ -506,11 +547,15 @@ class MemoryCache(RowStateCache):
     # what the model reads and writes
     @property
     def memory_length(self) -> int:
-        return 0 if self.memories is None else self.memories[0].shape[1]
+        if self._step is not None:
+            return self._step.mem_len
+        return 0 if self._memories is None else self._memories[0].shape[1]
 
     @property
     def batch_size(self) -> int | None:
-        return None if self.memories is None else self.memories[0].shape[0]
+        if self._step is not None:
+            return self._step.batch_size
+        return None if self._memories is None else self._memories[0].shape[0]
 
     def layer_memory(self, layer_idx: int) -> torch.Tensor | None:
         return None if self.memories is None else self.memories[layer_idx]
@@ -579,7 +624,6 @@ class MemoryCache(RowStateCache):
             raise ValueError(f"memory_init must be 'zeros' or 'empty', got {memory_init!r}")
         if self.memories is None:
             return
-        self.drop_step()
         done = done.to(device=self.memory_mask.device, dtype=torch.bool).view(-1)
         if done.shape[0] != self.batch_size:
             raise ValueError(f"`done` has {done.shape[0]} rows, the memory has batch size {self.batch_size}")
@@ -632,7 +676,6 @@ class MemoryCache(RowStateCache):
         return self.memory_length + query_length, 0
 
     def reset(self):
-        self.drop_step()
         self.memories, self.memory_mask, self.seen_tokens = None, None, 0
         self._buffers = AppendBuffers()
         self.forget_key_values()
@@ -644,11 +687,11 @@ class MemoryCache(RowStateCache):
         )
 
     def _map_rows(self, fn):
-        all_real = self.memory_mask is not None and self.memory_mask is self._all_real_mask
-        if self._step_memory is not None:  # (beam search reorders every step: the step's buffers follow the rows)
-            self._step_memory.map_rows(fn)
-            self.memories, self.memory_mask = self._step_memory.memory()
+        if self._step is not None:  # (beam search reorders every step: the step's buffers follow the rows)
+            self._step.map_rows(fn)
+            self._step_window_read = False
             return
+        all_real = self.memory_mask is not None and self.memory_mask is self._all_real_mask
         super()._map_rows(fn)
         if all_real:  # rows of an all-real memory (beam reordering, expansion, selection) are all real
             self._all_real_mask = self.memory_mask

@@ -75,7 +75,7 @@ class XLModelMixin:
         self.gradient_checkpointing = False
 
     def backbone_inputs(self, cache, **kwargs) -> tuple[MemoryCache | None, dict]:
-        """The memory this segment starts from and the variant's extra `run_backbone` options (none by default)."""
+        """The memory this segment starts from and the variant's extra `forward_segment` options (none by default)."""
         return cache, {}
 
     @accepts_cache_names
@@ -106,7 +106,14 @@ class XLModelMixin:
             input_ids, inputs_embeds, self.get_input_embeddings(), config.vocab_size, config.hidden_size
         )
         memory, options = self.backbone_inputs(cache, **kwargs)
-        backbone = self.run_backbone(inputs_embeds, attention_mask, memory, use_cache, output_attentions, **options)
+        backbone = self.forward_segment(
+            inputs_embeds,
+            attention_mask=attention_mask,
+            cache=memory,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            **options,
+        )
         hidden_states = backbone.last_hidden_state
         return head_output(
             self.output_class,

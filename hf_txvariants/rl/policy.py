@@ -40,7 +40,6 @@ from torch import nn
 from ..configuration_gtrxl import GTrXLConfig
 from ..modeling_gtrxl import GTrXLModel
 from ..txv_cache import MemoryCache
-from ..txv_xl_step import StepMemory, xl_step
 
 
 def _space_size(space) -> int:
@@ -240,39 +239,24 @@ class GTrXLBody(MemoryBody):
             "model_type": config.model_type,
         }
 
-    def stepping(self, inputs: torch.Tensor) -> bool:
-        """Whether this call takes the one-step path (`txv_xl_step`): one position per row, evaluation without
-        autograd or autocast, and a model that path supports (else the general backbone computes the same)."""
-        if inputs.shape[1] != 1 or self.model.training or torch.is_grad_enabled():
-            return False
-        if torch.is_autocast_enabled(inputs.device.type):
-            return False
-        return not self.model.step_unsupported()
-
     def forward(self, inputs, state, episode_starts):
         if self.memoryless:  # each step is its own sequence of one
             envs, steps, hidden = inputs.shape
             out = self.model(inputs_embeds=inputs.reshape(envs * steps, 1, hidden), use_cache=False)
             return out.last_hidden_state.reshape(envs, steps, hidden), None
-        if self.stepping(inputs) and state is not None and state.memory_length == self.mem_len:
-            # Inference mode skips autograd's bookkeeping on each of the step's ~100 small ops (~15 % of a step). Its
-            # tensors stay inside: the memory is only ever written here, and what leaves (the hidden state, the
-            # memory's snapshot or cache) is read by ordinary ops, which make ordinary tensors of them.
-            with torch.inference_mode():
-                if not isinstance(state, StepMemory):
-                    state = StepMemory.from_state(state.to_state())
-                if state.batch_size != inputs.shape[0]:
-                    raise ValueError(
-                        f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations "
-                        "came"
-                    )
-                hidden = xl_step(self.model.step_weights(), state, inputs[:, 0], episode_starts[:, 0])
-            return hidden[:, None], state
-        if isinstance(state, StepMemory):
-            state = MemoryCache.from_state(state.to_state())
+        if state is not None and state.batch_size not in (None, inputs.shape[0]):
+            raise ValueError(
+                f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations came"
+            )
+        # acting: one step per call through the model's one door into the one-position step (None where it cannot
+        # serve: learning, several steps, a model it does not support), the state advanced in place
+        if state is not None:
+            hidden = self.model.forward_step(inputs, state, episode_starts=episode_starts)
+            if hidden is not None:
+                return hidden, state
         # the backbone itself (the model's forward would only check `inputs_embeds`, made here by the encoder, and
         # wrap the same two results in a ModelOutput)
-        out = self.model.run_backbone(inputs, None, state, True, False, episode_starts=episode_starts)
+        out = self.model.forward_segment(inputs, cache=state, episode_starts=episode_starts)
         return out.last_hidden_state, out.cache
 
     def snapshot(self, state: MemoryCache | None) -> dict[str, torch.Tensor]:
