@@ -15,13 +15,19 @@ from transformers.modeling_outputs import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
-from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_compat import model_output, output_cache
 from .txv_heads import SequenceClassificationHeadMixin
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
-from .txv_xl_model import NormedFeedForward, NormedRelativeAttention, XLCausalLMHeadMixin, XLModelMixin
+from .txv_xl_memory import MemoryCache
+from .txv_xl_model import (
+    MemoryGenerationMixin,
+    NormedFeedForward,
+    NormedRelativeAttention,
+    XLCausalLMHeadMixin,
+    XLModelMixin,
+)
 
 
 @model_output

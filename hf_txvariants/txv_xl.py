@@ -32,11 +32,13 @@ from transformers.modeling_outputs import ModelOutput
 
 from .txv_adaptive_span import AdaptiveSpan
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache, memory_for_input
 from .txv_compat import GradientCheckpointingLayer, model_output
 from .txv_gates import GatingLayer, build_gate
 from .txv_inputs import segment_padding_mask
 from .txv_relative_attention import relative_position_embeddings
+from .txv_xl_config import attention_window
+from .txv_xl_memory import MemoryCache, memory_for_input
+from .txv_xl_step import StepWeights, step_support, xl_step
 
 
 def residual_form(config) -> str:
@@ -45,17 +47,6 @@ def residual_form(config) -> str:
     if config.gate_type == "trxl":
         return "pre_norm" if getattr(config, "pre_lnorm", False) else "post_norm"
     return "reordered"
-
-
-def attention_window(config) -> int | None:
-    """How many keys (distances 0 .. window - 1) a query may see: the smallest of the same-length window
-    (`mem_len` keys, or `mem_len + 1` with `same_length_extra_key`) and the hard span `attn_span`; None: no limit."""
-    windows = []
-    if getattr(config, "same_length", False):
-        windows.append(config.mem_len + int(getattr(config, "same_length_extra_key", False)))
-    if config.attn_span is not None:
-        windows.append(config.attn_span)
-    return min(windows) if windows else None
 
 
 def build_adaptive_span(config) -> AdaptiveSpan | None:
@@ -306,8 +297,6 @@ class XLBackboneMixin:
 
     def step_unsupported(self) -> str:
         """Why `txv_xl_step` cannot step this model as configured now ("" if it can), kept per setting it reads."""
-        from .txv_xl_step import step_support
-
         setting = self._step_setting()
         known = getattr(self, "_step_support", None)
         if known is None or known[0] != setting:
@@ -317,8 +306,6 @@ class XLBackboneMixin:
     def step_weights(self):
         """This model's `txv_xl_step.StepWeights`, made again whenever a parameter changed (an optimiser step or a
         load writes in place, which moves its version) or a field of `STEP_SETTING_FIELDS` did."""
-        from .txv_xl_step import StepWeights
-
         if getattr(self, "_step_parameters", None) is None:
             self._step_parameters = list(self.parameters())
         token = (self._step_setting(), *map(_VERSION, self._step_parameters))
@@ -363,16 +350,13 @@ class XLBackboneMixin:
             or not is_all_real(segment_padding_mask(attention_mask, rows, 1, inputs_embeds.device))
         ):
             return None
-        from .txv_xl_step import StepMemory, xl_step
-
         starts = None if episode_starts is None else episode_starts[:, 0].to(inputs_embeds.device, torch.bool)
         inputs = [] if layer_inputs is not None else None
         # inference mode skips autograd's bookkeeping on each of the step's ~100 small ops (~15 % of a step); its
         # tensors stay in the cache's step layout, and what leaves is copied into ordinary tensors, which a caller
         # may change in place (an inference tensor refuses that)
         with torch.inference_mode():
-            step = cache.step_layout(mem_len, StepMemory.from_state)
-            hidden = xl_step(self.step_weights(), step, inputs_embeds[:, 0], starts, inputs)
+            hidden = xl_step(self.step_weights(), cache.step_layout(mem_len), inputs_embeds[:, 0], starts, inputs)
         cache.stepped()
         if layer_inputs is not None:
             layer_inputs.extend(layer_input[:, None].clone() for layer_input in inputs)
@@ -564,7 +548,6 @@ __all__ = [
     "XLModelOutput",
     "XLLayer",
     "XLSpanMethodsMixin",
-    "attention_window",
     "build_adaptive_span",
     "build_final_norm",
     "init_mechanism_weights",

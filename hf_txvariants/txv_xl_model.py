@@ -11,13 +11,13 @@ from transformers.utils import can_return_tuple
 
 from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
-from .txv_cache import MemoryCache
 from .txv_compat import accepts_cache_names, cache_field
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, head_output
 from .txv_inputs import embed_inputs
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLCausalLMOutput, XLModelOutput, build_final_norm, init_mechanism_weights
+from .txv_xl_memory import MemoryCache
 
 
 class NormedRelativeAttention(RelativePositionAttention):
@@ -190,7 +190,31 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
         return self.base_model.initial_cache(batch_size, dtype, device)
 
 
+class MemoryGenerationMixin:
+    """For the causal LMs of the XL family, placed before `GenerationMixin`: `generate()` keeps the model's own
+    `MemoryCache` (never a `DynamicCache`) and feeds one new token per step; a model without memory (`mem_len=0`)
+    gets the whole sequence at every step instead, since nothing else would carry the context.
+
+    The models are stateful for transformers (`_is_stateful`): a memory trimmed to `mem_len` cannot be rolled back,
+    so assisted decoding gets transformers' own clear error instead of failing inside."""
+
+    _is_stateful = True
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    @accepts_cache_names
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, **kwargs):
+        if self.config.mem_len == 0:
+            next_sequence_length, cache = None, None
+        return super().prepare_inputs_for_generation(
+            input_ids, next_sequence_length=next_sequence_length, **cache_field(cache), **kwargs
+        )
+
+
 __all__ = [
+    "MemoryGenerationMixin",
     "NormedFeedForward",
     "NormedRelativeAttention",
     "XLCausalLMHeadMixin",

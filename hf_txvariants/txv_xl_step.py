@@ -40,7 +40,7 @@ from torch.nn import functional as F
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_gates import GatingLayer, GRUGate
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
-from .txv_xl import attention_window
+from .txv_xl_config import attention_window
 
 # the most weights (hidden x heads x key slots) for which a layer's position term is folded into its projection
 FOLDED_POSITION_LIMIT = 1 << 16

@@ -17,7 +17,7 @@ import torch
 gym = pytest.importorskip("gymnasium")
 
 from hf_txvariants.rl import MemoryPolicy  # noqa: E402
-from hf_txvariants.txv_cache import MemoryCache  # noqa: E402
+from hf_txvariants.txv_xl_memory import MemoryCache  # noqa: E402
 from hf_txvariants.txv_xl_step import step_support  # noqa: E402
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)

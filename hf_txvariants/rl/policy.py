@@ -39,7 +39,7 @@ from torch import nn
 
 from ..configuration_gtrxl import GTrXLConfig
 from ..modeling_gtrxl import GTrXLModel
-from ..txv_cache import MemoryCache
+from ..txv_xl_memory import MemoryCache
 
 
 def _space_size(space) -> int:
