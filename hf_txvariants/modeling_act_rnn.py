@@ -59,16 +59,12 @@ class ACTRNNCache(RowStateCache):
     """The recurrent state s_t after the last input step (`[batch, state_size]`), carried as `cache`. An
     RNN state cannot be rolled back, so the model is declared stateful (transformers refuses assisted decoding)."""
 
+    num_layers = 1  # one state
+
     def __init__(self):
         super().__init__()
         self.state: torch.Tensor | None = None
         self.seen_tokens = 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
-
-    def __len__(self):
-        return 1
 
     def reset(self):
         self.state, self.seen_tokens = None, 0

@@ -69,14 +69,8 @@ class TxvReformerCache(RowStateCache):
         self.seen_tokens = 0
         self.step: dict | None = None  # set by the model during a forward: padded length, whether it is one step
 
-    def __len__(self):
-        return self.num_layers
-
     def __repr__(self):
         return f"TxvReformerCache(num_layers={self.num_layers}, seen_tokens={self.seen_tokens})"
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
 
     def _row_tensors(self) -> dict:
         return {

@@ -15,8 +15,9 @@ class RowStateCache(Cache):
     the model's cache: the batch-row operations `generate()` uses (beam reordering, expansion, selection) are applied
     to every tensor that `_row_tensors()` names, and the model keeps its own cache instead of a `DynamicCache`.
 
-    Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty),
-    `get_seq_length`, and the state protocol: `to_state()` gives the cache's content as plain tensors, lists of them,
+    Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty), set
+    `num_layers` and `seen_tokens` (what `len()` and `get_seq_length()` give) or override those two, and implement the
+    state protocol: `to_state()` gives the cache's content as plain tensors, lists of them,
     ints, strings and None (what `torch.load(weights_only=True)` reads back), `from_state(state)` the cache again.
     Checkpoints, RL snapshots and the pytree registration all go through it; nothing outside a cache reads or writes
     its private fields."""
@@ -105,6 +106,13 @@ class RowStateCache(Cache):
 
     def batch_select_indices(self, indices: torch.Tensor):
         self._map_rows(lambda t: t[indices])
+
+    def __len__(self):
+        return self.num_layers
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of tokens processed so far (the cache may keep fewer)."""
+        return self.seen_tokens
 
     def get_max_length(self, layer_idx: int | None = None):
         return None

@@ -133,15 +133,8 @@ class SpanCache(RowStateCache):
 
     # ----------------------------------------------------------------------------------------------------------------
     # the Cache interface used by `generate()`
-    def __len__(self):
-        return self.num_layers
-
     def __repr__(self):
         return f"SpanCache(num_layers={self.num_layers}, lengths={self.lengths}, seen_tokens={self.seen_tokens})"
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of tokens processed so far (each layer keeps only what its spans need)."""
-        return self.seen_tokens
 
     def reset(self):
         self.states, self.seen_tokens = None, 0

@@ -533,15 +533,8 @@ class MemoryCache(RowStateCache):
 
     # ----------------------------------------------------------------------------------------------------------------
     # the Cache interface used by `generate()`
-    def __len__(self):
-        return self.num_layers
-
     def __repr__(self):
         return f"MemoryCache(num_layers={self.num_layers}, mem_len={self.mem_len}, memory_length={self.memory_length})"
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of tokens processed so far (the memory itself keeps at most `mem_len` of them)."""
-        return self.seen_tokens
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.mem_len

@@ -123,6 +123,7 @@ class PolicySharingMixin:
 
         from huggingface_hub import HfApi
 
+        from ..hub import upload_repo_folder
         from .card import build_policy_card
 
         api = api or HfApi(token=token)
@@ -130,11 +131,11 @@ class PolicySharingMixin:
             folder = Path(tmp) / "repo"
             self.save_pretrained(folder)
             build_policy_card(self, repo_id, task, mean_return).save(folder / "README.md")
-            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-            return api.upload_folder(
-                repo_id=repo_id,
-                folder_path=str(folder),
-                repo_type="model",
+            return upload_repo_folder(
+                api,
+                repo_id,
+                folder,
+                private=private,
                 commit_message=commit_message,
                 revision=revision,
                 create_pr=create_pr,
