@@ -111,16 +111,17 @@ class GTrXLBody(MemoryBody):
             envs, steps, hidden = inputs.shape
             out = self.model(inputs_embeds=inputs.reshape(envs * steps, 1, hidden), use_cache=False)
             return out.last_hidden_state.reshape(envs, steps, hidden), None
-        if state is not None and state.batch_size not in (None, inputs.shape[0]):
-            raise ValueError(
-                f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations came"
-            )
         # acting: one step per call through the model's one door into the one-position step (None where it cannot
-        # serve: learning, several steps, a model it does not support), the state advanced in place
+        # serve: learning, several steps, a model it does not support, a state of other envs), the state advanced in
+        # place
         if state is not None:
             hidden = self.model.forward_step(inputs, state, episode_starts=episode_starts)
             if hidden is not None:
                 return hidden, state
+            if state.batch_size not in (None, inputs.shape[0]):
+                raise ValueError(
+                    f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations came"
+                )
         # the backbone itself (the model's forward would only check `inputs_embeds`, made here by the encoder, and
         # wrap the same two results in a ModelOutput)
         out = self.model.forward_segment(inputs, cache=state, episode_starts=episode_starts)
