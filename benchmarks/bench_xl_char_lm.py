@@ -49,7 +49,7 @@ def train_and_evaluate(name, tokens, valid_tokens, vocab_size, args) -> dict:
     model = build_model(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     stream = segment_stream(tokens, args.batch, args.seg_len)
-    memory = model.base_model.init_memory(args.batch)
+    memory = model.base_model.initial_cache(args.batch)
     losses, first_grad_norm, started = [], None, time.time()
     for step in range(args.steps):
         inputs, targets = stream.segment(step % stream.num_segments)
@@ -66,7 +66,7 @@ def train_and_evaluate(name, tokens, valid_tokens, vocab_size, args) -> dict:
     train_seconds = time.time() - started
     model.eval()
     valid = segment_stream(valid_tokens, args.batch, args.seg_len)
-    memory, total = model.base_model.init_memory(args.batch), 0.0
+    memory, total = model.base_model.initial_cache(args.batch), 0.0
     with torch.no_grad():
         for step in range(valid.num_segments):
             inputs, targets = valid.segment(step)

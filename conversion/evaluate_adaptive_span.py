@@ -56,7 +56,7 @@ def full_eval(model, data: torch.Tensor, batch_size: int, block_size: int, max_b
     device = next(model.parameters()).device
     stream = data[: rows * batch_size].view(batch_size, rows).to(device)
     model.eval()
-    cache, total, blocks, position = model.init_cache(batch_size), 0.0, 0, 0
+    cache, total, blocks, position = model.initial_cache(batch_size), 0.0, 0, 0
     while True:
         inputs = stream[:, position : position + block_size]
         targets = stream[:, position + 1 : position + block_size + 1]

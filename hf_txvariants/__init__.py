@@ -97,9 +97,9 @@ from .modeling_vanilla import (
 )
 from .peft_targets import register_peft_target_modules
 from .tokenization_transfo_xl import TransfoXLTokenizer
-from .txv_cache import MemoryCache
 from .txv_compat import check_transformers_version
 from .txv_span_cache import SpanCache
+from .txv_xl_memory import MemoryCache
 
 __version__ = "0.1.0"
 

@@ -59,16 +59,12 @@ class ACTRNNCache(RowStateCache):
     """The recurrent state s_t after the last input step (`[batch, state_size]`), carried as `cache`. An
     RNN state cannot be rolled back, so the model is declared stateful (transformers refuses assisted decoding)."""
 
+    num_layers = 1  # one state
+
     def __init__(self):
         super().__init__()
         self.state: torch.Tensor | None = None
         self.seen_tokens = 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
-
-    def __len__(self):
-        return 1
 
     def reset(self):
         self.state, self.seen_tokens = None, 0
@@ -78,6 +74,17 @@ class ACTRNNCache(RowStateCache):
 
     def _row_tensors(self) -> dict:
         return {"state": self.state}
+
+    def to_state(self) -> dict:
+        """`state` (s_t, `[batch, state_size]`; None before the first input) and `seen_tokens`."""
+        return {"state": self.state, "seen_tokens": self.seen_tokens}
+
+    @classmethod
+    def from_state(cls, state: dict) -> ACTRNNCache:
+        rnn_state, seen_tokens = cls._state_fields(state, "state", "seen_tokens")
+        cache = cls()
+        cache.state, cache.seen_tokens = rnn_state, int(seen_tokens)
+        return cache
 
 
 # ------------------------------------------------------------------------------------------------------------- cell
@@ -167,9 +174,13 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    def initial_cache(self, batch_size: int | None = None, dtype=None, device=None) -> ACTRNNCache:
+        """The cache a first call starts with: an empty `ACTRNNCache` (the state starts at zero)."""
+        return ACTRNNCache()
+
     def _state_cache(self, cache, use_cache: bool, batch: int) -> ACTRNNCache | None:
         if cache is None:
-            return ACTRNNCache() if use_cache else None
+            return self.initial_cache(batch) if use_cache else None
         if not isinstance(cache, ACTRNNCache):
             raise ValueError(f"cache must be the ACTRNNCache returned by this model, got {type(cache).__name__}")
         cache.check_batch(batch)

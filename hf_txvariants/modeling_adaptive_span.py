@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from transformers import GenerationMixin, PreTrainedModel
 
 from .configuration_adaptive_span import AdaptiveSpanConfig
-from .txv_cache import MemoryGenerationMixin
 from .txv_pretrained import TxvModelMixin
 from .txv_xl import (
     XLBackboneMixin,
@@ -24,6 +23,7 @@ from .txv_xl import (
     XLSpanMethodsMixin,
 )
 from .txv_xl_model import (
+    MemoryGenerationMixin,
     NormedFeedForward,
     NormedRelativeAttention,
     XLCausalLMHeadMixin,

@@ -286,7 +286,9 @@ class AdaptiveSpanOriginalModel(AdaptiveSpanOriginalPreTrainedModel):
         """The number of positions each layer's cache keeps with the current spans."""
         return [layer.attn.span_lengths(layer.attn.spans())[1] for layer in self.layers]
 
-    def init_cache(self, batch_size: int, dtype=None, device=None) -> SpanCache:
+    carries_memory = True  # the cache is a memory carried from one block to the next, as the original trains
+
+    def initial_cache(self, batch_size: int, dtype=None, device=None) -> SpanCache:
         """The cache a first block starts with: zero vectors, `cache_lengths()[l]` for layer l (attended to)."""
         return SpanCache.zeros(
             self.cache_lengths(),
@@ -385,8 +387,10 @@ class AdaptiveSpanOriginalForCausalLM(AdaptiveSpanOriginalPreTrainedModel, Gener
     def set_output_embeddings(self, value):
         self.lm_head = value
 
-    def init_cache(self, batch_size: int, dtype=None, device=None) -> SpanCache:
-        return self.model.init_cache(batch_size, dtype, device)
+    carries_memory = True
+
+    def initial_cache(self, batch_size: int, dtype=None, device=None) -> SpanCache:
+        return self.model.initial_cache(batch_size, dtype, device)
 
     @accepts_cache_names
     def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, **kwargs):

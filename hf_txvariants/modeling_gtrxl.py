@@ -25,7 +25,6 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 
 from .configuration_gtrxl import GTrXLConfig
-from .txv_cache import MemoryGenerationMixin
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
@@ -36,7 +35,13 @@ from .txv_xl import (
     XLModelOutput,
     XLSpanMethodsMixin,
 )
-from .txv_xl_model import XLCausalLMHeadMixin, XLModelMixin, build_token_embeddings, init_xl_weights
+from .txv_xl_model import (
+    MemoryGenerationMixin,
+    XLCausalLMHeadMixin,
+    XLModelMixin,
+    build_token_embeddings,
+    init_xl_weights,
+)
 
 
 class GTrXLModelOutput(XLModelOutput):

@@ -442,7 +442,9 @@ class ImageTransformerForSuperResolution(
         self.encoder = ImageTransformerEncoder(config)
         super().build_backbone(config)
 
-    def run_backbone(self, conditioning_ids: torch.LongTensor | None = None, **inputs):
+    def call_base_model(self, conditioning_ids: torch.LongTensor | None = None, **inputs):
+        """The decoder's output with the low-resolution image encoded as its `encoder_hidden_states` (and, with a
+        `conditioning_attention_radius`, the mask of the encoder positions each position may attend to)."""
         if conditioning_ids is None:
             raise ValueError("conditioning_ids (the low-resolution image, images_to_conditioning_ids) is required")
         inputs["encoder_hidden_states"] = encoder_hidden_states = self.encoder(conditioning_ids)
@@ -452,7 +454,7 @@ class ImageTransformerForSuperResolution(
             steps = torch.arange(past_length, past_length + tokens.shape[1], device=encoder_hidden_states.device)
             allowed = conditioning_neighbourhood(self.config, steps)
             inputs["encoder_attention_mask"] = additive_mask(allowed[None, None], encoder_hidden_states.dtype)
-        return super().run_backbone(**inputs)
+        return super().call_base_model(**inputs)
 
     def prepare_inputs_for_generation(self, input_ids, conditioning_ids=None, **kwargs):
         return {**super().prepare_inputs_for_generation(input_ids, **kwargs), "conditioning_ids": conditioning_ids}

@@ -15,13 +15,19 @@ from transformers.modeling_outputs import ModelOutput
 
 from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
-from .txv_cache import MemoryCache, MemoryGenerationMixin
 from .txv_compat import model_output, output_cache
 from .txv_heads import SequenceClassificationHeadMixin
 from .txv_pretrained import TxvModelMixin
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
-from .txv_xl_model import NormedFeedForward, NormedRelativeAttention, XLCausalLMHeadMixin, XLModelMixin
+from .txv_xl_memory import MemoryCache
+from .txv_xl_model import (
+    MemoryGenerationMixin,
+    NormedFeedForward,
+    NormedRelativeAttention,
+    XLCausalLMHeadMixin,
+    XLModelMixin,
+)
 
 
 @model_output
@@ -198,8 +204,7 @@ class TransfoXLModel(XLModelMixin, XLBackboneMixin, TransfoXLPreTrainedModel):
         if mems is not None:
             if cache is not None:
                 raise ValueError("Pass either the cache or the legacy mems, not both")
-            cache = MemoryCache.from_legacy_mems(mems, config.mem_len)
-            cache.memory_init, cache.model_type = config.memory_init, config.model_type
+            cache = MemoryCache.from_legacy_mems(mems, config.mem_len, config.memory_init, config.model_type)
         return cache, {"shared_biases": None if config.untie_r else (self.r_w_bias, self.r_r_bias)}
 
 

@@ -69,14 +69,8 @@ class TxvReformerCache(RowStateCache):
         self.seen_tokens = 0
         self.step: dict | None = None  # set by the model during a forward: padded length, whether it is one step
 
-    def __len__(self):
-        return self.num_layers
-
     def __repr__(self):
         return f"TxvReformerCache(num_layers={self.num_layers}, seen_tokens={self.seen_tokens})"
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
 
     def _row_tensors(self) -> dict:
         return {
@@ -86,6 +80,25 @@ class TxvReformerCache(RowStateCache):
             "key_valid": self.key_valid,
             "lsh_inputs": self.lsh_inputs,
         }
+
+    STATE_FIELDS = ("keys", "values", "buckets", "bucket_settings", "key_valid", "lsh_inputs", "seen_tokens")
+
+    def to_state(self) -> dict:
+        """`num_layers` and the fields described above (lists per layer; `bucket_settings` holds each LSH layer's
+        `num_buckets`), `seen_tokens`."""
+        state = {name: getattr(self, name) for name in self.STATE_FIELDS}
+        for name in ("keys", "values", "buckets", "bucket_settings"):
+            state[name] = list(state[name])
+        return {"num_layers": self.num_layers, **state}
+
+    @classmethod
+    def from_state(cls, state: dict) -> TxvReformerCache:
+        (num_layers,) = cls._state_fields(state, "num_layers")
+        cache = cls(num_layers)
+        for name, value in zip(cls.STATE_FIELDS, cls._state_fields(state, *cls.STATE_FIELDS)):
+            setattr(cache, name, list(value) if isinstance(value, (list, tuple)) else value)
+        cache.seen_tokens = int(cache.seen_tokens)
+        return cache
 
     def append_lsh_inputs(self, attn_stream: torch.Tensor, hidden_stream: torch.Tensor) -> torch.Tensor:
         """Adds the new positions' streams entering the first LSH layer; returns those of every position."""
@@ -418,6 +431,10 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
             return 0
         return multiple - length % multiple
 
+    def initial_cache(self, batch_size: int | None = None, dtype=None, device=None) -> TxvReformerCache:
+        """The cache a first call starts with: an empty `TxvReformerCache` (filled by the prompt's pass)."""
+        return TxvReformerCache(self.config.num_hidden_layers)
+
     def _prepare_cache(self, cache, use_cache: bool, batch: int, length: int, padded_length: int):
         """The cache this forward reads and writes (None without one), with the facts its layers need."""
         if cache is None and not use_cache:
@@ -425,7 +442,7 @@ class TxvReformerModel(TxvReformerPreTrainedModel):
         if cache is None:
             if self.training:
                 return None  # training recomputes everything; a cache is only built for inference
-            cache = TxvReformerCache(self.config.num_hidden_layers)
+            cache = self.initial_cache(batch)
         if not isinstance(cache, TxvReformerCache):
             raise ValueError(f"cache must be the TxvReformerCache returned by this model, got {type(cache).__name__}")
         if self.training:

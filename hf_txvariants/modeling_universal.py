@@ -136,6 +136,25 @@ class UniversalStepCache(RowStateCache):
     def reset(self):
         self.step_inputs, self.final, self.positions, self.key_mask = [], None, None, None
 
+    STATE_FIELDS = ("step_inputs", "final", "positions", "key_mask")
+
+    def to_state(self) -> dict:
+        """`step_inputs` (a list, one `[batch, past, hidden]` per step), `final`, `positions` and `key_mask` (None
+        while empty)."""
+        return {
+            "step_inputs": list(self.step_inputs),
+            "final": self.final,
+            "positions": self.positions,
+            "key_mask": self.key_mask,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> UniversalStepCache:
+        step_inputs, final, positions, key_mask = cls._state_fields(state, *cls.STATE_FIELDS)
+        cache = cls()
+        cache.step_inputs, cache.final, cache.positions, cache.key_mask = list(step_inputs), final, positions, key_mask
+        return cache
+
     def _row_tensors(self) -> dict:
         if self.final is None:
             return {}
@@ -367,6 +386,11 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
         inputs of the past positions) cannot serve."""
         return self.config.transition == "feed_forward"
 
+    def initial_cache(self, batch_size: int | None = None, dtype=None, device=None) -> UniversalStepCache:
+        """The cache a first call starts with: an empty `UniversalStepCache` (rows, dtype and device come with the
+        first positions it keeps)."""
+        return UniversalStepCache()
+
     def time_embedding(self, step: int, device, dtype) -> torch.Tensor:
         """T_t, `[1, hidden]`, for t = step + 1."""
         return sinusoid_table(torch.tensor([step + 1.0], device=device), self.config.hidden_size).to(dtype)
@@ -395,7 +419,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
                 raise ValueError("cache (a UniversalStepCache) needs causal self-attention")
             cache.check_batch(batch)
             return cache
-        return UniversalStepCache() if use_cache and causal else None
+        return self.initial_cache(batch) if use_cache and causal else None
 
     @staticmethod
     def _new_positions(attention_mask, batch: int, length: int, past: int, device) -> torch.Tensor | None:
@@ -580,7 +604,7 @@ class UniversalTransformerForCausalLM(
         """A fresh `UniversalStepCache` before the first step, so that assisted decoding finds a cache to crop."""
         super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         if generation_config.use_cache and self.model.keeps_step_cache and model_kwargs.get(CACHE_NAME) is None:
-            model_kwargs[CACHE_NAME] = UniversalStepCache()
+            model_kwargs[CACHE_NAME] = self.model.initial_cache()
 
     @accepts_cache_names
     def prepare_inputs_for_generation(

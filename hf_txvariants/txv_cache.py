@@ -1,27 +1,13 @@
-"""Segment-level recurrence memory for the Transformer-XL family, carried as the model's cache (`cache`).
-
-A Transformer-XL memory is not a key/value cache: for every layer it holds the hidden states that *entered* that
-layer at the last `mem_len` positions (Dai et al. 2019, eq. for h~_{tau+1}^{n-1}). Keys and values are recomputed from
-them with the current weights. The states are stored batch-first, `[batch, memory_length, hidden_size]`, detached
-(stop-gradient, SG(.) in the paper) and trimmed to `mem_len`. A boolean `memory_mask` marks which memory slots may be
-attended to (padding and reset rows are masked out).
-
-In evaluation (no autograd) the memory also keeps, per layer, the keys and values that layer computed for the memory
-slots when they were its current segment (`KeyValueSlot`): with unchanged weights they equal the recomputed ones, so
-the next segment projects only its own positions. They are trimmed with the memory, dropped by a training pass, a row
-reset or a change of the weights, and never used while autograd records. For the same passes the cache keeps the
-relative position table (`relative_table`, the sinusoids of every distance seen so far) and each layer's projection of
-it (`KeyValueSlot.position_keys`): neither depends on the batch or the memory, so a step of `generate()` (one query
-against a memory of mem_len positions) projects only its own position, as a step against a key/value cache does.
-"""
+"""The base of the caches that carry a model's own state (not transformers' key/value layers) as the model's cache
+(`cache`): the XL family's memory (`txv_xl_memory.MemoryCache`), the original adaptive-span model's hidden states
+(`txv_span_cache.SpanCache`), and the Universal Transformer's, the ACT RNN's and the Reformer's generation caches (in
+their modeling files). One state per batch row, the batch-row operations `generate()` uses, and one serialised form,
+the state protocol (`to_state` / `from_state`)."""
 
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree
 from transformers.cache_utils import Cache
-
-from .txv_compat import accepts_cache_names, cache_field
 
 
 class RowStateCache(Cache):
@@ -29,14 +15,39 @@ class RowStateCache(Cache):
     the model's cache: the batch-row operations `generate()` uses (beam reordering, expansion, selection) are applied
     to every tensor that `_row_tensors()` names, and the model keeps its own cache instead of a `DynamicCache`.
 
-    Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty) and
-    `get_seq_length`."""
+    Subclasses implement `_row_tensors()` (name -> `[batch, ...]` tensor or list of them, None when empty), set
+    `num_layers` and `seen_tokens` (what `len()` and `get_seq_length()` give) or override those two, and implement the
+    state protocol: `to_state()` gives the cache's content as plain tensors, lists of them,
+    ints, strings and None (what `torch.load(weights_only=True)` reads back), `from_state(state)` the cache again.
+    Checkpoints, RL snapshots and the pytree registration all go through it; nothing outside a cache reads or writes
+    its private fields."""
 
     def __init__(self):
         super().__init__(layers=[])
 
     def _row_tensors(self) -> dict:
         raise NotImplementedError
+
+    def to_state(self) -> dict:
+        """This cache's content (see the class docstring); later passes never change what it returns."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_state(cls, state: dict):
+        """The cache that `to_state()` described; a ValueError names what does not fit."""
+        raise NotImplementedError
+
+    @classmethod
+    def _state_fields(cls, state, *names: str) -> tuple:
+        """`state[name]` for each of `names`, after checking that `state` is a dict holding them."""
+        if not isinstance(state, dict):
+            raise ValueError(
+                f"a {cls.__name__} state must be the dict its to_state() gives, got {type(state).__name__}"
+            )
+        missing = [name for name in names if name not in state]
+        if missing:
+            raise ValueError(f"the {cls.__name__} state lacks {', '.join(missing)} (it has {', '.join(sorted(state))})")
+        return tuple(state[name] for name in names)
 
     def _map_rows(self, fn):
         for name, value in self._row_tensors().items():
@@ -62,9 +73,12 @@ class RowStateCache(Cache):
         """The first layer's `[batch, length, hidden]` state (None when empty): what `check_compatible` reads."""
         raise NotImplementedError
 
-    def check_compatible(self, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None):
+    def check_compatible(
+        self, *, batch_size: int | None, hidden_size: int | None, num_layers: int, model_type: str | None = None
+    ):
         """Raises a ValueError naming the mismatch when this cache cannot be used with the given input and model
-        (subclasses set `num_layers` and `model_type`, the type of the model that wrote the cache, None for any)."""
+        (subclasses set `num_layers` and `model_type`, the type of the model that wrote the cache, None for any);
+        a size given as None is not checked."""
         if model_type is not None and self.model_type is not None and self.model_type != model_type:
             raise ValueError(
                 f"the cache holds the states of a {self.model_type!r} model, this model is {model_type!r}: "
@@ -75,11 +89,11 @@ class RowStateCache(Cache):
         first = self._first_state()
         if first is None:
             return
-        if first.shape[0] != batch_size:
+        if batch_size is not None and first.shape[0] != batch_size:
             raise ValueError(
                 f"the cache holds states for batch size {first.shape[0]}, but the input has batch size {batch_size}"
             )
-        if first.shape[-1] != hidden_size:
+        if hidden_size is not None and first.shape[-1] != hidden_size:
             raise ValueError(
                 f"the cache holds states of hidden size {first.shape[-1]}, but config.hidden_size is {hidden_size}"
             )
@@ -92,6 +106,13 @@ class RowStateCache(Cache):
 
     def batch_select_indices(self, indices: torch.Tensor):
         self._map_rows(lambda t: t[indices])
+
+    def __len__(self):
+        return self.num_layers
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of tokens processed so far (the cache may keep fewer)."""
+        return self.seen_tokens
 
     def get_max_length(self, layer_idx: int | None = None):
         return None
@@ -126,534 +147,4 @@ class RowStateCache(Cache):
     is_linear = is_dummy = is_sliding
 
 
-class MemoryLayer:
-    """One layer's view of a `MemoryCache`, so that code walking `cache.layers` (transformers' generation utilities)
-    finds one object per layer. An XL memory holds the hidden states that entered the layer, not keys and values:
-    `keys` and `values` both give that memory, `[batch, memory_length, hidden]` (None before the first update)."""
-
-    is_sliding = False
-    is_compileable = False
-
-    def __init__(self, cache: MemoryCache, layer_idx: int):
-        self._cache, self.layer_idx = cache, layer_idx
-
-    @property
-    def memory(self) -> torch.Tensor | None:
-        return self._cache.layer_memory(self.layer_idx)
-
-    keys = values = memory
-
-    @property
-    def is_initialized(self) -> bool:
-        return self._cache.is_initialized
-
-    def get_seq_length(self) -> int:
-        return self._cache.get_seq_length()
-
-    def get_max_length(self) -> int:
-        return self._cache.mem_len
-
-
-class KeyValueSlot:
-    """One layer's access, during one evaluation pass, to the keys and values cached with the memory.
-
-    `lookup(weights_token, memory_length)` gives the `[batch, heads, memory_length, head_dim]` keys and values of the
-    last `memory_length` memory slots if the layer cached them with the same weights (`weights_token` names them: the
-    tensors, their in-place versions, the autocast dtype), else None. `keep(key, value, weights_token)` records the
-    keys and values the layer used for the last `key.shape[2]` positions of `[memory; segment]`; the memory update
-    keeps the part that stays in memory."""
-
-    def __init__(self, cache: MemoryCache, layer_idx: int):
-        self._cache, self.layer_idx = cache, layer_idx
-
-    def lookup(self, weights_token: tuple, memory_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        cache = self._cache
-        if cache.memory_keys is None or memory_length == 0 or memory_length > cache.memory_length:
-            return None
-        key, value = cache.memory_keys[self.layer_idx], cache.memory_values[self.layer_idx]
-        if key is None or cache.key_value_tokens[self.layer_idx] != weights_token:
-            return None
-        if memory_length == key.shape[2]:  # the kept tensors themselves: `extend` appends to them in place
-            return key, value
-        return key[:, :, -memory_length:], value[:, :, -memory_length:]
-
-    def extend(self, cached: tuple[torch.Tensor, torch.Tensor], key: torch.Tensor, value: torch.Tensor):
-        """`[cached keys; key]` and `[cached values; value]` along the positions (appended in place, see
-        `AppendBuffers`)."""
-        buffers = self._cache._buffers
-        return (
-            buffers.append(("key", self.layer_idx), cached[0], key, 2),
-            buffers.append(("value", self.layer_idx), cached[1], value, 2),
-        )
-
-    def keep(self, key: torch.Tensor, value: torch.Tensor, weights_token: tuple):
-        if self._cache._new_key_values is not None:
-            # (no copy without autograd: the tensors may be views `AppendBuffers` extends in place)
-            key, value = (key.detach(), value.detach()) if key.requires_grad else (key, value)
-            self._cache._new_key_values[self.layer_idx] = (key, value, weights_token)
-
-    def position_keys(self, weights_token: tuple, position_embeddings: torch.Tensor, project) -> torch.Tensor:
-        """`project(position_embeddings)` (the layer's keys of the relative positions, `[heads, rows, head_dim]`),
-        taken from the projection of the cache's whole `relative_table` made with the same weights when
-        `position_embeddings` is a suffix of that table (the rows of the distances a pass sees are always its last
-        rows); computed whole otherwise."""
-        cache = self._cache
-        table = cache._relative_table
-        rows = position_embeddings.shape[0]
-        if table is None or not is_row_suffix(position_embeddings, table):
-            return project(position_embeddings)
-        token = (weights_token, table.data_ptr(), table.shape[0])
-        cached = cache._position_keys[self.layer_idx]
-        if cached is None or cached[0] != token:
-            cached = cache._position_keys[self.layer_idx] = (token, project(table))
-        return cached[1][:, cached[1].shape[1] - rows :]
-
-
-def is_row_suffix(rows: torch.Tensor, table: torch.Tensor) -> bool:
-    """Whether `rows` is a view of the last rows of the contiguous `table` (same storage, same end)."""
-    return (
-        rows.dtype == table.dtype
-        and rows.device == table.device
-        and rows.is_contiguous()
-        and rows.shape[1:] == table.shape[1:]
-        and rows.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
-        and rows.data_ptr() + rows.numel() * rows.element_size()
-        == table.data_ptr() + table.numel() * table.element_size()
-    )
-
-
-STEP_FRACTION = 8  # an append of one position or at most 1/STEP_FRACTION of the window is a step: room is kept
-
-
-class AppendBuffers:
-    """Appending to the tensors a cache keeps (the memory of each layer, its keys and values) in place, in evaluation.
-
-    `append(name, window, new, dim)` is `torch.cat([window, new], dim)`; when `window` is the view this object last
-    handed out under `name` (`keep(name, view)`), `new` is written into the preallocated buffer right after it and a
-    view of the buffer is returned: no copy of the window, which a step of `generate()` or of an acting agent would
-    otherwise pay per layer (the memory, keys and values: `[batch, mem_len, hidden]` each). For steps (an append of
-    one position, or of at most 1/8 of the window) a buffer holds room for as many positions again as the window is
-    long; when it is full, the window is copied to the start of a new buffer. A larger append (a segment in
-    evaluation) gets a buffer of exactly `[window; new]`, as `torch.cat` would: room for further segments would
-    double the memory, keys and values that evaluation holds per layer, to save one copy of the window in two.
-    Only what lies after the last view handed out is ever written, so no tensor handed out (kept by the caller,
-    returned as the cache) ever changes. Used only without autograd (an in-place write would invalidate the saved
-    tensors of a graph); the cache drops the buffers whenever it replaces its tensors otherwise."""
-
-    def __init__(self):
-        self._entries: dict = {}  # name -> [buffer, dim, end (where the next entries go), the view last kept]
-
-    def append(self, name, window: torch.Tensor, new: torch.Tensor, dim: int) -> torch.Tensor:
-        entry = self._entries.get(name)
-        length, added = window.shape[dim], new.shape[dim]
-        if entry is None or entry[3] is not window or entry[2] + added > entry[0].shape[dim]:
-            shape = list(window.shape)
-            shape[dim] = length + added + (length if added <= max(1, length // STEP_FRACTION) else 0)
-            buffer = window.new_empty(shape)
-            buffer.narrow(dim, 0, length).copy_(window)
-            entry = self._entries[name] = [buffer, dim, length, None]
-        buffer, _, end, _ = entry
-        buffer.narrow(dim, end, added).copy_(new)
-        entry[2], entry[3] = end + added, None  # consumed: `keep` names the next window
-        return buffer.narrow(dim, end - length, length + added)
-
-    def keep(self, name, view: torch.Tensor):
-        """Records `view` as the window to extend next when it is the last entries of what `append(name, ...)`
-        returned last (any other tensor is not extended in place: it is copied into a new buffer)."""
-        entry = self._entries.get(name)
-        if entry is None or view._base is not entry[0]:
-            return
-        buffer, dim, end, _ = entry
-        if view.data_ptr() == buffer.narrow(dim, end - view.shape[dim], view.shape[dim]).data_ptr():
-            entry[3] = view
-
-
-class MemoryCache(RowStateCache):
-    """Per-layer Transformer-XL memory.
-
-    Args:
-        num_layers: number of layers whose inputs are remembered.
-        mem_len: number of positions kept after each update (0 disables memory).
-        memories: optional list of `[batch, length, hidden]` tensors, one per layer.
-        memory_mask: optional `[batch, length]` bool tensor, True where a memory slot may be attended to.
-        memory_init: what a fresh row starts with, "zeros" or "empty" (see `initial`); `reset_rows` uses it by
-            default, so a reset row is exactly a fresh row of the model that made the cache.
-        model_type: the `config.model_type` of the model that made the cache (None: any model may read it); a model
-            of another type refuses it (`check_compatible`).
-    `len(cache) == len(cache.layers) == num_layers` (one `MemoryLayer` view per layer).
-    """
-
-    def __init__(
-        self,
-        num_layers: int,
-        mem_len: int,
-        memories: list[torch.Tensor] | None = None,
-        memory_mask: torch.Tensor | None = None,
-        seen_tokens: int = 0,
-        memory_init: str = "empty",
-        model_type: str | None = None,
-    ):
-        super().__init__()
-        if mem_len < 0:
-            raise ValueError(f"mem_len must be >= 0, got {mem_len}")
-        if memory_init not in ("zeros", "empty"):
-            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {memory_init!r}")
-        self.num_layers = num_layers
-        self.mem_len = mem_len
-        self.memory_init = memory_init
-        self.model_type = model_type
-        self.layers = [MemoryLayer(self, i) for i in range(num_layers)]
-        self.memories: list[torch.Tensor] | None = None
-        self.memory_mask: torch.Tensor | None = None
-        self._all_real_mask: torch.Tensor | None = None
-        # per layer, aligned with `memories` (see `KeyValueSlot`); None where not cached
-        self.memory_keys: list[torch.Tensor | None] | None = None
-        self.memory_values: list[torch.Tensor | None] | None = None
-        self.key_value_tokens: list[tuple | None] | None = None
-        self._new_key_values: list | None = None  # what the layers computed in the pass under way
-        self._buffers = AppendBuffers()  # in-place appends of the memory and its keys and values (evaluation)
-        # batch-independent, kept across updates (see `relative_table` and `KeyValueSlot.position_keys`)
-        self._relative_table: torch.Tensor | None = None
-        self._relative_table_key: tuple | None = None
-        self._position_keys: list = [None] * num_layers
-        self.seen_tokens = seen_tokens
-        self._step_memory = None  # the `txv_xl_step.StepMemory` a one-position step left (see `adopt_step`)
-        if memories is not None:
-            self._set(list(memories), memory_mask)
-
-    # ----------------------------------------------------------------------------------------------------------------
-    # construction helpers
-    @classmethod
-    def initial(
-        cls, num_layers, mem_len, batch_size, hidden_size, memory_init, dtype, device, model_type=None
-    ) -> MemoryCache:
-        """The memory a first segment starts with: `memory_init="zeros"` gives `mem_len` zero vectors that are attended
-        to (TF code and transformers' legacy TransfoXL), `"empty"` gives no memory (the original PyTorch code)."""
-        cache = cls(num_layers, mem_len, memory_init=memory_init, model_type=model_type)
-        if memory_init == "zeros" and mem_len > 0:
-            zeros = torch.zeros(batch_size, mem_len, hidden_size, dtype=dtype, device=device)
-            cache._set([zeros] * num_layers, None)
-        return cache
-
-    @classmethod
-    def from_legacy_mems(cls, mems, mem_len: int) -> MemoryCache:
-        """Builds a cache from the legacy `mems` list (one time-major `[length, batch, hidden]` tensor per layer)."""
-        if not isinstance(mems, (list, tuple)) or not all(isinstance(m, torch.Tensor) and m.dim() == 3 for m in mems):
-            raise ValueError("`mems` must be a list with one [memory_length, batch, hidden_size] tensor per layer")
-        memories = [m.transpose(0, 1) for m in mems]
-        return cls(len(mems), mem_len, memories, seen_tokens=memories[0].shape[1] if memories else 0)
-
-    def to_legacy_mems(self) -> list[torch.Tensor] | None:
-        """The memory in the legacy layout: a list of time-major `[length, batch, hidden]` tensors."""
-        if self.memories is None:
-            return None
-        return [m.transpose(0, 1) for m in self.memories]
-
-    def _set(self, memories: list[torch.Tensor], memory_mask: torch.Tensor | None):
-        if len(memories) != self.num_layers:
-            raise ValueError(f"memory has {len(memories)} layers, expected {self.num_layers}")
-        first = memories[0]
-        for i, m in enumerate(memories):
-            if m.dim() != 3 or m.shape != first.shape:
-                raise ValueError(f"memory of layer {i} has shape {tuple(m.shape)}, expected {tuple(first.shape)}")
-        all_real = memory_mask is None
-        if memory_mask is None:
-            memory_mask = torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
-        elif memory_mask.shape != first.shape[:2]:
-            raise ValueError(f"memory_mask has shape {tuple(memory_mask.shape)}, expected {tuple(first.shape[:2])}")
-        self._step_memory = None
-        self.memories = [m.detach() if m.requires_grad else m for m in memories]
-        self.memory_mask = memory_mask.to(torch.bool)
-        # the mask known (without reading it) to be all True: `key_mask` then needs no mask and no host sync
-        self._all_real_mask = self.memory_mask if all_real else None
-        self._forget_memory_key_values()
-
-    @property
-    def step_memory(self):
-        """The `txv_xl_step.StepMemory` that holds this memory since the last one-position step, or None."""
-        return self._step_memory
-
-    def adopt_step(self, step):
-        """After a one-position step (`XLBackboneMixin.step_backbone`): the memory is now `step`'s window (views of its
-        buffers, which the next step goes on from), one more token seen."""
-        self.memories, self.memory_mask = step.memory()
-        self._all_real_mask = None
-        self._forget_memory_key_values()
-        self.seen_tokens += 1
-        self._step_memory = step
-
-    def drop_step(self):
-        """Leaves the step's buffers to the step: every change of the memory other than a step goes through here."""
-        self._step_memory = None
-
-    def _forget_memory_key_values(self):
-        self.memory_keys = self.memory_values = self.key_value_tokens = None
-        self._new_key_values = None
-
-    def forget_key_values(self):
-        """Drops everything cached besides the memory: the memory's keys and values, the relative position table and
-        its projections (all recomputed when next needed)."""
-        self._forget_memory_key_values()
-        self._relative_table = self._relative_table_key = None
-        self._position_keys = [None] * self.num_layers
-
-    def relative_table(self, key_length: int, build, key: tuple) -> torch.Tensor:
-        """The relative position table of a pass over `key_length` keys, `build(length)` (the sinusoids of distances
-        length - 1 .. -1, `txv_relative_attention.relative_position_embeddings`), as the last `key_length + 1` rows of
-        one table kept across passes: built for at least mem_len + 1 keys (a step against a full memory), and again,
-        longer, when a pass needs more. `key` names everything else the table depends on (clamp_len, width, dtype,
-        device): another key builds a new table."""
-        table = self._relative_table
-        if table is None or self._relative_table_key != key or table.shape[0] < key_length + 1:
-            table = self._relative_table = build(max(key_length, self.mem_len + 1))
-            self._relative_table_key = key
-            self._position_keys = [None] * self.num_layers
-        return table[table.shape[0] - key_length - 1 :]
-
-    def key_value_slots(self) -> list[KeyValueSlot]:
-        """One `KeyValueSlot` per layer for an evaluation pass (no autograd, weights fixed during the pass)."""
-        self._new_key_values = [None] * self.num_layers
-        return [KeyValueSlot(self, i) for i in range(self.num_layers)]
-
-    def _keep_new_key_values(self, pending: list | None, memory_length: int):
-        """After a memory update: per layer, the last `memory_length` keys and values of what the pass computed, when
-        it covered them (else None: recomputed next time)."""
-        if pending is None or memory_length == 0:
-            return
-        keys, values, tokens = [], [], []
-        for entry in pending:
-            if entry is None or entry[0].shape[2] < memory_length:
-                entry = (None, None, None)
-            else:
-                key, value, token = entry
-                entry = (key[:, :, -memory_length:], value[:, :, -memory_length:], token)
-                self._buffers.keep(("key", len(keys)), entry[0])
-                self._buffers.keep(("value", len(keys)), entry[1])
-            keys.append(entry[0])
-            values.append(entry[1])
-            tokens.append(entry[2])
-        if any(token is not None for token in tokens):
-            self.memory_keys, self.memory_values, self.key_value_tokens = keys, values, tokens
-
-    # ----------------------------------------------------------------------------------------------------------------
-    # what the model reads and writes
-    @property
-    def memory_length(self) -> int:
-        return 0 if self.memories is None else self.memories[0].shape[1]
-
-    @property
-    def batch_size(self) -> int | None:
-        return None if self.memories is None else self.memories[0].shape[0]
-
-    def layer_memory(self, layer_idx: int) -> torch.Tensor | None:
-        return None if self.memories is None else self.memories[layer_idx]
-
-    def _first_state(self) -> torch.Tensor | None:
-        return None if self.memories is None else self.memories[0]
-
-    def key_mask(self, input_mask: torch.Tensor | None, query_length: int) -> torch.Tensor | None:
-        """`[batch, memory_length + query_length]` bool, True where a key may be attended to (real memory slots and
-        real tokens of the segment, `input_mask` True = real), or None when every key may. The memory counts as all
-        real only when the cache knows it without reading it (no host synchronisation, and the same graph under
-        torch.compile): a fresh memory and the updates and resets that keep it so; otherwise the mask is built."""
-        memory_all_real = self.memory_mask is None or self.memory_mask is self._all_real_mask
-        if input_mask is None and memory_all_real:
-            return None
-        if input_mask is None:
-            input_mask = torch.ones(
-                self.memory_mask.shape[0], query_length, dtype=torch.bool, device=self.memory_mask.device
-            )
-        return input_mask if self.memory_mask is None else torch.cat([self.memory_mask, input_mask], dim=1)
-
-    def update_memories(self, layer_inputs: list[torch.Tensor], input_mask: torch.Tensor | None):
-        """Appends the inputs every layer just saw and keeps the last `mem_len` positions (detached).
-
-        `input_mask` is `[batch, new_length]` bool (True = real token) or None (all real)."""
-        new_length = layer_inputs[0].shape[1]
-        self.seen_tokens += new_length
-        pending, self._new_key_values = self._new_key_values, None
-        if self.mem_len == 0:
-            return
-        # the mask is kept only when some slot may be masked (building it for an all-real memory costs a pass)
-        all_real = input_mask is None and (self.memories is None or self.memory_mask is self._all_real_mask)
-        mask = None
-        # without autograd the memory is appended to in place (`AppendBuffers`); with it, a copy (the memory read by
-        # this pass may be saved for its backward)
-        in_place = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        with torch.no_grad():
-            if self.memories is None:
-                memories = [h[:, -self.mem_len :] for h in layer_inputs]
-            elif in_place:
-                memories = [
-                    self._buffers.append(("memory", i), m, h, 1)[:, -self.mem_len :]
-                    for i, (m, h) in enumerate(zip(self.memories, layer_inputs))
-                ]
-            else:
-                memories = [torch.cat([m, h], dim=1)[:, -self.mem_len :] for m, h in zip(self.memories, layer_inputs)]
-            if not all_real:
-                if input_mask is None:
-                    input_mask = torch.ones(layer_inputs[0].shape[:2], dtype=torch.bool, device=layer_inputs[0].device)
-                mask = input_mask if self.memories is None else torch.cat([self.memory_mask, input_mask], dim=1)
-                mask = mask[:, -self.mem_len :]
-            self._set(memories, mask)
-        if in_place:
-            for i, memory in enumerate(self.memories):
-                self._buffers.keep(("memory", i), memory)
-        self._keep_new_key_values(pending, self.memory_length)
-
-    def reset_rows(self, done: torch.Tensor, memory_init: str | None = None):
-        """Forgets the memory of the rows where `done` is True (e.g. an episode ended), in place.
-
-        With `memory_init="zeros"` a reset row gets zero vectors that are attended to, like a fresh row; with
-        `"empty"` its memory slots are masked out, so it attends only to its new tokens, like a fresh row. The
-        default is the cache's own `memory_init` (that of the model that made it): a reset row is then a fresh row."""
-        memory_init = memory_init or self.memory_init
-        if memory_init not in ("zeros", "empty"):
-            raise ValueError(f"memory_init must be 'zeros' or 'empty', got {memory_init!r}")
-        if self.memories is None:
-            return
-        self.drop_step()
-        done = done.to(device=self.memory_mask.device, dtype=torch.bool).view(-1)
-        if done.shape[0] != self.batch_size:
-            raise ValueError(f"`done` has {done.shape[0]} rows, the memory has batch size {self.batch_size}")
-        if memory_init == "zeros":
-            keep = (~done)[:, None, None].to(self.memories[0].dtype)
-            self.memories = [m * keep for m in self.memories]
-            # the zero vectors are attended: their keys and values (through a pre-norm, not zero) are recomputed, as
-            # are those of the pass under way (computed from the old memory)
-            self._forget_memory_key_values()
-            all_real = self.memory_mask is self._all_real_mask
-            self.memory_mask = self.memory_mask | done[:, None]
-            self._all_real_mask = self.memory_mask if all_real else None
-        else:
-            # "empty": the reset slots are masked out, so neither their vectors (left as they are: no pass over the
-            # memory, which a step of an acting agent would pay) nor their cached keys and values are ever attended
-            self.memory_mask = self.memory_mask & ~done[:, None]
-
-    def clone(self) -> MemoryCache:
-        copy = MemoryCache(
-            self.num_layers,
-            self.mem_len,
-            seen_tokens=self.seen_tokens,
-            memory_init=self.memory_init,
-            model_type=self.model_type,
-        )
-        if self.memories is not None:
-            copy._set([m.clone() for m in self.memories], self.memory_mask.clone())
-        if self.memory_keys is not None:
-            copy.memory_keys = [None if k is None else k.clone() for k in self.memory_keys]
-            copy.memory_values = [None if v is None else v.clone() for v in self.memory_values]
-            copy.key_value_tokens = list(self.key_value_tokens)
-        return copy
-
-    # ----------------------------------------------------------------------------------------------------------------
-    # the Cache interface used by `generate()`
-    def __len__(self):
-        return self.num_layers
-
-    def __repr__(self):
-        return f"MemoryCache(num_layers={self.num_layers}, mem_len={self.mem_len}, memory_length={self.memory_length})"
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of tokens processed so far (the memory itself keeps at most `mem_len` of them)."""
-        return self.seen_tokens
-
-    def get_max_length(self, layer_idx: int | None = None) -> int:
-        return self.mem_len
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        return self.memory_length + query_length, 0
-
-    def reset(self):
-        self.drop_step()
-        self.memories, self.memory_mask, self.seen_tokens = None, None, 0
-        self._buffers = AppendBuffers()
-        self.forget_key_values()
-
-    def crop(self, max_length: int):
-        raise NotImplementedError(
-            "A Transformer-XL memory cannot be cropped: it keeps only the last mem_len hidden states, so it cannot be "
-            "rolled back (assisted decoding is not supported)"
-        )
-
-    def _map_rows(self, fn):
-        all_real = self.memory_mask is not None and self.memory_mask is self._all_real_mask
-        if self._step_memory is not None:  # (beam search reorders every step: the step's buffers follow the rows)
-            self._step_memory.map_rows(fn)
-            self.memories, self.memory_mask = self._step_memory.memory()
-            return
-        super()._map_rows(fn)
-        if all_real:  # rows of an all-real memory (beam reordering, expansion, selection) are all real
-            self._all_real_mask = self.memory_mask
-
-    def _row_tensors(self) -> dict:
-        return {
-            "memories": self.memories,
-            "memory_mask": self.memory_mask,
-            "memory_keys": self.memory_keys,
-            "memory_values": self.memory_values,
-        }
-
-
-def _flatten_memory(cache: MemoryCache):
-    context = (cache.num_layers, cache.mem_len, cache.seen_tokens, cache.memory_init, cache.model_type)
-    return [cache.memories, cache.memory_mask], context
-
-
-def _unflatten_memory(children, context) -> MemoryCache:
-    num_layers, mem_len, seen_tokens, memory_init, model_type = context
-    memories, memory_mask = children
-    return MemoryCache(num_layers, mem_len, memories, memory_mask, seen_tokens, memory_init, model_type)
-
-
-# A pytree node, so that `torch.export` and `torch.compile` can return (and take) the memory as the cache.
-torch.utils._pytree.register_pytree_node(
-    MemoryCache,
-    _flatten_memory,
-    _unflatten_memory,
-    serialized_type_name=f"{__name__}.MemoryCache",
-    flatten_with_keys_fn=lambda cache: (
-        [
-            (torch.utils._pytree.GetAttrKey(k), v)
-            for k, v in zip(("memories", "memory_mask"), _flatten_memory(cache)[0])
-        ],
-        _flatten_memory(cache)[1],
-    ),
-)
-
-
-def memory_for_input(
-    memory, new_memory, *, batch_size: int, hidden_size: int, num_layers: int, model_type: str | None = None
-) -> MemoryCache:
-    """The memory a forward pass reads: the given cache checked against the input, or `new_memory()` when None."""
-    if memory is None:
-        return new_memory()
-    if not isinstance(memory, MemoryCache):
-        raise ValueError(f"the cache must be the MemoryCache returned by this model, got {type(memory).__name__}")
-    memory.check_compatible(
-        batch_size=batch_size, hidden_size=hidden_size, num_layers=num_layers, model_type=model_type
-    )
-    return memory
-
-
-class MemoryGenerationMixin:
-    """For the causal LMs of the XL family, placed before `GenerationMixin`: `generate()` keeps the model's own
-    `MemoryCache` (never a `DynamicCache`) and feeds one new token per step; a model without memory (`mem_len=0`)
-    gets the whole sequence at every step instead, since nothing else would carry the context.
-
-    The models are stateful for transformers (`_is_stateful`): a memory trimmed to `mem_len` cannot be rolled back,
-    so assisted decoding gets transformers' own clear error instead of failing inside."""
-
-    _is_stateful = True
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False
-
-    @accepts_cache_names
-    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, **kwargs):
-        if self.config.mem_len == 0:
-            next_sequence_length, cache = None, None
-        return super().prepare_inputs_for_generation(
-            input_ids, next_sequence_length=next_sequence_length, **cache_field(cache), **kwargs
-        )
+__all__ = ["RowStateCache"]

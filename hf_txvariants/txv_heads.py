@@ -53,7 +53,8 @@ class TxvHeadMixin:
         """The task layers on the base model; by default the token-prediction `lm_head`."""
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    def run_backbone(self, **inputs):
+    def call_base_model(self, **inputs):
+        """The base model's output for the head's inputs (and `backbone_kwargs`), as a ModelOutput."""
         return self.base_model(**inputs, **self.backbone_kwargs, return_dict=True)
 
     def add_auxiliary_losses(self, loss: torch.Tensor, outputs, attention_mask) -> torch.Tensor:
@@ -114,7 +115,7 @@ class CausalLMHeadMixin(TxvHeadMixin):
             raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        outputs = self.run_backbone(
+        outputs = self.call_base_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             cache=cache,
@@ -165,7 +166,7 @@ class MaskedLMHeadMixin(TxvHeadMixin):
         **kwargs,
     ):
         """labels: `[batch, length]` token ids at the masked positions and -100 elsewhere (not shifted)."""
-        outputs = self.run_backbone(
+        outputs = self.call_base_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             inputs_embeds=inputs_embeds,
@@ -220,7 +221,7 @@ class SequenceClassificationHeadMixin(TxvHeadMixin):
         regression). A head whose output has no cache field asks its base model for no cache."""
         if CACHE_NAME not in self.output_class.__dataclass_fields__:
             cache, use_cache = None, False
-        outputs = self.run_backbone(
+        outputs = self.call_base_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             cache=cache,

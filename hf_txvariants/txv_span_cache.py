@@ -77,6 +77,27 @@ class SpanCache(RowStateCache):
         states = [torch.zeros(batch_size, length, hidden_size, dtype=dtype, device=device) for length in lengths]
         return cls(len(lengths), states, model_type=model_type)
 
+    def to_state(self) -> dict:
+        """`states` (each layer's kept hidden states, `[batch, length_l, hidden]`; None while empty), `seen_tokens`,
+        `num_layers` and `model_type`."""
+        return {
+            "states": None if self.states is None else list(self.states),
+            "seen_tokens": self.seen_tokens,
+            "num_layers": self.num_layers,
+            "model_type": self.model_type,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> SpanCache:
+        states, seen_tokens, num_layers, model_type = cls._state_fields(
+            state, "states", "seen_tokens", "num_layers", "model_type"
+        )
+        if states is not None and (
+            not isinstance(states, (list, tuple)) or not all(isinstance(s, torch.Tensor) for s in states)
+        ):
+            raise ValueError(f"the SpanCache state's `states` must be a list of tensors, got {type(states).__name__}")
+        return cls(num_layers, None if states is None else list(states), int(seen_tokens), model_type)
+
     def set_states(self, states: list[torch.Tensor]):
         if len(states) != self.num_layers:
             raise ValueError(f"the cache has {len(states)} layers of states, expected {self.num_layers}")
@@ -112,15 +133,8 @@ class SpanCache(RowStateCache):
 
     # ----------------------------------------------------------------------------------------------------------------
     # the Cache interface used by `generate()`
-    def __len__(self):
-        return self.num_layers
-
     def __repr__(self):
         return f"SpanCache(num_layers={self.num_layers}, lengths={self.lengths}, seen_tokens={self.seen_tokens})"
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of tokens processed so far (each layer keeps only what its spans need)."""
-        return self.seen_tokens
 
     def reset(self):
         self.states, self.seen_tokens = None, 0

@@ -32,11 +32,13 @@ from transformers.modeling_outputs import ModelOutput
 
 from .txv_adaptive_span import AdaptiveSpan
 from .txv_attention import causal_allowed
-from .txv_cache import MemoryCache, memory_for_input
 from .txv_compat import GradientCheckpointingLayer, model_output
 from .txv_gates import GatingLayer, build_gate
 from .txv_inputs import segment_padding_mask
 from .txv_relative_attention import relative_position_embeddings
+from .txv_xl_config import attention_window
+from .txv_xl_memory import MemoryCache, memory_for_input
+from .txv_xl_step import StepWeights, step_support, xl_step
 
 
 def residual_form(config) -> str:
@@ -45,17 +47,6 @@ def residual_form(config) -> str:
     if config.gate_type == "trxl":
         return "pre_norm" if getattr(config, "pre_lnorm", False) else "post_norm"
     return "reordered"
-
-
-def attention_window(config) -> int | None:
-    """How many keys (distances 0 .. window - 1) a query may see: the smallest of the same-length window
-    (`mem_len` keys, or `mem_len + 1` with `same_length_extra_key`) and the hard span `attn_span`; None: no limit."""
-    windows = []
-    if getattr(config, "same_length", False):
-        windows.append(config.mem_len + int(getattr(config, "same_length_extra_key", False)))
-    if config.attn_span is not None:
-        windows.append(config.attn_span)
-    return min(windows) if windows else None
 
 
 def build_adaptive_span(config) -> AdaptiveSpan | None:
@@ -234,7 +225,7 @@ class XLSpanMethodsMixin:
 
 @dataclass
 class XLBackboneOutput:
-    """What `XLBackboneMixin.run_backbone` returns to the variant's model: the last hidden state (after dropout),
+    """What `XLBackboneMixin.forward_segment` returns to the variant's model: the last hidden state (after dropout),
     the memory (updated when `use_cache`), the inputs of every layer, the attention weights, the summed span
     penalty (None without adaptive span) and the key count each layer attended."""
 
@@ -264,7 +255,13 @@ class XLBackboneMixin:
     """For the base model of an XL-family variant, which has `config`, `layers` (`XLLayer`s), `drop` and `norm`
     (`build_final_norm`)."""
 
-    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+    @property
+    def carries_memory(self) -> bool:
+        """Whether the cache is a memory carried from one segment to the next (`mem_len` > 0), as training and
+        evaluation streams carry it."""
+        return self.config.mem_len > 0
+
+    def initial_cache(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
         """The memory a first segment starts with (see `config.memory_init`)."""
         parameter = next(self.parameters())
         return MemoryCache.initial(
@@ -300,8 +297,6 @@ class XLBackboneMixin:
 
     def step_unsupported(self) -> str:
         """Why `txv_xl_step` cannot step this model as configured now ("" if it can), kept per setting it reads."""
-        from .txv_xl_step import step_support
-
         setting = self._step_setting()
         known = getattr(self, "_step_support", None)
         if known is None or known[0] != setting:
@@ -311,8 +306,6 @@ class XLBackboneMixin:
     def step_weights(self):
         """This model's `txv_xl_step.StepWeights`, made again whenever a parameter changed (an optimiser step or a
         load writes in place, which moves its version) or a field of `STEP_SETTING_FIELDS` did."""
-        from .txv_xl_step import StepWeights
-
         if getattr(self, "_step_parameters", None) is None:
             self._step_parameters = list(self.parameters())
         token = (self._step_setting(), *map(_VERSION, self._step_parameters))
@@ -321,37 +314,59 @@ class XLBackboneMixin:
             weights = self._step_weights = StepWeights(self, token)
         return weights
 
-    def step_backbone(self, inputs_embeds: torch.Tensor, cache: MemoryCache) -> XLBackboneOutput | None:
-        """One new position per row through `txv_xl_step`, the cache carrying its `StepMemory` from step to step
-        (`MemoryCache.adopt_step`); None where that path cannot serve (the general one then does)."""
-        from .txv_xl_step import StepMemory, xl_step
+    def forward_step(
+        self,
+        inputs_embeds: torch.Tensor,
+        cache: MemoryCache,
+        *,
+        episode_starts: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        layer_inputs: list | None = None,
+    ) -> torch.Tensor | None:
+        """The one door into the one-position step (`txv_xl_step`), taken by `generate()` (through `forward_segment`)
+        and by acting agents (`hf_txvariants.rl.GTrXLBody`): the last hidden state `[rows, 1, hidden]` of one new
+        position per row (`inputs_embeds [rows, 1, hidden]`), the `cache` advanced by it in place (its step layout,
+        `MemoryCache.step_layout`). episode_starts `[rows, 1]` bool: True where an episode begins (that position
+        attends to nothing before it, as `forward_segment`); attention_mask: a row whose new position is padding
+        cannot step; `layer_inputs`, a list, gets each layer's input `[rows, 1, hidden]`.
 
+        None (nothing changed) where the step cannot serve this call, and `forward_segment` computes the same: the
+        model (`step_unsupported()`), more than one position, a pass that trains, records gradients, runs under
+        autocast or torch.compile, a cache of other rows, layers or model, or a memory empty or longer than mem_len."""
+        rows, length = inputs_embeds.shape[:2]
         mem_len = self.config.mem_len
-        step = cache.step_memory
-        fresh = step is None or step.mem_len != mem_len  # no step state yet, or one for another mem_len
-        if fresh and cache.memory_length > mem_len:
+        if (
+            length != 1
+            or self.training
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled(inputs_embeds.device.type)
+            or torch.compiler.is_compiling()
+            or cache.batch_size != rows
+            or not 0 < cache.memory_length <= mem_len
+            or cache.num_layers != len(self.layers)
+            or cache.model_type not in (None, self.config.model_type)
+            or (episode_starts is not None and tuple(episode_starts.shape) != (rows, 1))
+            or self.step_unsupported()
+            or not is_all_real(segment_padding_mask(attention_mask, rows, 1, inputs_embeds.device))
+        ):
             return None
-        layer_inputs = []
-        with torch.inference_mode():  # as `GTrXLBody`: its tensors stay in the step's state
-            if fresh:
-                step = StepMemory.from_cache(cache, mem_len)
-            hidden = xl_step(self.step_weights(), step, inputs_embeds[:, 0], None, layer_inputs)
-        cache.adopt_step(step)
-        # ordinary tensors for the caller, who may change them in place (an inference tensor refuses that)
-        return XLBackboneOutput(
-            last_hidden_state=hidden[:, None].clone(),
-            cache=cache,
-            layer_inputs=[inputs[:, None].clone() for inputs in layer_inputs],
-            attentions=[None] * len(layer_inputs),
-            span_penalty=None,
-            attended_keys=(None,) * len(layer_inputs),
-        )
+        starts = None if episode_starts is None else episode_starts[:, 0].to(inputs_embeds.device, torch.bool)
+        inputs = [] if layer_inputs is not None else None
+        # inference mode skips autograd's bookkeeping on each of the step's ~100 small ops (~15 % of a step); its
+        # tensors stay in the cache's step layout, and what leaves is copied into ordinary tensors, which a caller
+        # may change in place (an inference tensor refuses that)
+        with torch.inference_mode():
+            hidden = xl_step(self.step_weights(), cache.step_layout(mem_len), inputs_embeds[:, 0], starts, inputs)
+        cache.stepped()
+        if layer_inputs is not None:
+            layer_inputs.extend(layer_input[:, None].clone() for layer_input in inputs)
+        return hidden[:, None].clone()
 
     def memory_for_input(self, memory, batch_size: int, dtype, device) -> MemoryCache:
         config = self.config
         return memory_for_input(
             memory,
-            lambda: self.init_memory(batch_size, dtype, device),
+            lambda: self.initial_cache(batch_size, dtype, device),
             batch_size=batch_size,
             hidden_size=config.hidden_size,
             num_layers=len(self.layers),
@@ -368,39 +383,44 @@ class XLBackboneMixin:
         allowed = causal_allowed(query_length, memory_length, device, window)[None, None]
         return allowed if key_mask is None else allowed & key_mask[:, None, None, :]
 
-    def run_backbone(
+    def forward_segment(
         self,
         inputs_embeds: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        memory: MemoryCache | None,
-        use_cache: bool,
-        output_attentions: bool,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        cache: MemoryCache | None = None,
+        use_cache: bool = True,
+        output_attentions: bool = False,
         episode_starts: torch.Tensor | None = None,
         shared_biases=None,
     ) -> XLBackboneOutput:
+        """The XL backbone over a segment `inputs_embeds [batch, length, hidden]` against the memory (`cache`, a fresh
+        one when None), which `use_cache` updates in place (see the module's docstring). A call of one position per
+        row that keeps the cache and wants no attention weights goes through the one-position step where it can
+        (`forward_step`), which computes the same within float rounding."""
         config = self.config
         batch, query_length = inputs_embeds.shape[:2]
         device = inputs_embeds.device
-        cache = self.memory_for_input(memory, batch, inputs_embeds.dtype, device)
+        cache = self.memory_for_input(cache, batch, inputs_embeds.dtype, device)
+        if use_cache and not output_attentions and query_length == 1:
+            layer_inputs = []
+            hidden = self.forward_step(
+                inputs_embeds,
+                cache,
+                episode_starts=episode_starts,
+                attention_mask=attention_mask,
+                layer_inputs=layer_inputs,
+            )
+            if hidden is not None:
+                return XLBackboneOutput(
+                    last_hidden_state=hidden,
+                    cache=cache,
+                    layer_inputs=layer_inputs,
+                    attentions=[None] * len(layer_inputs),
+                    span_penalty=None,
+                    attended_keys=(None,) * len(layer_inputs),
+                )
         input_mask = segment_padding_mask(attention_mask, batch, query_length, device)
-        if (
-            query_length == 1  # one new token per row against a memory (generation): `txv_xl_step`
-            and use_cache
-            and cache.memory_length > 0
-            and episode_starts is None
-            and shared_biases is None
-            and not output_attentions
-            and not self.training
-            and not torch.is_grad_enabled()
-            and not torch.is_autocast_enabled(device.type)
-            and not torch.compiler.is_compiling()
-            and not self.step_unsupported()
-            and (input_mask is None or bool(input_mask.all()))  # (generate() passes a mask of ones)
-        ):
-            stepped = self.step_backbone(inputs_embeds, cache)
-            if stepped is not None:
-                return stepped
-        cache.drop_step()  # the general path reads and writes the memory itself
         memory_length = cache.memory_length
         leading_padding = None
         if input_mask is not None and cache.memory_init == "zeros" and cache.seen_tokens == 0 and memory_length > 0:
@@ -475,6 +495,12 @@ class XLBackboneMixin:
         )
 
 
+def is_all_real(input_mask: torch.Tensor | None) -> bool:
+    """Whether a `segment_padding_mask` marks every position real (None: no mask, all real; `generate()` passes a
+    mask of ones)."""
+    return input_mask is None or bool(input_mask.all())
+
+
 def leading_padding_as_zero_memory(input_mask: torch.Tensor, memory_length: int):
     """Left padding made exact under `memory_init="zeros"`: a row alone starts with `mem_len` zero vectors right
     before its first token. A left-padded row gets exactly that: its leading padding positions are zero vectors (at
@@ -522,7 +548,6 @@ __all__ = [
     "XLModelOutput",
     "XLLayer",
     "XLSpanMethodsMixin",
-    "attention_window",
     "build_adaptive_span",
     "build_final_norm",
     "init_mechanism_weights",

@@ -31,6 +31,17 @@ ADAPTIVE_SPAN_SETTINGS = (
 )
 
 
+def attention_window(config) -> int | None:
+    """How many keys (distances 0 .. window - 1) a query may see: the smallest of the same-length window
+    (`mem_len` keys, or `mem_len + 1` with `same_length_extra_key`) and the hard span `attn_span`; None: no limit."""
+    windows = []
+    if getattr(config, "same_length", False):
+        windows.append(config.mem_len + int(getattr(config, "same_length_extra_key", False)))
+    if config.attn_span is not None:
+        windows.append(config.attn_span)
+    return min(windows) if windows else None
+
+
 class XLFamilyConfig(TxvTransformerConfig):
     """The XL backbone's fields (see the module docstring and each variant's config for their meaning)."""
 
@@ -117,6 +128,7 @@ __all__ = [
     "ADAPTIVE_SPAN_SETTINGS",
     "MEMORY_INITS",
     "XLFamilyConfig",
+    "attention_window",
     "check_adaptive_softmax_fields",
     "derive_adaptive_softmax_defaults",
 ]

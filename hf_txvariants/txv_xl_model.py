@@ -11,13 +11,13 @@ from transformers.utils import can_return_tuple
 
 from .txv_adaptive_head import adaptive_lm_outputs, adaptive_tied_weights_keys
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
-from .txv_cache import MemoryCache
 from .txv_compat import accepts_cache_names, cache_field
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_heads import CausalLMHeadMixin, head_output
 from .txv_inputs import embed_inputs
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLCausalLMOutput, XLModelOutput, build_final_norm, init_mechanism_weights
+from .txv_xl_memory import MemoryCache
 
 
 class NormedRelativeAttention(RelativePositionAttention):
@@ -75,7 +75,7 @@ class XLModelMixin:
         self.gradient_checkpointing = False
 
     def backbone_inputs(self, cache, **kwargs) -> tuple[MemoryCache | None, dict]:
-        """The memory this segment starts from and the variant's extra `run_backbone` options (none by default)."""
+        """The memory this segment starts from and the variant's extra `forward_segment` options (none by default)."""
         return cache, {}
 
     @accepts_cache_names
@@ -106,7 +106,14 @@ class XLModelMixin:
             input_ids, inputs_embeds, self.get_input_embeddings(), config.vocab_size, config.hidden_size
         )
         memory, options = self.backbone_inputs(cache, **kwargs)
-        backbone = self.run_backbone(inputs_embeds, attention_mask, memory, use_cache, output_attentions, **options)
+        backbone = self.forward_segment(
+            inputs_embeds,
+            attention_mask=attention_mask,
+            cache=memory,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            **options,
+        )
         hidden_states = backbone.last_hidden_state
         return head_output(
             self.output_class,
@@ -173,12 +180,41 @@ class XLCausalLMHeadMixin(CausalLMHeadMixin):
             return loss
         return loss + self.config.adapt_span_loss * outputs.span_penalty
 
-    def init_memory(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
+    @property
+    def carries_memory(self) -> bool:
+        """Whether the cache is a memory carried from one segment to the next (`mem_len` > 0)."""
+        return self.base_model.carries_memory
+
+    def initial_cache(self, batch_size: int, dtype=None, device=None) -> MemoryCache:
         """The memory a first segment starts with (see `config.memory_init`)."""
-        return self.base_model.init_memory(batch_size, dtype, device)
+        return self.base_model.initial_cache(batch_size, dtype, device)
+
+
+class MemoryGenerationMixin:
+    """For the causal LMs of the XL family, placed before `GenerationMixin`: `generate()` keeps the model's own
+    `MemoryCache` (never a `DynamicCache`) and feeds one new token per step; a model without memory (`mem_len=0`)
+    gets the whole sequence at every step instead, since nothing else would carry the context.
+
+    The models are stateful for transformers (`_is_stateful`): a memory trimmed to `mem_len` cannot be rolled back,
+    so assisted decoding gets transformers' own clear error instead of failing inside."""
+
+    _is_stateful = True
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    @accepts_cache_names
+    def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, cache=None, **kwargs):
+        if self.config.mem_len == 0:
+            next_sequence_length, cache = None, None
+        return super().prepare_inputs_for_generation(
+            input_ids, next_sequence_length=next_sequence_length, **cache_field(cache), **kwargs
+        )
 
 
 __all__ = [
+    "MemoryGenerationMixin",
     "NormedFeedForward",
     "NormedRelativeAttention",
     "XLCausalLMHeadMixin",

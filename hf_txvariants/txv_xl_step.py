@@ -1,8 +1,9 @@
 """One step of an XL-family stack over a sliding memory window, one new position per row and call, each layer attending
-to its last `mem_len` memory slots and the new position: an agent acting in many environments at once
-(`hf_txvariants.rl.GTrXLBody`), or `generate()` feeding one token per row (`XLBackboneMixin.step_backbone`).
+to its last `mem_len` memory slots and the new position: what `XLBackboneMixin.forward_step`, the one door into it,
+runs for an agent acting in many environments at once (`hf_txvariants.rl.GTrXLBody`) and for `generate()` feeding one
+token per row.
 
-`XLBackboneMixin.run_backbone` gives the same outputs for any segment length, padding and mechanism. For one position
+`XLBackboneMixin.forward_segment` gives the same outputs for any segment length, padding and mechanism. For one position
 per row that generality is most of the cost: about 310 aten ops, 60 module calls and the cache's bookkeeping per step
 of the RL benchmark's 2-layer GTrXL in 16 environments, where each small kernel takes ~3 us on a CPU
 (benchmarks/RESULTS.md, "Acting speed"). Here that step is 110 aten ops, on state kept in the form a step needs:
@@ -14,13 +15,13 @@ of the RL benchmark's 2-layer GTrXL in 16 environments, where each small kernel 
   where that stays small, else a product of q + v with (W_r R)_h per head), the key and the value come from one product,
   its columns grouped by head so that each part is a view with one stride per (row, head), as the batched products need.
   A GRU gate's stacked matrices (`GRUGate.stacked_weights`, for `GRUGate.fused`, the gate's own maths).
-- `StepMemory`: per layer the memory vectors (the inputs the layer saw, what `MemoryCache` holds) and their keys and
-  values, `[rows, heads, 2, head_dim, slots]`, in buffers with room for `mem_len` more slots. The window is a view; a
-  step writes one slot per buffer and moves the view by one, and every `mem_len` steps the window is copied to the front
-  of new buffers (so that no view handed out, e.g. a `MemoryCache`'s memory, ever changes, as with
-  `txv_cache.AppendBuffers` on the general path). `blocked [rows, slots]`, one for all layers, marks the slots a row may
-  not attend: empty ones, and those before its episode's start; the slots after the window are kept unmarked, so a
-  step's new slot needs no write there.
+- `StepMemory`: the `MemoryCache`'s memory in the step's layout, owned by the cache (`MemoryCache.step_layout`): per
+  layer the memory vectors (the inputs the layer saw) and their keys and values, `[rows, heads, 2, head_dim, slots]`,
+  in buffers with room for `mem_len` more slots. The window is a view; a step writes one slot per buffer and moves the
+  view by one, and every `mem_len` steps the window is copied to the front of new buffers (so that no view handed out,
+  e.g. the cache's `memories`, ever changes, as with `AppendBuffers` on the general path). `blocked [rows, slots]`, one
+  for all layers, marks the slots a row may not attend: empty ones, and those before its episode's start; the slots
+  after the window are kept unmarked, so a step's new slot needs no write there.
 
 The keys and values of the memory belong to the weights that made them: after an optimiser step they are made again
 from the memory vectors, as the general path does. Against the general path the maths is the same with the float
@@ -36,11 +37,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .txv_cache import MemoryCache
 from .txv_feedforward import PositionwiseFeedForward
 from .txv_gates import GatingLayer, GRUGate
 from .txv_relative_attention import RelativePositionAttention, relative_position_embeddings
-from .txv_xl import attention_window
+from .txv_xl_config import attention_window
 
 # the most weights (hidden x heads x key slots) for which a layer's position term is folded into its projection
 FOLDED_POSITION_LIMIT = 1 << 16
@@ -227,13 +227,13 @@ def _window_in_front(buffer: torch.Tensor, dim: int, start: int, length: int) ->
 
 
 class StepMemory:
-    """The memory of an acting agent or of a generation in step buffers (see the module's docstring); `from_cache` /
-    `to_cache` convert from and to a `MemoryCache`. A step advances it in place."""
+    """A `MemoryCache`'s memory in the layout of the step (see the module's docstring): the cache makes it from its
+    state (`MemoryCache.step_layout`, `from_state`) and reads its window back (`memory`). A step advances it in
+    place."""
 
-    def __init__(self, vectors: list[torch.Tensor], memory_mask: torch.Tensor, cache_fields: dict):
+    def __init__(self, vectors: list[torch.Tensor], memory_mask: torch.Tensor):
         rows, mem_len, hidden = vectors[0].shape
         self.mem_len, self.start, self.capacity = mem_len, 0, 2 * mem_len
-        self.cache_fields = cache_fields  # num_layers, memory_init, model_type: what `to_cache` gives back
         self.vectors = []
         for layer_vectors in vectors:
             buffer = layer_vectors.new_empty(rows, self.capacity, hidden)
@@ -248,18 +248,17 @@ class StepMemory:
         self.weights = None  # the `StepWeights` the keys and values were made with
 
     @classmethod
-    def from_cache(cls, cache: MemoryCache, mem_len: int | None = None) -> StepMemory:
-        """The memory of `cache` in step buffers of `mem_len` slots (default: the cache's length); a shorter memory
-        (a prompt shorter than mem_len) gets blocked empty slots in front."""
-        vectors, mask = cache.memories, cache.memory_mask
-        missing = (mem_len or cache.memory_length) - cache.memory_length
+    def from_state(cls, state: dict, mem_len: int | None = None) -> StepMemory:
+        """The memory of a `MemoryCache.to_state()` in step buffers of `mem_len` slots (default: the memory's
+        length); a shorter memory (a prompt shorter than mem_len) gets blocked empty slots in front."""
+        memory, mask = state["memory"], state["memory_mask"]
+        missing = (mem_len or memory.shape[2]) - memory.shape[2]
         if missing < 0:
-            raise ValueError(f"the memory holds {cache.memory_length} slots, more than mem_len={mem_len}")
+            raise ValueError(f"the memory holds {memory.shape[2]} slots, more than mem_len={mem_len}")
         if missing:
-            vectors = [F.pad(v, (0, 0, missing, 0)) for v in vectors]
+            memory = F.pad(memory, (0, 0, missing, 0))
             mask = F.pad(mask, (missing, 0), value=False)
-        fields = {"num_layers": cache.num_layers, "memory_init": cache.memory_init, "model_type": cache.model_type}
-        return cls(vectors, mask, fields)
+        return cls(list(memory.unbind(1)), mask)
 
     @property
     def memory_length(self) -> int:
@@ -274,18 +273,6 @@ class StepMemory:
         attended)."""
         window = slice(self.start, self.start + self.mem_len)
         return [vectors[:, window] for vectors in self.vectors], ~self.blocked[:, window]
-
-    def to_cache(self) -> MemoryCache:
-        vectors, mask = self.memory()
-        fields = self.cache_fields
-        return MemoryCache(
-            fields["num_layers"],
-            self.mem_len,
-            memories=[v.clone() for v in vectors],
-            memory_mask=mask,
-            memory_init=fields["memory_init"],
-            model_type=fields["model_type"],
-        )
 
     def map_rows(self, fn):
         """Applies `fn` (a `[rows, ...] -> [rows', ...]` selection, e.g. beam search's reordering) to every buffer."""
@@ -309,7 +296,7 @@ class StepMemory:
             self._make_keys_values(weights)
         if self.start + self.mem_len == self.capacity:
             # no room for the new slot: the window moves to the front of new buffers (a view handed out, such as a
-            # `MemoryCache`'s memory after `adopt_step`, never changes afterwards)
+            # `MemoryCache`'s memory after a step, never changes afterwards)
             self.vectors = [_window_in_front(buffer, 1, self.start, self.mem_len) for buffer in self.vectors]
             self.keys_values = [_window_in_front(buffer, 4, self.start, self.mem_len) for buffer in self.keys_values]
             window = slice(self.start, self.capacity)

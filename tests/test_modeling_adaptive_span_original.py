@@ -189,7 +189,7 @@ def test_cache_lengths_follow_the_spans_and_start_as_zeros():
     model = build(attn_span=200, adapt_span_init=0.05)
     with torch.no_grad():
         model.model.layers[1].attn.adaptive_span.current_val.fill_(0.5)
-    cache = model.init_cache(2)
+    cache = model.initial_cache(2)
     # layer 0: span 10 + ramp 2 -> trim 128 -> keeps 72 + 64; layer 1: span 100 + 2 -> trim 64 -> keeps 200
     assert cache.lengths == [136, 200] and all(bool((s == 0).all()) for s in cache.states)
     out = model(torch.randint(1, 29, (2, 5)), cache=cache)
@@ -203,7 +203,7 @@ def test_first_block_attends_to_zero_vectors():
     ids = torch.randint(1, 29, (2, 5))
     with torch.no_grad():
         # exact: without a cache the model builds the same zero state, so both calls run the same operations
-        torch.testing.assert_close(model(ids).logits, model(ids, cache=model.init_cache(2)).logits, atol=0, rtol=0)
+        torch.testing.assert_close(model(ids).logits, model(ids, cache=model.initial_cache(2)).logits, atol=0, rtol=0)
 
 
 def test_reset_rows_makes_a_fresh_row():

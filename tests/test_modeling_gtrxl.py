@@ -37,7 +37,7 @@ def observations(batch, length, seed=1):
 
 def step_by_step(model, embeds, episode_starts=None, use_reset_rows=False):
     """Acting: one time step per call, the memory carried in past_key_values."""
-    memory, outputs = model.init_memory(embeds.shape[0]), []
+    memory, outputs = model.initial_cache(embeds.shape[0]), []
     for t in range(embeds.shape[1]):
         starts = None if episode_starts is None else episode_starts[:, t : t + 1]
         if use_reset_rows and starts is not None:

@@ -159,15 +159,25 @@ def push_to_hub(
     with tempfile.TemporaryDirectory(prefix="txv-push-") as tmp:
         folder = Path(tmp) / "repo"
         save_for_hub(model, folder, repo_id, tokenizer, metrics, **card_kwargs)
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(folder),
-            repo_type="model",
-            commit_message=commit_message,
-            revision=revision,
-            create_pr=create_pr,
+        return upload_repo_folder(
+            api, repo_id, folder, private=private, commit_message=commit_message, revision=revision, create_pr=create_pr
         )
+
+
+def upload_repo_folder(
+    api, repo_id: str, folder, *, private: bool, commit_message: str, revision: str | None, create_pr: bool
+):
+    """Creates the model repo `repo_id` (if needed) and uploads `folder` in one commit (or one pull request with
+    `create_pr`) with `huggingface_hub.HfApi.upload_folder`. Returns the commit info."""
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    return api.upload_folder(
+        repo_id=repo_id,
+        folder_path=str(folder),
+        repo_type="model",
+        commit_message=commit_message,
+        revision=revision,
+        create_pr=create_pr,
+    )
 
 
 def snapshot_into_cache(
@@ -186,7 +196,7 @@ def snapshot_into_cache(
     return snapshot
 
 
-__all__ = ["build_model_card", "push_to_hub", "save_for_hub", "snapshot_into_cache"]
+__all__ = ["build_model_card", "push_to_hub", "save_for_hub", "snapshot_into_cache", "upload_repo_folder"]
 
 
 def refresh_code(folder: str | Path) -> list[str]:

@@ -7,29 +7,14 @@
     observations, rewards, terminated, truncated, _ = envs.step(step.actions.numpy())
     state, starts = step.state, torch.as_tensor(terminated | truncated)
 
-A policy is an observation encoder (one-hot for discrete observations, flattened for boxes), a memory body and two
-linear heads (action logits, value). The body is one of:
-- `GTrXLBody`: the GTrXL backbone (any `gate_type`, so also TrXL-I), fed `inputs_embeds`; its state is the
-  `MemoryCache`, reset per environment through `episode_starts`.
-- `GRUBody`: a GRU cell, its hidden state zeroed at episode starts (the baseline RL users pick).
-- `MLPBody`: no memory at all (the memoryless floor).
-
-`episode_clock` (off by default; `make_policy(..., episode_clock=True)`) adds the step within the episode to the
-encoded observations (`EpisodeClock`): an absolute position, counted from the agent's own episode starts, as the
-episodic PPO-TrXL of Pleines et al. (2023) gives its memory. GTrXL's attention knows only how far back a slot lies; a
-task whose answer lies at a distance that depends on the step within the episode (POPGym's Autoencode: answer t,
-counting from 0, is the card shown 2t steps before, the cards read back in reverse) needs the clock to find it
-(benchmarks/RESULTS.md, issue 30).
-
-Learning from stored segments (truncated back-propagation): `snapshot(state)` turns a state into fixed-shape,
-batch-first tensors (stored at the start of each segment while acting, indexable per environment), `restore` turns a
-stack of them back into a state, and `forward` over the segment with its `episode_starts` then sees exactly what
-acting saw, step by step (`tests/test_rl_policy.py`).
+A policy is an observation encoder (and optionally an episode clock: `encoder.py`), a memory body (`GTrXLBody`,
+`GRUBody`, `MLPBody`: `bodies.py`) and two linear heads (action logits, value), here with the action distributions;
+it saves, loads and shares as `sharing.py` says. `make_policy` builds the benchmark's agents at an equal parameter
+budget.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -38,114 +23,9 @@ import torch
 from torch import nn
 
 from ..configuration_gtrxl import GTrXLConfig
-from ..modeling_gtrxl import GTrXLModel
-from ..txv_cache import MemoryCache
-from ..txv_xl_step import StepMemory, xl_step
-
-
-def _space_size(space) -> int:
-    import gymnasium as gym
-
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return int(np.sum(space.nvec))
-    if isinstance(space, gym.spaces.Box):
-        return int(np.prod(space.shape))
-    raise ValueError(
-        f"observation_space must be Discrete, MultiDiscrete or Box, got {type(space).__name__}; wrap the environment "
-        "(e.g. gymnasium.wrappers.FlattenObservation) to give it one of these"
-    )
-
-
-class ObservationEncoder(nn.Module):
-    """Observations `[..., *observation_shape]` -> `[..., hidden_size]`: one-hot codes for Discrete and MultiDiscrete
-    spaces, flattened floats for a Box, then one linear layer."""
-
-    def __init__(self, observation_space, hidden_size: int):
-        super().__init__()
-        import gymnasium as gym
-
-        self.observation_space = observation_space
-        self.input_size = _space_size(observation_space)
-        if isinstance(observation_space, gym.spaces.Discrete):
-            self.event_dims, self.categories = 0, [int(observation_space.n)]
-            self.offset = int(observation_space.start)
-        elif isinstance(observation_space, gym.spaces.MultiDiscrete):
-            if observation_space.nvec.ndim != 1:
-                raise ValueError(
-                    f"a MultiDiscrete observation_space must be one-dimensional, got nvec shape "
-                    f"{observation_space.nvec.shape}"
-                )
-            self.event_dims, self.categories = 1, [int(n) for n in observation_space.nvec]
-            self.offset = 0
-        else:
-            self.event_dims, self.categories = len(observation_space.shape), None
-        self.projection = nn.Linear(self.input_size, hidden_size)
-
-    def features(self, observations: torch.Tensor) -> torch.Tensor:
-        batch_shape = observations.shape[: observations.dim() - self.event_dims]
-        if self.categories is None:
-            return observations.reshape(*batch_shape, self.input_size).float()
-        codes = (observations.long() - self.offset).reshape(*batch_shape, len(self.categories))
-        for i, n in enumerate(self.categories):
-            outside = codes[..., i][(codes[..., i] < 0) | (codes[..., i] >= n)]
-            if outside.numel():
-                raise ValueError(
-                    f"observations hold value {int(outside[0]) + self.offset} outside the observation "
-                    f"space {self.observation_space}"
-                )
-        return torch.cat(
-            [nn.functional.one_hot(codes[..., i], n) for i, n in enumerate(self.categories)], dim=-1
-        ).float()
-
-    def forward(self, observations: torch.Tensor) -> torch.Tensor:
-        return self.projection(self.features(observations))
-
-
-# The clock's default periods (in steps): the powers of 2 from 4 to 512, so that sin / cos of the step tell apart the
-# steps of an episode up to a few hundred steps, and the products of a query's and a key's features (what attention
-# computes) can express a fixed relation between their two steps, e.g. Autoencode's key at step c - s for a query
-# at step s.
-EPISODE_CLOCK_PERIODS = tuple(2.0**k for k in range(2, 10))
-
-
-class EpisodeClock(nn.Module):
-    """The step within the episode (0 at its first step) as sin and cos of 2 pi step / period for each of `periods`,
-    mapped to the hidden size by a learned linear layer (no bias), added to the encoded observations."""
-
-    def __init__(self, periods, hidden_size: int):
-        super().__init__()
-        given = periods
-        try:  # a string is iterable too: "48" would read as periods 4 and 8
-            periods = None if isinstance(periods, (str, bytes)) else [float(p) for p in periods]
-        except (TypeError, ValueError):
-            periods = None
-        if not periods or any(not math.isfinite(p) or p <= 0 for p in periods):
-            raise ValueError(f"episode_clock periods must be positive finite numbers (a list of them), got {given!r}")
-        self.periods = periods
-        self.register_buffer(
-            "angular_speeds", 2 * math.pi / torch.tensor(periods, dtype=torch.float64), persistent=False
-        )
-        self.projection = nn.Linear(2 * len(periods), hidden_size, bias=False)
-
-    @staticmethod
-    def episode_steps(episode_starts: torch.Tensor, steps_before: torch.Tensor) -> torch.Tensor:
-        """The step within its episode of each position `[envs, steps]`: 0 where an episode starts, else one more
-        than the position before; `steps_before [envs]` is the step the first position would have (the steps the
-        env's episode had taken before this call)."""
-        envs, steps = episode_starts.shape
-        if steps == 1:  # acting: one position per env
-            return torch.where(episode_starts[:, 0], 0, steps_before)[:, None]
-        index = torch.arange(steps, device=episode_starts.device).expand(envs, steps)
-        last_start = torch.where(episode_starts, index, -1).cummax(dim=1).values  # the latest start at or before
-        return torch.where(last_start >= 0, index - last_start, steps_before[:, None] + index)
-
-    def forward(self, episode_steps: torch.Tensor, dtype) -> torch.Tensor:
-        # in float64, so that a step in the millions keeps its phase to well within a period
-        angles = episode_steps.to(torch.float64)[..., None] * self.angular_speeds
-        features = torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
-        return self.projection(features)
+from .bodies import GRUBody, GTrXLBody, MemoryBody, MLPBody
+from .encoder import EPISODE_CLOCK_PERIODS, EpisodeClock, ObservationEncoder
+from .sharing import PolicySharingMixin
 
 
 @dataclass
@@ -154,198 +34,6 @@ class ClockedState:
 
     body: object
     episode_steps: torch.Tensor  # [envs], long
-
-
-class MemoryBody(nn.Module):
-    """What a policy needs from its memory: `initial_state`, `forward(inputs [envs, steps, hidden], state,
-    episode_starts [envs, steps]) -> (outputs, state)`, and `snapshot` / `restore` between a state and a dict of
-    batch-first tensors of fixed shape."""
-
-    hidden_size: int
-    kind: str  # the name `BODIES` knows it by (saved in the policy's config.json)
-
-    def to_config(self) -> dict:
-        """What `from_config` rebuilds the body from (JSON-ready)."""
-        return {"kind": self.kind, "hidden_size": self.hidden_size}
-
-    @classmethod
-    def from_config(cls, data: dict) -> MemoryBody:
-        return cls(data["hidden_size"])
-
-    def after_optimizer_step(self):
-        """Called by `train_ppo` after every optimiser step."""
-
-    def initial_state(self, num_envs: int, device=None):
-        raise NotImplementedError
-
-    def snapshot(self, state) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
-
-    def restore(self, snapshot: dict[str, torch.Tensor]):
-        raise NotImplementedError
-
-
-class GTrXLBody(MemoryBody):
-    """The GTrXL backbone (`GTrXLModel`) over encoded observations; the state is its `MemoryCache`."""
-
-    kind = "gtrxl"
-
-    def __init__(self, config: GTrXLConfig):
-        super().__init__()
-        if config.mem_len < 0:
-            raise ValueError(f"config.mem_len must be >= 0, got {config.mem_len}")
-        self.config = config
-        self.hidden_size, self.mem_len = config.hidden_size, config.mem_len
-        self.model = GTrXLModel(config)  # (which keeps what its one-step path needs: `XLBackboneMixin`)
-
-    @property
-    def memoryless(self) -> bool:
-        """`mem_len=0`: every step attends only to itself (GTrXL's own network without a memory, a baseline of
-        exactly its parameters); the state is None."""
-        return self.mem_len == 0
-
-    def to_config(self) -> dict:
-        return {"kind": self.kind, "config": self.config.to_dict()}
-
-    @classmethod
-    def from_config(cls, data: dict) -> GTrXLBody:
-        return cls(GTrXLConfig.from_dict(data["config"]))
-
-    def after_optimizer_step(self):
-        self.model.clamp_spans_()  # keeps learned adaptive spans in [0, attn_span]; a no-op without adaptive span
-
-    def initial_state(self, num_envs: int, device=None) -> MemoryCache | None:
-        """`mem_len` slots per env, masked out (with `memory_init="zeros"`: zero vectors that are attended), so the
-        memory has its full, fixed shape from the first step on."""
-        if self.memoryless:
-            return None
-        config, parameter = self.config, next(self.parameters())
-        device = device or parameter.device
-        memory = torch.zeros(
-            num_envs, config.num_hidden_layers, config.mem_len, config.hidden_size, dtype=parameter.dtype, device=device
-        )
-        mask = torch.full((num_envs, config.mem_len), config.memory_init == "zeros", dtype=torch.bool, device=device)
-        return self.restore({"memory": memory, "memory_mask": mask})
-
-    def stepping(self, inputs: torch.Tensor) -> bool:
-        """Whether this call takes the one-step path (`txv_xl_step`): one position per row, evaluation without
-        autograd or autocast, and a model that path supports (else the general backbone computes the same)."""
-        if inputs.shape[1] != 1 or self.model.training or torch.is_grad_enabled():
-            return False
-        if torch.is_autocast_enabled(inputs.device.type):
-            return False
-        return not self.model.step_unsupported()
-
-    def forward(self, inputs, state, episode_starts):
-        if self.memoryless:  # each step is its own sequence of one
-            envs, steps, hidden = inputs.shape
-            out = self.model(inputs_embeds=inputs.reshape(envs * steps, 1, hidden), use_cache=False)
-            return out.last_hidden_state.reshape(envs, steps, hidden), None
-        if self.stepping(inputs) and state is not None and state.memory_length == self.mem_len:
-            # Inference mode skips autograd's bookkeeping on each of the step's ~100 small ops (~15 % of a step). Its
-            # tensors stay inside: the memory is only ever written here, and what leaves (the hidden state, the
-            # memory's snapshot or cache) is read by ordinary ops, which make ordinary tensors of them.
-            with torch.inference_mode():
-                if not isinstance(state, StepMemory):
-                    state = StepMemory.from_cache(state)
-                if state.batch_size != inputs.shape[0]:
-                    raise ValueError(
-                        f"the state holds the memory of {state.batch_size} envs, but {inputs.shape[0]} observations "
-                        "came"
-                    )
-                hidden = xl_step(self.model.step_weights(), state, inputs[:, 0], episode_starts[:, 0])
-            return hidden[:, None], state
-        if isinstance(state, StepMemory):
-            state = state.to_cache()
-        # the backbone itself (the model's forward would only check `inputs_embeds`, made here by the encoder, and
-        # wrap the same two results in a ModelOutput)
-        out = self.model.run_backbone(inputs, None, state, True, False, episode_starts=episode_starts)
-        return out.last_hidden_state, out.cache
-
-    def snapshot(self, state: MemoryCache | None) -> dict[str, torch.Tensor]:
-        """Every layer's memory, `memory [envs, layers, mem_len, hidden]`, and `memory_mask [envs, mem_len]` (a copy:
-        acting goes on updating the state itself)."""
-        if self.memoryless:
-            return {}
-        if isinstance(state, StepMemory):
-            memory, mask = state.memory()
-            return {"memory": torch.stack(memory, dim=1), "memory_mask": mask}  # both new tensors
-        if state is None or state.memories is None or state.memory_length != self.config.mem_len:
-            raise ValueError(
-                f"the GTrXL state must hold mem_len={self.config.mem_len} slots (start from "
-                f"`initial_state`), got {state.memory_length}"
-            )
-        return {"memory": torch.stack(state.memories, dim=1).clone(), "memory_mask": state.memory_mask.clone()}
-
-    def restore(self, snapshot: dict[str, torch.Tensor]) -> MemoryCache | None:
-        if self.memoryless:
-            return None
-        config = self.config
-        return MemoryCache(
-            config.num_hidden_layers,
-            config.mem_len,
-            memories=list(snapshot["memory"].unbind(1)),
-            memory_mask=snapshot["memory_mask"],
-            memory_init=config.memory_init,
-            model_type=config.model_type,
-        )
-
-
-class GRUBody(MemoryBody):
-    """One GRU cell stepped through time; a row's hidden state is zeroed where its episode starts."""
-
-    kind = "gru"
-
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.cell = nn.GRUCell(hidden_size, hidden_size)
-
-    def initial_state(self, num_envs: int, device=None) -> torch.Tensor:
-        return torch.zeros(num_envs, self.hidden_size, device=device or self.cell.weight_hh.device)
-
-    def forward(self, inputs, state, episode_starts):
-        outputs = []
-        for t in range(inputs.shape[1]):
-            state = self.cell(inputs[:, t], state * (~episode_starts[:, t, None]).to(state.dtype))
-            outputs.append(state)
-        return torch.stack(outputs, dim=1), state
-
-    def snapshot(self, state: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"hidden": state.detach().clone()}
-
-    def restore(self, snapshot: dict[str, torch.Tensor]) -> torch.Tensor:
-        return snapshot["hidden"]
-
-
-class MLPBody(MemoryBody):
-    """Two ReLU layers on each step alone: no memory (its state is None)."""
-
-    kind = "mlp"
-
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.layers = nn.Sequential(
-            nn.ReLU(), nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size), nn.ReLU()
-        )
-
-    def initial_state(self, num_envs: int, device=None):
-        return None
-
-    def forward(self, inputs, state, episode_starts):
-        return self.layers(inputs), None
-
-    def snapshot(self, state) -> dict[str, torch.Tensor]:
-        return {}
-
-    def restore(self, snapshot: dict[str, torch.Tensor]):
-        return None
-
-
-BODIES = {"gtrxl": GTrXLBody, "gru": GRUBody, "mlp": MLPBody}
-POLICY_FORMAT = "hf_txvariants.rl.MemoryPolicy"
-CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 
 
 @dataclass
@@ -380,7 +68,7 @@ def _action_parameters(action_space) -> tuple[str, int]:
     )
 
 
-class MemoryPolicy(nn.Module):
+class MemoryPolicy(PolicySharingMixin, nn.Module):
     """Observation encoder -> memory body -> action distribution and value.
 
     Action spaces (`act`, `evaluate_actions`):
@@ -623,132 +311,6 @@ class MemoryPolicy(nn.Module):
         next_state = {name: value.cpu().numpy() for name, value in self.snapshot(step.state).items()}
         return (actions[0] if single else actions), next_state
 
-    # ----------------------------------------------------------------------------------------------------------------
-    # saving, loading, sharing
-    def to_config(self) -> dict:
-        """config.json: the body (its kind and config), both spaces and the episode clock's periods if it has one, all
-        plain JSON."""
-        from .spaces import space_to_dict
-
-        config = {
-            "format": POLICY_FORMAT,
-            "format_version": 1,
-            "body": self.body.to_config(),
-            "observation_space": space_to_dict(self.observation_space),
-            "action_space": space_to_dict(self.action_space),
-        }
-        if self.clock is not None:  # version 2: a release that reads version 1 only would drop the clock
-            config.update(format_version=2, episode_clock=self.clock.periods)
-        return config
-
-    @classmethod
-    def from_config(cls, config: dict) -> MemoryPolicy:
-        from .spaces import space_from_dict
-
-        if not isinstance(config, dict) or config.get("format") != POLICY_FORMAT:
-            found = config.get("format") if isinstance(config, dict) else type(config).__name__
-            raise ValueError(f"not a saved MemoryPolicy config (format {found!r}, expected {POLICY_FORMAT!r})")
-        if config.get("format_version") not in (1, 2):
-            raise ValueError(
-                f"saved MemoryPolicy format_version {config.get('format_version')!r} is not supported "
-                "(this release reads versions 1 and 2)"
-            )
-        body = config.get("body")
-        if not isinstance(body, dict) or body.get("kind") not in BODIES:
-            raise ValueError(f"the saved body must name one of {', '.join(BODIES)} as its 'kind', got {body!r}")
-        return cls(
-            space_from_dict(config["observation_space"]),
-            space_from_dict(config["action_space"]),
-            BODIES[body["kind"]].from_config(body),
-            config.get("episode_clock"),
-        )
-
-    def save_pretrained(self, save_directory) -> list[str]:
-        """Writes `config.json` (`to_config`) and `model.safetensors` into `save_directory`, through a temporary
-        sibling folder renamed into place: a failure leaves no half-written folder. Returns the file names."""
-        from pathlib import Path
-
-        from safetensors.torch import save_file
-
-        from ..txv_pretrained import atomic_directory
-
-        save_directory = Path(save_directory)
-        with atomic_directory(save_directory) as staging:
-            (staging / CONFIG_NAME).write_text(json.dumps(self.to_config(), indent=2, sort_keys=True) + "\n")
-            weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.state_dict().items()}
-            save_file(weights, str(staging / WEIGHTS_NAME), metadata={"format": "pt"})
-        return sorted(p.name for p in save_directory.iterdir() if p.is_file())
-
-    @classmethod
-    def from_pretrained(
-        cls, name_or_path, device=None, revision: str | None = None, token: str | None = None, cache_dir=None
-    ):
-        """A policy from a folder `save_pretrained` wrote, or from a Hub repo id (downloading only config.json and
-        model.safetensors). Weights are read with safetensors; nothing is unpickled."""
-        from pathlib import Path
-
-        from safetensors.torch import load_file
-
-        folder = Path(name_or_path)
-        if not folder.is_dir():
-            from huggingface_hub import snapshot_download
-
-            folder = Path(
-                snapshot_download(
-                    str(name_or_path),
-                    revision=revision,
-                    token=token,
-                    cache_dir=cache_dir,
-                    allow_patterns=[CONFIG_NAME, WEIGHTS_NAME],
-                )
-            )
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
-            if not (folder / name).is_file():
-                raise FileNotFoundError(f"{folder} has no {name}: not a folder MemoryPolicy.save_pretrained wrote")
-        try:
-            config = json.loads((folder / CONFIG_NAME).read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{folder / CONFIG_NAME} is not valid JSON: {error}") from None
-        policy = cls.from_config(config)
-        policy.load_state_dict(load_file(str(folder / WEIGHTS_NAME)))
-        return policy.to(device) if device is not None else policy
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        task: str | None = None,
-        mean_return: float | None = None,
-        private: bool = False,
-        token: str | None = None,
-        commit_message: str = "Upload MemoryPolicy",
-        api=None,
-        revision: str | None = None,
-        create_pr: bool = False,
-    ):
-        """Creates `repo_id` (if needed) and uploads config.json, model.safetensors and a model card (README.md, with
-        `task` and `mean_return` in its metadata when given) in one commit. Returns the commit info."""
-        import tempfile
-        from pathlib import Path
-
-        from huggingface_hub import HfApi
-
-        from .card import build_policy_card
-
-        api = api or HfApi(token=token)
-        with tempfile.TemporaryDirectory(prefix="txv-policy-push-") as tmp:
-            folder = Path(tmp) / "repo"
-            self.save_pretrained(folder)
-            build_policy_card(self, repo_id, task, mean_return).save(folder / "README.md")
-            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-            return api.upload_folder(
-                repo_id=repo_id,
-                folder_path=str(folder),
-                repo_type="model",
-                commit_message=commit_message,
-                revision=revision,
-                create_pr=create_pr,
-            )
-
 
 AGENTS = ("gtrxl", "trxl_i", "gru", "mlp")
 DEFAULT_GTRXL_FIELDS = dict(
@@ -800,18 +362,10 @@ def parameter_matched_hidden_size(build, target: int, low: int = 4, high: int = 
 
 __all__ = [
     "AGENTS",
-    "BODIES",
     "DEFAULT_GTRXL_FIELDS",
-    "EPISODE_CLOCK_PERIODS",
     "RL_GATE_BIAS",
     "ClockedState",
-    "EpisodeClock",
-    "GRUBody",
-    "GTrXLBody",
-    "MLPBody",
-    "MemoryBody",
     "MemoryPolicy",
-    "ObservationEncoder",
     "PolicyOutput",
     "PolicyStep",
     "make_policy",

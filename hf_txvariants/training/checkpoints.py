@@ -84,8 +84,9 @@ def drop_tied_weights(models, weights, output_dir):
 
 def load_checkpoint(accelerator, candidates: list[Path], args, config, memories) -> tuple[Path, dict]:
     """Loads the first of `candidates` (newest first) that loads completely: model, optimizer, scheduler, RNG state
-    and memory. A checkpoint whose files are torn is skipped with a warning naming it (the run resumes from the one
-    before); a config or run mismatch, or a torn or unsafe RNG state, is an error."""
+    and memory (each entry of the list `memories`, a fresh cache of the model, is replaced by the one saved). A
+    checkpoint whose files are torn is skipped with a warning naming it (the run resumes from the one before); a
+    config or run mismatch, or a torn or unsafe RNG state, is an error."""
     import logging
 
     from .checkpoint_files import check_checkpoint_files
@@ -103,8 +104,8 @@ def load_checkpoint(accelerator, candidates: list[Path], args, config, memories)
             check_checkpoint_files(checkpoint, [f for f in files if f != "run_state.json"] + [f"memory_rank{rank}.pt"])
             accelerator.load_state(str(checkpoint))
             memory_file = checkpoint / f"memory_rank{rank}.pt"
-            for memory, saved in zip(memories, torch.load(memory_file, weights_only=True)):
-                restore_memory(memory, saved, str(memory_file))
+            for index, saved in zip(range(len(memories)), torch.load(memory_file, weights_only=True)):
+                memories[index] = restore_memory(memories[index], saved, str(memory_file))
         except ModelError as error:  # a file named by check_checkpoint_files
             failure = str(error)
         except Exception as error:  # a torn file raises whatever its reader raises (miniz, unpickling, EOF ...)

@@ -174,16 +174,12 @@ def unwrapped(model):
 
 
 def _memory_owner(model):
-    """The module that makes the memory a training stream carries from one segment to the next, or None:
-    the XL family's `init_memory` (a `MemoryCache`, when `config.mem_len` > 0) or the original adaptive-span model's
-    `init_cache` (a `SpanCache`); the LM head model or its base model."""
+    """The module that makes the memory a training stream carries from one segment to the next, or None: the LM head
+    model or its base model, whichever `carries_memory` (the XL family with `mem_len` > 0: a `MemoryCache`; the
+    original adaptive-span model: a `SpanCache`)."""
     model = unwrapped(model)
     for candidate in (model, getattr(model, "base_model", None)):
-        if candidate is None:
-            continue
-        if hasattr(candidate, "init_memory") and getattr(model.config, "mem_len", 0) > 0:
-            return candidate
-        if hasattr(candidate, "init_cache"):
+        if candidate is not None and getattr(candidate, "carries_memory", False):
             return candidate
     return None
 
@@ -193,53 +189,71 @@ def uses_memory(model) -> bool:
 
 
 def init_memory(model, batch_size: int):
-    """The memory a stream of `batch_size` rows starts with (None for models without one)."""
+    """The memory a stream of `batch_size` rows starts with (None for models without one): `initial_cache`."""
     owner = _memory_owner(model)
-    if owner is None:
-        return None
-    return owner.init_memory(batch_size) if hasattr(owner, "init_memory") else owner.init_cache(batch_size)
+    return None if owner is None else owner.initial_cache(batch_size)
 
 
 def memory_state(memory):
-    """What a checkpoint keeps of a memory cache, or None when the memory is absent or still empty; plain tensors,
-    ints and strings, so that `torch.load(weights_only=True)` reads it. A `MemoryCache`: (per-layer memories, key
-    mask, tokens seen). A `SpanCache`: {"span_states": per-layer states, "seen_tokens": tokens seen}."""
-    from ..txv_span_cache import SpanCache
-
-    if isinstance(memory, SpanCache):
-        if memory.states is None:
-            return None
-        return {"span_states": list(memory.states), "seen_tokens": memory.seen_tokens}
-    if memory is None or memory.memories is None:
-        return None
-    return list(memory.memories), memory.memory_mask, memory.seen_tokens
+    """What a checkpoint keeps of a memory: the cache's `to_state()` (plain tensors, ints and strings, so that
+    `torch.load(weights_only=True)` reads it), or None without a memory."""
+    return None if memory is None else memory.to_state()
 
 
-def memory_batch_size(state) -> int:
-    """The number of rows of a `memory_state`."""
-    states = state["span_states"] if isinstance(state, dict) else state[0]
-    return states[0].shape[0]
+def _tensors(value):
+    """The tensors in a saved state (nested lists, tuples and dicts), in order."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def memory_batch_size(state) -> int | None:
+    """The number of rows of a saved memory (`memory_state`, or an older checkpoint's form); None when it holds none."""
+    first = next(_tensors(state), None)
+    return None if first is None else first.shape[0]
+
+
+def upgrade_memory_state(state, fresh) -> dict:
+    """A saved memory in the form of `fresh.to_state()` (`fresh`: a new cache of the model that will read it). Reads
+    the forms that checkpoints held before the caches' state protocol as well: a `MemoryCache`'s tuple (per-layer
+    memories, key mask, tokens seen) and a `SpanCache`'s dict {"span_states", "seen_tokens"}; what those lack (the
+    layer count, mem_len, memory_init, model_type) is `fresh`'s."""
+    if isinstance(state, (tuple, list)) and len(state) == 3:
+        memories, mask, seen_tokens = state
+        return {
+            **fresh.to_state(),
+            "memory": torch.stack(list(memories), dim=1),
+            "memory_mask": mask,
+            "seen_tokens": seen_tokens,
+        }
+    if isinstance(state, dict) and set(state) == {"span_states", "seen_tokens"}:
+        return {**fresh.to_state(), "states": list(state["span_states"]), "seen_tokens": state["seen_tokens"]}
+    return state
 
 
 def restore_memory(memory, state, source: str = "the checkpoint"):
-    """Puts a `memory_state` back into `memory` (a fresh cache of the same model); checks the layout first."""
-    from ..txv_span_cache import SpanCache
-
+    """The memory a checkpoint saved (`memory_state`, or an older checkpoint's form: `upgrade_memory_state`) as a
+    cache, checked against `memory`, a fresh cache of the model that will read it; `memory` itself when nothing was
+    saved."""
     if memory is None or state is None:
-        return
+        return memory
     try:
-        if isinstance(memory, SpanCache):
-            states, seen = state["span_states"], state["seen_tokens"]
-        else:
-            states, mask, seen = state
-        memory.check_compatible(batch_size=states[0].shape[0], hidden_size=states[0].shape[-1], num_layers=len(states))
-    except (TypeError, ValueError, IndexError, KeyError, AttributeError) as error:
+        restored = type(memory).from_state(upgrade_memory_state(state, memory))
+        fresh = memory.layers[0].keys if memory.layers else None  # (a fresh memory of zero vectors has its sizes)
+        restored.check_compatible(
+            batch_size=None if fresh is None else fresh.shape[0],
+            hidden_size=None if fresh is None else fresh.shape[-1],
+            num_layers=len(memory.layers),
+            model_type=memory.model_type,
+        )
+    except (TypeError, ValueError, IndexError, KeyError, AttributeError, RuntimeError) as error:
         raise ModelError(f"the memory saved in {source} does not fit this model: {error}") from None
-    if isinstance(memory, SpanCache):
-        memory.set_states(list(states))
-    else:
-        memory._set(list(states), mask)
-    memory.seen_tokens = int(seen)
+    return restored
 
 
 # The auxiliary terms of the variants' training objectives, by the names their outputs give them: the span penalty
@@ -355,7 +369,8 @@ def evaluation_memory(model, seg_len: int, eval_seg_len: int) -> int:
     token sees as much context as a trained one at most; 0 for models without a Transformer-XL memory."""
     owner = _memory_owner(model)
     config = unwrapped(model).config
-    if eval_seg_len == seg_len or owner is None or not hasattr(owner, "init_memory"):
+    # a Transformer-XL memory: its length is `config.mem_len` (the original adaptive-span model's cache has none)
+    if eval_seg_len == seg_len or owner is None or getattr(config, "mem_len", None) is None:
         if eval_seg_len != seg_len and getattr(config, "mem_len", None) == 0:
             raise ModelError(
                 f"--eval-seg-len {eval_seg_len} differs from --seg-len {seg_len}, but the model has no memory "

@@ -198,9 +198,9 @@ class MemoryTrainer(Trainer):
         except Exception as error:  # torch raises several types for a torn or unsafe file
             raise ModelError(f"cannot read the training memory {path}: {str(error).splitlines()[0]}") from None
         self.train_memory = None
-        if state is not None:
-            self.train_memory = init_memory(self.model, memory_batch_size(state))
-            restore_memory(self.train_memory, state, path)
+        if state is not None:  # (a saved memory without rows fits a fresh one of any batch size)
+            fresh = init_memory(self.model, memory_batch_size(state) or 1)
+            self.train_memory = restore_memory(fresh, state, path)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         self.eval_memory = None  # every evaluation starts from an empty memory
