@@ -473,8 +473,11 @@ def report(store: Store, plot: Path | None):
                 f"{ours['valid_loss']:.9f} | {valid:.2e} |"
             )
     lines.append("\nwith the settings' dropout (float32): final validation loss per seed")
-    lines.append("| setting | dropout | seeds | original | txv | original's range | txv's mean inside |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append(
+        "| setting | dropout | seeds | original | txv | original's range | txv's mean inside | difference / its "
+        "standard error |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|")
     for setting in SETTINGS:
         found = pairs(setting=setting, dtype="float32")
         found = [(o, t) for o, t in found if o["dropout"] > 0]
@@ -484,10 +487,13 @@ def report(store: Store, plot: Path | None):
         ours = [t["valid_loss"] for _, t in found]
         mean = statistics.mean(ours)
         inside = min(original) <= mean <= max(original)
+        # Welch: the difference of the means over its standard error (each seed's dropout masks differ)
+        error = (statistics.variance(original) / len(original) + statistics.variance(ours) / len(ours)) ** 0.5
         lines.append(
             f"| {setting} | {found[0][0]['dropout']} | {len(found)} | "
-            f"{statistics.mean(original):.4f} ± {statistics.pstdev(original):.4f} | {mean:.4f} ± "
-            f"{statistics.pstdev(ours):.4f} | {min(original):.4f}-{max(original):.4f} | {'yes' if inside else 'no'} |"
+            f"{statistics.mean(original):.4f} ± {statistics.stdev(original):.4f} | {mean:.4f} ± "
+            f"{statistics.stdev(ours):.4f} | {min(original):.4f}-{max(original):.4f} | {'yes' if inside else 'no'} | "
+            f"{(mean - statistics.mean(original)) / error:+.2f} |"
         )
     spans = [(o, t) for o, t in pairs(setting="span", dropout=0.0) if o.get("spans") and t.get("span_penalty")]
     if spans:
