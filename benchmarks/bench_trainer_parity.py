@@ -511,19 +511,26 @@ def report(store: Store, plot: Path | None):
             )
     speed = pairs(kind="speed")
     if speed:
-        lines.append("\nspeed (float32, dropout 0): median step of each run, tokens/s")
-        lines.append("| setting | threads | runs | original | txv | ratio |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append(
+            "\nspeed (float32, dropout 0): the median step of each run in tokens/s; a round runs the original, then "
+            "txv, so each round's ratio compares neighbours in time"
+        )
+        lines.append("| setting | threads | rounds | original | txv | ratio (median of rounds) | rounds' ratios |")
+        lines.append("|---|---|---|---|---|---|---|")
         for setting in SPEED_SETTINGS:
             for threads in (1, 2):
                 found = [(o, t) for o, t in speed if o["setting"] == setting and o["threads"] == threads]
                 if not found:
                     continue
                 tokens = found[0][0]["tokens_per_step"]
-                original = statistics.median(tokens / statistics.median(o["step_seconds"][5:]) for o, _ in found)
-                ours = statistics.median(statistics.median(t["tokens_per_second"][5:]) for _, t in found)
+                originals = [tokens / statistics.median(o["step_seconds"][5:]) for o, _ in found]
+                ours = [statistics.median(t["tokens_per_second"][5:]) for _, t in found]
+                ratios = [t / o for o, t in zip(originals, ours)]
                 lines.append(
-                    f"| {setting} | {threads} | {len(found)} | {original:,.0f} | {ours:,.0f} | {ours / original:.2f}x |"
+                    f"| {setting} | {threads} | {len(found)} | {statistics.median(originals):,.0f} | "
+                    f"{statistics.median(ours):,.0f} | {statistics.median(ratios):.2f}x | "
+                    + ", ".join(f"{ratio:.2f}x" for ratio in ratios)
+                    + " |"
                 )
     print("\n".join(lines))
     if plot is not None:
