@@ -13,40 +13,36 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_txvariants import (
-    AdaptiveSpanConfig,
-    AdaptiveSpanForCausalLM,
-    GTrXLConfig,
-    GTrXLForCausalLM,
-    GTrXLModel,
-    TransfoXLConfig,
-    TransfoXLLMHeadModel,
-)
+from hf_txvariants import AdaptiveSpanForCausalLM, GTrXLForCausalLM, GTrXLModel, TransfoXLLMHeadModel
 from hf_txvariants.txv_attention import causal_allowed
 from hf_txvariants.txv_compat import output_cache
 from hf_txvariants.txv_relative_attention import RelativePositionAttention, relative_position_embeddings
-from tiny_configs import general_path_only
+from tiny_configs import TINY_CONFIGS, general_path_only, tiny_config
 
-SIZE = dict(vocab_size=37, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
-XL = dict(SIZE, cutoffs=[10, 20], div_val=2, d_embed=16, clamp_len=9, init_std=0.2, proj_init_std=0.2, dropout=0.0)
+# weights drawn at 0.2 instead of the default 0.02: logits of order 1 (GTrXL's spread ~0.1 at 0.02), so that a wrong key
+# or position moves them far past the tolerances below
+XL = dict(init_std=0.2, proj_init_std=0.2)
+WIDE = dict(initializer_range=0.2)
+# token ids valid in every model of this file (below the smallest tiny vocabulary)
+VOCAB_SIZE = min(
+    TINY_CONFIGS[model_type]["vocab_size"] for model_type in ("transfo-xl", "txv_gtrxl", "txv_adaptive_span")
+)
 
 # every variant with a window of mem_len (+ 1) keys: stepping with the trimmed memory == one pass from scratch
 WINDOWED = {
     "transfo-xl (adaptive softmax, zero memory)": lambda: TransfoXLLMHeadModel(
-        TransfoXLConfig(**XL, mem_len=6, same_length=True, same_length_extra_key=True, memory_init="zeros")
+        tiny_config("transfo-xl", **XL, same_length=True, same_length_extra_key=True, memory_init="zeros")
     ),
     "transfo-xl pre_lnorm, shared biases": lambda: TransfoXLLMHeadModel(
-        TransfoXLConfig(**XL, mem_len=6, same_length=True, pre_lnorm=True, untie_r=False, memory_init="empty")
+        tiny_config("transfo-xl", **XL, same_length=True, pre_lnorm=True, untie_r=False, memory_init="empty")
     ),
-    "gtrxl": lambda: GTrXLForCausalLM(GTrXLConfig(**SIZE, mem_len=6, initializer_range=0.2)),
+    "gtrxl": lambda: GTrXLForCausalLM(tiny_config("txv_gtrxl", **WIDE)),
     "gtrxl with adaptive softmax": lambda: GTrXLForCausalLM(
-        GTrXLConfig(**SIZE, mem_len=6, adaptive=True, cutoffs=[10, 20], div_val=2, initializer_range=0.2)
+        tiny_config("txv_gtrxl", adaptive=True, cutoffs=[10, 20], div_val=2, **WIDE)
     ),
-    "adaptive span": lambda: AdaptiveSpanForCausalLM(
-        AdaptiveSpanConfig(**SIZE, attn_span=7, adapt_span_ramp=2, adapt_span_init=0.5, initializer_range=0.2)
-    ),
+    "adaptive span": lambda: AdaptiveSpanForCausalLM(tiny_config("txv_adaptive_span", **WIDE)),
     "adaptive span, dynamic": lambda: AdaptiveSpanForCausalLM(
-        AdaptiveSpanConfig(**SIZE, attn_span=7, adapt_span_ramp=2, adapt_span_dynamic=True, initializer_range=0.2)
+        tiny_config("txv_adaptive_span", adapt_span_dynamic=True, **WIDE)
     ),
 }
 
@@ -57,7 +53,7 @@ def _model(name: str):
 
 
 def _ids(batch: int, length: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(1, SIZE["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(1, VOCAB_SIZE, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.exact
@@ -85,8 +81,8 @@ def test_generate_past_mem_len_equals_recomputing_from_scratch(name):
 
 
 UNWINDOWED = {
-    "transfo-xl": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**XL, mem_len=5, same_length=False)),
-    "gtrxl": lambda: GTrXLForCausalLM(GTrXLConfig(**SIZE, mem_len=5, same_length=False, initializer_range=0.2)),
+    "transfo-xl": lambda: TransfoXLLMHeadModel(tiny_config("transfo-xl", **XL, same_length=False)),
+    "gtrxl": lambda: GTrXLForCausalLM(tiny_config("txv_gtrxl", same_length=False, **WIDE)),
 }
 
 
@@ -170,10 +166,10 @@ def test_acting_one_step_per_call_with_episode_resets_equals_the_whole_rollout(a
     one pass over the whole rollout with the same episode starts."""
     torch.manual_seed(0)
     span = dict(adapt_span_enabled=True, attn_span=7, adapt_span_ramp=2, adapt_span_init=0.5) if adaptive_span else {}
-    model = GTrXLModel(GTrXLConfig(**SIZE, mem_len=6, initializer_range=0.2, **span)).eval()
-    envs, steps = 16, 24
+    model = GTrXLModel(tiny_config("txv_gtrxl", **WIDE, **span)).eval()
+    envs, steps = 16, 4 * model.config.mem_len
     generator = torch.Generator().manual_seed(3)
-    observations = torch.randn(envs, steps, SIZE["hidden_size"], generator=generator)
+    observations = torch.randn(envs, steps, model.config.hidden_size, generator=generator)
     starts = torch.rand(envs, steps, generator=generator) < 0.1
     reset_between_calls = torch.rand(envs, steps, generator=generator) < 0.05
     starts = starts | reset_between_calls
@@ -191,7 +187,7 @@ def test_acting_one_step_per_call_with_episode_resets_equals_the_whole_rollout(a
 
 
 def _attention(implementation: str) -> RelativePositionAttention:
-    config = GTrXLConfig(**SIZE, mem_len=6, attn_implementation=implementation)
+    config = tiny_config("txv_gtrxl", attn_implementation=implementation)
     torch.manual_seed(0)
     attention = RelativePositionAttention(config)
     with torch.no_grad():
@@ -208,14 +204,14 @@ def test_one_query_attention_equals_the_last_query_of_the_block_path(implementat
     the second query of a two-query segment over memory M sees the keys that one query sees over the memory
     [M; first position], at the same distances (window, a padding key, an additive span term, gradients too)."""
     attention = _attention(implementation)
-    hidden_size = SIZE["hidden_size"]
+    hidden_size, heads = attention.config.hidden_size, attention.config.num_attention_heads
     generator = torch.Generator().manual_seed(4)
     memory = torch.randn(3, 7, hidden_size, generator=generator)
     segment = torch.randn(3, 2, hidden_size, generator=generator, requires_grad=True)
     key_length = memory.shape[1] + 2
     allowed = causal_allowed(2, memory.shape[1], "cpu", window)[None, None].repeat(3, 1, 1, 1)
     allowed[1, ..., 3] = False  # a padding key in the second row
-    span_bias = -torch.rand(1, SIZE["num_attention_heads"], 2, key_length, generator=generator) * 3
+    span_bias = -torch.rand(1, heads, 2, key_length, generator=generator) * 3
     span_bias = span_bias if with_span_bias else None
     table = relative_position_embeddings(key_length, hidden_size, 0, torch.float32, "cpu")
     two = attention(segment, table, allowed, memory=memory, attention_bias=span_bias, key_window=window)[0][:, 1:]
@@ -239,7 +235,7 @@ def test_a_cached_step_projects_no_row_of_the_position_table():
     """Against a full memory, a cached step applies the position projection W_r to no row of the table (it reuses
     the projection kept in the cache), where the recomputing step projects the whole table."""
     torch.manual_seed(0)
-    model = general_path_only(TransfoXLLMHeadModel(TransfoXLConfig(**XL, mem_len=6, same_length=False)).eval())
+    model = general_path_only(TransfoXLLMHeadModel(tiny_config("transfo-xl", **XL, same_length=False)).eval())
     ids = _ids(2, 12)
     projected_rows = []
     hooks = [
@@ -259,7 +255,8 @@ def test_a_cached_step_projects_no_row_of_the_position_table():
     for hook in hooks:
         hook.remove()
     assert cached_step == []
-    assert recomputing_step and all(rows >= 7 for rows in recomputing_step)
+    # the recomputing step projects the whole table: the full memory and the step
+    assert recomputing_step and all(rows >= model.config.mem_len + 1 for rows in recomputing_step)
 
 
 @pytest.mark.exact
@@ -312,9 +309,9 @@ def test_acting_steps_equal_recomputing_with_and_without_in_place_memory():
     """One step at a time without autograd (the memory and keys/values appended in place) gives the hidden states
     of the same steps with autograd on (concatenated copies), past mem_len and through episode starts."""
     torch.manual_seed(0)
-    model = GTrXLModel(GTrXLConfig(**SIZE, mem_len=5, initializer_range=0.2)).eval()
+    model = GTrXLModel(tiny_config("txv_gtrxl", **WIDE)).eval()
     generator = torch.Generator().manual_seed(3)
-    inputs = torch.randn(3, 14, SIZE["hidden_size"], generator=generator)
+    inputs = torch.randn(3, 14, model.config.hidden_size, generator=generator)
     starts = torch.rand(3, 14, generator=generator) < 0.15
     outputs = {}
     for grad in (False, True):

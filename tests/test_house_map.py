@@ -30,13 +30,10 @@ def test_the_house_map_in_the_architecture_page_is_the_generated_one():
 
 def test_the_map_lists_every_file_a_saved_folder_carries(tmp_path):
     """The map's files for a variant are exactly the code files `save_pretrained` writes (GTrXL, tiny)."""
-    from hf_txvariants import GTrXLConfig, GTrXLForCausalLM
+    from hf_txvariants import GTrXLForCausalLM
+    from tiny_configs import tiny_config
 
-    model = GTrXLForCausalLM(
-        GTrXLConfig(
-            vocab_size=13, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=1, mem_len=4
-        )
-    )
+    model = GTrXLForCausalLM(tiny_config("txv_gtrxl"))
     model.save_pretrained(tmp_path)
     entry = _house_map().variant_files()["txv_gtrxl"]
     assert {p.name for p in tmp_path.glob("*.py")} == set(entry["blocks"]) | set(entry["other"])

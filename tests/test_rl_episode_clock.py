@@ -19,7 +19,7 @@ from hf_txvariants.rl import (  # noqa: E402
     MemoryPolicy,
     make_policy,
 )
-from tiny_configs import tiny_policy_gtrxl  # noqa: E402
+from tiny_configs import tiny_policy_gtrxl, tiny_policy_gtrxl_fields  # noqa: E402
 
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 
@@ -108,7 +108,7 @@ def test_a_clocked_policy_saves_its_periods_and_a_plain_one_stays_format_1(tmp_p
 
 def test_make_policy_matches_the_gru_to_the_clocked_gtrxl():
     space, actions = gym.spaces.Box(0, 1, shape=(10,)), gym.spaces.Discrete(4)
-    shape = dict(hidden_size=16, num_attention_heads=2, intermediate_size=32, mem_len=6)
+    shape = tiny_policy_gtrxl_fields()
     gtrxl = make_policy("gtrxl", space, actions, episode_clock=True, **shape)
     gru = make_policy("gru", space, actions, episode_clock=True, **shape)
     assert gtrxl.clock is not None and gru.clock is not None

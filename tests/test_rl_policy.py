@@ -25,7 +25,7 @@ from hf_txvariants.rl import (  # noqa: E402
     popgym_env,
     train_ppo,
 )
-from tiny_configs import tiny_policy_gtrxl  # noqa: E402
+from tiny_configs import tiny_policy_gtrxl, tiny_policy_gtrxl_fields  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BODIES = ["gtrxl", "trxl_i", "gru", "mlp"]
@@ -165,7 +165,7 @@ def test_parameter_matched_baseline_is_the_closest_width():
 
 def test_make_policy_gates_start_at_the_rl_gate_bias_unless_given():
     space, actions = gym.spaces.Box(0, 1, shape=(10,)), gym.spaces.Discrete(4)
-    shape = dict(hidden_size=16, num_attention_heads=2, intermediate_size=32, mem_len=6)
+    shape = tiny_policy_gtrxl_fields()
 
     def gate_biases(policy):
         return {float(v) for name, p in policy.named_parameters() if name.endswith("gate_bias") for v in p.flatten()}

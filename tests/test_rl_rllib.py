@@ -21,8 +21,9 @@ from hf_txvariants.rl.rllib import (  # noqa: E402
     memory_module_spec,
     ppo_training_settings,
 )
+from tiny_configs import tiny_policy_gtrxl_fields  # noqa: E402
 
-TINY_GTRXL = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, mem_len=6)
+TINY_GTRXL = tiny_policy_gtrxl_fields()
 BOX_OBS = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
 ACTIONS = {"discrete": gym.spaces.Discrete(3), "multi_discrete": gym.spaces.MultiDiscrete([3, 2])}
 

@@ -12,14 +12,11 @@ import pytest
 import torch
 
 from hf_txvariants import (
-    AdaptiveSpanConfig,
     AdaptiveSpanForCausalLM,
     AdaptiveSpanModel,
-    GTrXLConfig,
     GTrXLForCausalLM,
     GTrXLModel,
     MemoryCache,
-    TransfoXLConfig,
     TransfoXLLMHeadModel,
     TransfoXLModel,
     txv_relative_attention,
@@ -27,32 +24,41 @@ from hf_txvariants import (
 from hf_txvariants.txv_adaptive_span import AdaptiveSpan
 from hf_txvariants.txv_compat import cache_field, output_cache
 from hf_txvariants.txv_gates import GRUGate
-from tiny_configs import DEFAULT, general_path_only
+from tiny_configs import DEFAULT, TINY_CONFIGS, general_path_only, tiny_config
 from txv_tester import ATOL, TxvModelTesterMixin
 
-SIZE = dict(vocab_size=23, hidden_size=16, num_attention_heads=2, intermediate_size=32, num_hidden_layers=2)
+# this file's XL-family models: each variant's tiny config with these overrides. Transformer-XL without a window (each
+# query sees its whole memory) and without clamping (every distance its own position embedding, so that a wrong
+# distance in the memory's positions shows); weights drawn at 0.2 instead of the default 0.02 as these tests were
+# written with
+TRANSFO_XL = dict(same_length=False, clamp_len=DEFAULT, init_std=0.2)
+ADAPTIVE_SPAN = dict(initializer_range=0.2)
+# adaptive span composed on a model without it: a largest span S = 20, longer than every window here (mem_len + 1 <= 9;
+# test_gtrxl_with_a_full_span_equals_gtrxl needs S >= mem_len + 1)
 SPAN = dict(adapt_span_enabled=True, attn_span=20, adapt_span_ramp=3, adapt_span_init=0.4)
-GTRXL = dict(**SIZE, mem_len=7)
-TRANSFO_XL = dict(**SIZE, cutoffs=[10], div_val=1, mem_len=7, same_length=False, init_std=0.2, pad_token_id=0)
-ADAPTIVE_SPAN = dict(**SIZE, attn_span=12, adapt_span_ramp=3, adapt_span_init=0.25, initializer_range=0.2)
+# token ids valid in every model of this file (below the smallest tiny vocabulary)
+VOCAB_SIZE = min(
+    TINY_CONFIGS[model_type]["vocab_size"] for model_type in ("transfo-xl", "txv_gtrxl", "txv_adaptive_span")
+)
 
 
 # ------------------------------------------------------------------------------------------ composed models, tested
 class TestGTrXLWithAdaptiveSpan(TxvModelTesterMixin):
     model_type = "txv_gtrxl"
-    config_overrides = {**GTRXL, **SPAN}
+    config_overrides = SPAN
     model_classes = (GTrXLModel, GTrXLForCausalLM)
     causal_lm_class = GTrXLForCausalLM
     has_memory = True
+    memory_test_config_kwargs = {"mem_len": 7}  # a memory as long as the tester's segment (seq_length)
 
 
 class TestTransfoXLGatedWithAdaptiveSpan(TxvModelTesterMixin):
     model_type = "transfo-xl"
-    config_overrides = {**TRANSFO_XL, "clamp_len": DEFAULT, "gate_type": "gru", **SPAN}
+    config_overrides = {**TRANSFO_XL, "gate_type": "gru", **SPAN}
     model_classes = (TransfoXLModel, TransfoXLLMHeadModel)
     causal_lm_class = TransfoXLLMHeadModel
     has_memory = True
-    memory_test_config_kwargs = {"memory_init": "empty"}
+    memory_test_config_kwargs = {"memory_init": "empty", "mem_len": 7}
 
 
 class TestAdaptiveSpanGated(TxvModelTesterMixin):
@@ -66,13 +72,13 @@ class TestAdaptiveSpanGated(TxvModelTesterMixin):
 
 def test_composed_models_have_both_mechanisms():
     for model in (
-        GTrXLModel(GTrXLConfig(**GTRXL, **SPAN)),
-        TransfoXLModel(TransfoXLConfig(**TRANSFO_XL, gate_type="gru", **SPAN)),
-        AdaptiveSpanModel(AdaptiveSpanConfig(**ADAPTIVE_SPAN, gate_type="gru")),
+        GTrXLModel(tiny_config("txv_gtrxl", **SPAN)),
+        TransfoXLModel(tiny_config("transfo-xl", **TRANSFO_XL, gate_type="gru", **SPAN)),
+        AdaptiveSpanModel(tiny_config("txv_adaptive_span", **ADAPTIVE_SPAN, gate_type="gru")),
     ):
-        modules = list(model.modules())
-        assert sum(isinstance(m, GRUGate) for m in modules) == 2 * SIZE["num_hidden_layers"], type(model)
-        assert sum(isinstance(m, AdaptiveSpan) for m in modules) == SIZE["num_hidden_layers"], type(model)
+        modules, layers = list(model.modules()), model.config.num_hidden_layers
+        assert sum(isinstance(m, GRUGate) for m in modules) == 2 * layers, type(model)
+        assert sum(isinstance(m, AdaptiveSpan) for m in modules) == layers, type(model)
 
 
 # ------------------------------------------------------------------------------------------ neutral mechanism
@@ -89,7 +95,7 @@ def _copy_weights(source, target, renames=()):
 
 
 def _ids(batch=2, length=9, seed=0):
-    return torch.randint(0, SIZE["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, VOCAB_SIZE, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("gate_type", ["gru", "trxl_i", "trxl"])
@@ -97,9 +103,9 @@ def test_gtrxl_with_a_full_span_equals_gtrxl(gate_type):
     """A span that covers every key the window allows (z = S >= mem_len + 1) gives the soft mask m = 1 everywhere:
     the composed model is the gated model, over two segments with memory."""
     torch.manual_seed(0)
-    gated = GTrXLForCausalLM(GTrXLConfig(**GTRXL, gate_type=gate_type, initializer_range=0.3)).eval()
+    gated = GTrXLForCausalLM(tiny_config("txv_gtrxl", gate_type=gate_type, initializer_range=0.3)).eval()
     composed = GTrXLForCausalLM(
-        GTrXLConfig(**GTRXL, gate_type=gate_type, initializer_range=0.3, **{**SPAN, "adapt_span_init": 1.0})
+        tiny_config("txv_gtrxl", gate_type=gate_type, initializer_range=0.3, **{**SPAN, "adapt_span_init": 1.0})
     ).eval()
     missing = _copy_weights(gated, composed)
     assert missing and all(".adaptive_span." in name for name in missing)
@@ -117,15 +123,13 @@ def test_adaptive_span_with_a_gate_equals_gtrxl_with_adaptive_span():
     """The same mechanisms in two variants' files (their own parameter names): txv_adaptive_span with gate_type="gru"
     and txv_gtrxl with adaptive span compute the same function with the same weights (same window: the span S)."""
     torch.manual_seed(0)
-    span_config = AdaptiveSpanConfig(**{**ADAPTIVE_SPAN, "adapt_span_init": 0.3}, gate_type="gru", gate_bias=0.5)
-    gtrxl_config = GTrXLConfig(
-        **SIZE,
-        gate_type="gru",
-        gate_bias=0.5,
-        mem_len=span_config.mem_len,
-        same_length=False,
-        final_layer_norm=span_config.final_layer_norm,
-        **{**SPAN, "attn_span": 12, "adapt_span_init": 0.3},
+    span_config = tiny_config(
+        "txv_adaptive_span", **{**ADAPTIVE_SPAN, "adapt_span_init": 0.3}, gate_type="gru", gate_bias=0.5
+    )
+    same = ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers", "mem_len")
+    same += ("final_layer_norm", "gate_type", "gate_bias", "attn_span", "adapt_span_ramp", "adapt_span_init")
+    gtrxl_config = tiny_config(
+        "txv_gtrxl", same_length=False, adapt_span_enabled=True, **{name: getattr(span_config, name) for name in same}
     )
     adaptive_span = AdaptiveSpanForCausalLM(span_config).eval()
     gtrxl = GTrXLForCausalLM(gtrxl_config).eval()
@@ -150,8 +154,8 @@ def test_adaptive_span_with_a_gate_equals_gtrxl_with_adaptive_span():
 
 def test_span_penalty_is_in_every_composed_loss():
     for model in (
-        GTrXLForCausalLM(GTrXLConfig(**GTRXL, **SPAN, adapt_span_loss=0.5)),
-        TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL, **SPAN, adapt_span_loss=0.5)),
+        GTrXLForCausalLM(tiny_config("txv_gtrxl", **SPAN, adapt_span_loss=0.5)),
+        TransfoXLLMHeadModel(tiny_config("transfo-xl", **TRANSFO_XL, **SPAN, adapt_span_loss=0.5)),
     ):
         model.eval()
         ids = _ids()
@@ -165,7 +169,7 @@ def test_span_penalty_is_in_every_composed_loss():
 
 # ------------------------------------------------------------------------------------------ config checks
 @pytest.mark.parametrize(
-    "config_class, base", [(TransfoXLConfig, TRANSFO_XL), (GTrXLConfig, GTRXL), (AdaptiveSpanConfig, ADAPTIVE_SPAN)]
+    "model_type, base", [("transfo-xl", TRANSFO_XL), ("txv_gtrxl", {}), ("txv_adaptive_span", ADAPTIVE_SPAN)]
 )
 @pytest.mark.parametrize(
     "overrides, field",
@@ -180,25 +184,25 @@ def test_span_penalty_is_in_every_composed_loss():
         ({"adapt_span_dynamic": True, "adapt_span_enabled": False}, "adapt_span_dynamic"),
     ],
 )
-def test_every_xl_config_checks_the_mechanism_fields(config_class, base, overrides, field):
-    if config_class is AdaptiveSpanConfig and field == "attn_span" and overrides.get("attn_span") is None:
+def test_every_xl_config_checks_the_mechanism_fields(model_type, base, overrides, field):
+    if model_type == "txv_adaptive_span" and field == "attn_span" and overrides.get("attn_span") is None:
         overrides = {**overrides, "mem_len": 4}
     with pytest.raises(ValueError, match=field):
-        config_class(**{**base, **overrides})
+        tiny_config(model_type, **{**base, **overrides})
 
 
 def test_transfo_xl_pre_lnorm_with_a_gate_is_refused():
     with pytest.raises(ValueError, match="pre_lnorm"):
-        TransfoXLConfig(**TRANSFO_XL, pre_lnorm=True, gate_type="gru")
+        tiny_config("transfo-xl", **TRANSFO_XL, pre_lnorm=True, gate_type="gru")
 
 
 # ------------------------------------------------------------------------------------------ the memory as a Cache
 def _causal_lms():
     torch.manual_seed(0)
     return {
-        "transfo-xl": TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL)).eval(),
-        "gtrxl": GTrXLForCausalLM(GTrXLConfig(**GTRXL)).eval(),
-        "adaptive_span": AdaptiveSpanForCausalLM(AdaptiveSpanConfig(**ADAPTIVE_SPAN)).eval(),
+        "transfo-xl": TransfoXLLMHeadModel(tiny_config("transfo-xl", **TRANSFO_XL)).eval(),
+        "gtrxl": GTrXLForCausalLM(tiny_config("txv_gtrxl")).eval(),
+        "adaptive_span": AdaptiveSpanForCausalLM(tiny_config("txv_adaptive_span", **ADAPTIVE_SPAN)).eval(),
     }
 
 
@@ -212,7 +216,7 @@ def test_generate_continues_from_past_key_values(name):
     kwargs = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     first = model.generate(prompt, max_new_tokens=3, return_dict_in_generate=True, **kwargs)
     cache = output_cache(first)
-    assert isinstance(cache, MemoryCache) and len(cache) == len(cache.layers) == SIZE["num_hidden_layers"]
+    assert isinstance(cache, MemoryCache) and len(cache) == len(cache.layers) == model.config.num_hidden_layers
     assert torch.equal(cache.layers[1].keys, cache.memories[1])
     continued = model.generate(first.sequences, **cache_field(cache), max_new_tokens=3, **kwargs)
     assert torch.equal(continued, model.generate(prompt, max_new_tokens=6, **kwargs))
@@ -233,10 +237,10 @@ def test_memory_of_another_variant_or_layout_is_a_clear_error():
         models["transfo-xl"](ids, cache=gtrxl_memory)
     with pytest.raises(ValueError, match="transfo-xl"):
         models["gtrxl"](ids, cache=output_cache(models["transfo-xl"](ids)))
-    deeper = GTrXLForCausalLM(GTrXLConfig(**{**GTRXL, "num_hidden_layers": 3})).eval()
+    deeper = GTrXLForCausalLM(tiny_config("txv_gtrxl", num_hidden_layers=3)).eval()
     with pytest.raises(ValueError, match="layers"):
         deeper(ids, cache=gtrxl_memory)
-    wider = GTrXLForCausalLM(GTrXLConfig(**{**GTRXL, "hidden_size": 32})).eval()
+    wider = GTrXLForCausalLM(tiny_config("txv_gtrxl", hidden_size=32)).eval()
     with pytest.raises(ValueError, match="hidden size"):
         wider(ids, cache=gtrxl_memory)
 
@@ -269,18 +273,18 @@ def test_every_label_ignored_gives_zero_loss(name):
 # ------------------------------------------------------------------------------------------ left padding, zeros
 @pytest.mark.exact
 @pytest.mark.parametrize(
-    "config_class, model_class, base",
+    "model_type, model_class, base",
     [
-        (TransfoXLConfig, TransfoXLLMHeadModel, {**TRANSFO_XL, "same_length": True}),
-        (TransfoXLConfig, TransfoXLLMHeadModel, TRANSFO_XL),
-        (AdaptiveSpanConfig, AdaptiveSpanForCausalLM, {**ADAPTIVE_SPAN, "memory_init": "zeros"}),
+        ("transfo-xl", TransfoXLLMHeadModel, {**TRANSFO_XL, "same_length": True}),
+        ("transfo-xl", TransfoXLLMHeadModel, TRANSFO_XL),
+        ("txv_adaptive_span", AdaptiveSpanForCausalLM, {**ADAPTIVE_SPAN, "memory_init": "zeros"}),
     ],
 )
-def test_left_padding_under_zero_memory_equals_each_row_alone(config_class, model_class, base):
+def test_left_padding_under_zero_memory_equals_each_row_alone(model_type, model_class, base):
     """With memory_init="zeros" a row alone starts with mem_len zeros before its first token; a left-padded row
     sees exactly that (its leading padding stands for the zeros), so logits and generated tokens equal the row's."""
     torch.manual_seed(0)
-    model = model_class(config_class(**base)).eval()
+    model = model_class(tiny_config(model_type, **base)).eval()
     assert model.config.memory_init == "zeros"
     rows = [_ids(1, n, seed=n) for n in (6, 3, 1)]
     padded = torch.zeros(3, 6, dtype=torch.long)
@@ -300,12 +304,16 @@ def test_left_padding_under_zero_memory_equals_each_row_alone(config_class, mode
 
 # ------------------------------------------------------------------------------------------ memory keys and values
 KEY_VALUE_MODELS = {
-    "transfo-xl": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL, dropout=0.0)),
-    "transfo-xl same_length": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**{**TRANSFO_XL, "same_length": True})),
-    "transfo-xl pre_lnorm": lambda: TransfoXLLMHeadModel(TransfoXLConfig(**TRANSFO_XL, pre_lnorm=True, dropout=0.0)),
-    "gtrxl": lambda: GTrXLForCausalLM(GTrXLConfig(**GTRXL, dropout=0.0)),
-    "gtrxl with adaptive span": lambda: GTrXLForCausalLM(GTrXLConfig(**GTRXL, **SPAN, dropout=0.0)),
-    "adaptive_span": lambda: AdaptiveSpanForCausalLM(AdaptiveSpanConfig(**ADAPTIVE_SPAN, dropout=0.0)),
+    "transfo-xl": lambda: TransfoXLLMHeadModel(tiny_config("transfo-xl", **TRANSFO_XL, dropout=0.0)),
+    "transfo-xl same_length": lambda: TransfoXLLMHeadModel(
+        tiny_config("transfo-xl", **{**TRANSFO_XL, "same_length": True})
+    ),
+    "transfo-xl pre_lnorm": lambda: TransfoXLLMHeadModel(
+        tiny_config("transfo-xl", **TRANSFO_XL, pre_lnorm=True, dropout=0.0)
+    ),
+    "gtrxl": lambda: GTrXLForCausalLM(tiny_config("txv_gtrxl", dropout=0.0)),
+    "gtrxl with adaptive span": lambda: GTrXLForCausalLM(tiny_config("txv_gtrxl", **SPAN, dropout=0.0)),
+    "adaptive_span": lambda: AdaptiveSpanForCausalLM(tiny_config("txv_adaptive_span", **ADAPTIVE_SPAN, dropout=0.0)),
 }
 
 
@@ -347,7 +355,7 @@ def _record_key_projections(model, monkeypatch):
 @pytest.mark.parametrize("name", sorted(KEY_VALUE_MODELS))
 @pytest.mark.parametrize("segment", [3, 5, 9])
 def test_evaluation_reuses_the_memory_keys_and_values_exactly(name, segment, monkeypatch):
-    """Over several segments (the memory filling up and trimmed to mem_len = 7, a row reset in between), reusing the
+    """Over several segments (the memory filling up and trimmed to mem_len, a row reset in between), reusing the
     keys and values cached with the memory gives the logits of recomputing them from the memory (to float32 rounding:
     1e-6 absolute and relative, the projections' sums being grouped differently), and the reusing path really
     projects only the segment."""

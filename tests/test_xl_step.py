@@ -19,9 +19,9 @@ gym = pytest.importorskip("gymnasium")
 from hf_txvariants.rl import MemoryPolicy  # noqa: E402
 from hf_txvariants.txv_xl_memory import MemoryCache  # noqa: E402
 from hf_txvariants.txv_xl_step import step_support  # noqa: E402
+from tiny_configs import tiny_policy_gtrxl  # noqa: E402
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
-TINY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32, mem_len=5)
 RESIDUAL_FORMS = [
     dict(gate_type="gru"),
     dict(gate_type="gru", gate_bias=0.0),
@@ -39,7 +39,7 @@ RESIDUAL_FORMS = [
 def tiny_policy(**fields) -> MemoryPolicy:
     torch.manual_seed(0)
     space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
-    policy = MemoryPolicy.gtrxl(space, gym.spaces.Discrete(3), **{**TINY, **fields}).eval()
+    policy = MemoryPolicy.gtrxl(space, gym.spaces.Discrete(3), config=tiny_policy_gtrxl(**fields)).eval()
     with torch.no_grad():  # biases away from their zero init, so a mix-up of u and v, or a lost bias, shows
         for name, parameter in policy.named_parameters():
             if "bias" in name:
@@ -152,7 +152,9 @@ def test_what_acting_returns_is_ordinary_tensors_autograd_can_use():
     (weight * step.values * step.log_probs).sum().backward()  # saves both for backward: refused for inference ones
     torch.testing.assert_close(weight.grad, step.values * step.log_probs, **TOLERANCE)
     policy.train()  # learning starts from the snapshot, through the general path
-    hidden, _ = policy.body(torch.zeros(2, 1, TINY["hidden_size"]), policy.restore(snapshot), torch.zeros(2, 1).bool())
+    hidden, _ = policy.body(
+        torch.zeros(2, 1, policy.body.hidden_size), policy.restore(snapshot), torch.zeros(2, 1).bool()
+    )
     hidden.sum().backward()
 
 

@@ -192,10 +192,19 @@ def span_off(model_type: str) -> dict:
     return {name: DEFAULT for name in TINY_CONFIGS[model_type] if name.startswith("adapt_span_")}
 
 
+POLICY_GTRXL = {"pad_token_id": DEFAULT, "mem_len": 6}  # the RL tests' GTrXL: the tiny one with these overrides
+
+
 def tiny_policy_gtrxl(**overrides):
     """The tiny GTrXL of the RL tests' policies (`MemoryPolicy.gtrxl(..., config=tiny_policy_gtrxl())`): no vocabulary
     (observations come in as `inputs_embeds`, as in the configs `MemoryPolicy.gtrxl` builds) and a memory of 6."""
-    return tiny_config("txv_gtrxl", **{"vocab_size": 1, "pad_token_id": DEFAULT, "mem_len": 6, **overrides})
+    return tiny_config("txv_gtrxl", **{"vocab_size": 1, **POLICY_GTRXL, **overrides})
+
+
+def tiny_policy_gtrxl_fields(**overrides) -> dict:
+    """`tiny_policy_gtrxl()` as the GTrXL fields that `make_policy` and `memory_module_spec` take (they set the
+    vocabulary themselves)."""
+    return tiny_config_kwargs("txv_gtrxl", **{"vocab_size": DEFAULT, **POLICY_GTRXL, **overrides})
 
 
 def model_class(model_type: str, auto_name: str):
