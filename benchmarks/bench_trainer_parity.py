@@ -387,6 +387,7 @@ def parity_pair(
         (folder / "work").mkdir(exist_ok=True)
         (folder / "work" / "checkpoint.pt").unlink(missing_ok=True)  # main.py resumes from an existing checkpoint
         argv = original_flags(setting, flags, steps, seed, dropout, data, folder / "work")
+        load = os.getloadavg()[0]  # the machine's 1-minute load average as the run starts
         started = time.perf_counter()
         record = run_original(
             codes[spec["trainer"]],
@@ -405,6 +406,7 @@ def parity_pair(
                 **common,
                 "flags": argv,
                 "wall_seconds": time.perf_counter() - started,
+                "load": load,
                 "step_losses": record["step_losses"],
                 "step_lrs": record["step_lrs"],
                 "step_seconds": record["step_seconds"],
@@ -420,6 +422,7 @@ def parity_pair(
         fields = txv_settings(setting, flags, steps, seed, dropout)
         raw = spec["data"] == "char"
         command = txv_command(fields, converted, data, folder / "txv", dtype, raw, work / "token-cache")
+        load = os.getloadavg()[0]
         started = time.perf_counter()
         record = run_txv(command, folder / "txv", threads)
         ours = {
@@ -427,6 +430,7 @@ def parity_pair(
             **common,
             "command": command[2:],
             "wall_seconds": time.perf_counter() - started,
+            "load": load,
             **record,
         }
         store.add(ours)
@@ -515,8 +519,11 @@ def report(store: Store, plot: Path | None):
             "\nspeed (float32, dropout 0): the median step of each run in tokens/s; a round runs the original, then "
             "txv, so each round's ratio compares neighbours in time"
         )
-        lines.append("| setting | threads | rounds | original | txv | ratio (median of rounds) | rounds' ratios |")
-        lines.append("|---|---|---|---|---|---|---|")
+        lines.append(
+            "| setting | threads | rounds | original | txv | ratio (median of rounds) | rounds' ratios | load at the "
+            "runs' starts |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|")
         for setting in SPEED_SETTINGS:
             for threads in (1, 2):
                 found = [(o, t) for o, t in speed if o["setting"] == setting and o["threads"] == threads]
@@ -530,6 +537,8 @@ def report(store: Store, plot: Path | None):
                     f"| {setting} | {threads} | {len(found)} | {statistics.median(originals):,.0f} | "
                     f"{statistics.median(ours):,.0f} | {statistics.median(ratios):.2f}x | "
                     + ", ".join(f"{ratio:.2f}x" for ratio in ratios)
+                    + " | "
+                    + ", ".join(f"{o['load']:.1f} / {t['load']:.1f}" for o, t in found)
                     + " |"
                 )
     print("\n".join(lines))
