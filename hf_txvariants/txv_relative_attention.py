@@ -332,14 +332,15 @@ def flex_relative_attention(
     an index: query i sits at M + i, key j at distance M + i - j); the index is clamped for the future keys, which
     the block mask removes. `compile` (default: on CUDA) calls a compiled FlexAttention, else torch runs its unfused
     reference (which does build the scores). Inside a compiled model the call is left out of the model's graph (a
-    graph break per layer, see `_flex_relative_attention_outside_the_graph`).
+    graph break per layer, see `_flex_relative_attention_outside_the_graph`) and compiled on its own (any device).
     Returns `[B, Q, H, D]`. torch 2.13 has no FlexAttention backward on CPU (a ValueError names the choice that
     trains there)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     if torch.compiler.is_compiling():
+        # a model being compiled asks for compiled kernels: FlexAttention compiled on its own, on every device
         return _flex_relative_attention_outside_the_graph(
-            content_query, key, value, position_scores, allowed, scaling, attention_bias, dropout, compile
+            content_query, key, value, position_scores, allowed, scaling, attention_bias, dropout, compile is not False
         )
     if dropout > 0:
         raise ValueError(
