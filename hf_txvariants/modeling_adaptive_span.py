@@ -73,6 +73,7 @@ class AdaptiveSpanPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedM
     base_model_prefix = "transformer"
     _no_split_modules = ["AdaptiveSpanLayer"]
     _supports_sdpa = True  # the span mask is an exact additive term
+    _supports_flex_attn = True  # the span mask is an additive term of the score_mod (txv_relative_attention)
     auto_classes = {"AutoModel": "AdaptiveSpanModel", "AutoModelForCausalLM": "AdaptiveSpanForCausalLM"}
     head_key_patterns = (r"^lm_head\.", r"^crit\.")
 

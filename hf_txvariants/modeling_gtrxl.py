@@ -74,6 +74,7 @@ class GTrXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
     config_class = GTrXLConfig
     _no_split_modules = ["GTrXLLayer"]
     _supports_sdpa = True
+    _supports_flex_attn = True  # Transformer-XL's relative attention through FlexAttention (txv_relative_attention)
     auto_classes = {"AutoModel": "GTrXLModel", "AutoModelForCausalLM": "GTrXLForCausalLM"}
     head_key_patterns = (r"^lm_head\.", r"^crit\.")
 

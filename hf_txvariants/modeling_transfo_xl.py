@@ -105,6 +105,7 @@ class TransfoXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedMode
     base_model_prefix = "transformer"
     _no_split_modules = ["TransfoXLLayer"]
     _supports_sdpa = True
+    _supports_flex_attn = True  # Transformer-XL's relative attention through FlexAttention (txv_relative_attention)
     # Saved by the legacy model but not parameters here: the sinusoid frequencies (recomputed) and, with shared
     # u/v biases (untie_r=False), the per-layer copies of the shared `transformer.r_w_bias` / `r_r_bias`.
     _keys_to_ignore_on_load_unexpected = [r"pos_emb\.inv_freq", r"layers\.\d+\.dec_attn\.r_[wr]_bias"]

@@ -9,6 +9,10 @@ with R the sinusoid table and u, v learned per-head biases (`r_w_bias`, `r_r_bia
 q.k product (u is folded into the query), so it goes through the shared attention functions (eager, SDPA); the
 position term is computed for all relative distances and shifted into place, then passed as an additive mask. On
 CPU the queries are attended in blocks, each over the keys it may see only (`query_blocks`).
+
+With `attn_implementation="flex_attention"` (`flex_relative_attention`) no score matrix is built: the position term
+`(q + v) . W_r R` is computed once per layer, by distance, and FlexAttention reads it inside its kernel at the index of
+the relative shift (`kv - q + Q - 1`); the causal mask and any padding, window or episode are its block mask.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .txv_attention import additive_mask, get_attention_function
 from .txv_dropout import Dropout
+from .txv_pattern_flex import FLEX_MIN_HEAD_DIM, _call_compiled
 from .txv_positions import sinusoid_table
 from .txv_precision import at_least_float32
+
+FLEX_ATTENTION = "flex_attention"  # the `attn_implementation` of `flex_relative_attention`
 
 
 def relative_distances(key_length: int, clamp_len: int, device) -> torch.Tensor:
@@ -144,7 +151,23 @@ class RelativePositionAttention(nn.Module):
             key_values.keep(key, value, weights_token)
         position_keys = self.position_keys(position_embeddings, key_values, hidden_states)
         r_w_bias, r_r_bias = shared_biases if shared_biases is not None else (self.r_w_bias, self.r_r_bias)
+        implementation = getattr(self.config, "_attn_implementation", None)
+        if implementation == FLEX_ATTENTION and query_length > 1 and not output_attentions:
+            output = flex_relative_attention(
+                (query + r_w_bias).transpose(1, 2),
+                key,
+                value,
+                # (b) + (d) by distance, [B, H, Q, rows]: the keys of the positions are scaled already
+                torch.matmul((query + r_r_bias).transpose(1, 2), position_keys.transpose(-1, -2)),
+                allowed,
+                self.scaling,
+                attention_bias,
+                dropout=self.attention_dropout if self.training else 0.0,
+            )
+            return self.drop(self.o_net(output.reshape(batch, query_length, -1))), None
         attention = get_attention_function(self.config, output_attentions)
+        if implementation == FLEX_ATTENTION and not output_attentions:  # one query (a step): no shift to fuse
+            attention = ALL_ATTENTION_FUNCTIONS["sdpa"]
         # SDPA on CPU has no fused kernel with a bias gradient: see `biased_attention_with_bias_gradient`
         cpu_sdpa = attention is ALL_ATTENTION_FUNCTIONS.get("sdpa") and key.device.type == "cpu"
         if query_length == 1 and not output_attentions:
@@ -253,6 +276,116 @@ class RelativePositionAttention(nn.Module):
         key = key.reshape(batch, key_length, *heads).transpose(1, 2)
         value = value.reshape(batch, key_length, *heads).transpose(1, 2)
         return query.reshape(batch, query_length, *heads), key, value
+
+
+# the block mask of the last `allowed` tensor: every layer of a pass gets the same one (kept while it is alive)
+_LAST_BLOCK_MASK: list = []
+
+
+def relative_block_mask(allowed: torch.Tensor):
+    """FlexAttention's `BlockMask` of `allowed` (bool, `[B or 1, 1, Q, K]`): blocks of keys no query of a block sees
+    are skipped. Built once per `allowed` tensor (the layers of a pass share it); under torch.compile, in the graph."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if _LAST_BLOCK_MASK and _LAST_BLOCK_MASK[0] is allowed and not torch.compiler.is_compiling():
+        return _LAST_BLOCK_MASK[1]
+    batch, mask_heads, query_length, key_length = allowed.shape
+    if mask_heads != 1:
+        raise ValueError(f"allowed must be [batch or 1, 1, Q, K] for FlexAttention, got {tuple(allowed.shape)}")
+    if batch == 1:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return allowed[0, 0, q_idx, kv_idx]
+
+    else:
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return allowed[b, 0, q_idx, kv_idx]
+
+    block_mask = create_block_mask(
+        mask_mod, batch if batch > 1 else None, None, query_length, key_length, device=allowed.device
+    )
+    if not torch.compiler.is_compiling():
+        _LAST_BLOCK_MASK[:] = [allowed, block_mask]
+    return block_mask
+
+
+def flex_relative_attention(
+    content_query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    position_scores: torch.Tensor,
+    allowed: torch.Tensor,
+    scaling: float,
+    attention_bias: torch.Tensor | None = None,
+    dropout: float = 0.0,
+    compile: bool | None = None,
+) -> torch.Tensor:
+    """Transformer-XL's relative attention through FlexAttention, without a `[B, H, Q, K]` score matrix.
+
+    content_query `[B, H, Q, D]` (q + u), key / value `[B, H, K, D]` over `[memory; segment]`, position_scores
+    `[B, H, Q, rows]` the scaled position term by distance (rows = K + 1, or K: `relative_shift`'s layout: column m
+    is distance K - 1 - m), allowed the bool `[B or 1, 1, Q, K]` keys each query sees (causal: none after M + i),
+    attention_bias an optional additive `[.., H or 1, Q, K]` term (adaptive span's log mask).
+
+    The score of query i and key j is `scaling q_i . k_j + position_scores[i, j + Q - 1 - i]` (the relative shift as
+    an index: query i sits at M + i, key j at distance M + i - j); the index is clamped for the future keys, which
+    the block mask removes. `compile` (default: on CUDA) calls a compiled FlexAttention, else torch runs its unfused
+    reference (which does build the scores). Inside a compiled model the call is left out of the model's graph (a
+    graph break per layer, see `_flex_relative_attention_outside_the_graph`) and compiled on its own (any device).
+    Returns `[B, Q, H, D]`. torch 2.13 has no FlexAttention backward on CPU (a ValueError names the choice that
+    trains there)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if torch.compiler.is_compiling():
+        # a model being compiled asks for compiled kernels: FlexAttention compiled on its own, on every device
+        return _flex_relative_attention_outside_the_graph(
+            content_query, key, value, position_scores, allowed, scaling, attention_bias, dropout, compile is not False
+        )
+    if dropout > 0:
+        raise ValueError(
+            f"attn_implementation='flex_attention' has no attention dropout (attention_dropout {dropout} in "
+            "training): set attention_dropout to 0 or use attn_implementation='sdpa'"
+        )
+    batch, heads, query_length, head_dim = content_query.shape
+    last_row = position_scores.shape[-1] - 1
+    offset = query_length - 1
+    if attention_bias is not None:
+        attention_bias = attention_bias.expand(batch, heads, query_length, key.shape[2])
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        score = score + position_scores[b, h, q_idx, torch.clamp(kv_idx - q_idx + offset, max=last_row)]
+        return score if attention_bias is None else score + attention_bias[b, h, q_idx, kv_idx]
+
+    block_mask = relative_block_mask(allowed)
+    if head_dim < FLEX_MIN_HEAD_DIM:  # zero columns: the same products
+        pad = (0, FLEX_MIN_HEAD_DIM - head_dim)
+        content_query, key, value = (nn.functional.pad(t, pad) for t in (content_query, key, value))
+    compiled = compile if compile is not None else content_query.device.type == "cuda"
+    arguments = dict(score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    try:
+        if not compiled or torch.compiler.is_compiling():
+            output = flex_attention(content_query, key, value, **arguments)
+        else:
+            output = _call_compiled(flex_attention, content_query, key, value, **arguments)
+    except NotImplementedError as error:  # torch's own refusal, said with the choice that trains there
+        if "backward on CPU" not in str(error):
+            raise
+        raise ValueError(
+            "FlexAttention has no backward on CPU in torch 2.13: train on CPU with attn_implementation='sdpa' "
+            "(or 'eager'); attn_implementation='flex_attention' serves inference there"
+        ) from None
+    return output[..., :head_dim].transpose(1, 2)
+
+
+# torch 2.13's TorchDynamo drops every attribute assignment made after a flex_attention call to an object already
+# assigned to before it in the same compiled frame (measured: `box.n += 1; flex_attention(q, q, q); box.m += 1` under
+# torch.compile(fullgraph=True) leaves box.m unchanged, with no error). A model's memory is such an object: compiled
+# with flex_attention in its graph, the memory silently stopped updating. So a compiled model calls FlexAttention
+# outside its graph, compiled on its own (`compile`), at the cost of a graph break per layer.
+_flex_relative_attention_outside_the_graph = torch.compiler.disable(
+    flex_relative_attention, reason="TorchDynamo drops the memory's updates after a flex_attention call (torch 2.13)"
+)
 
 
 def weights_token(tensors, device_type: str) -> tuple:

@@ -1,6 +1,7 @@
 """The checks that only a GPU can run (issue 12): mixed precision on CUDA for every variant (the adaptive-input
 index_copy crash, fp16 overflows), R-Transformer backward in eval mode under cuDNN, SDPA reaching a fused kernel,
-FlexAttention training, and the compiled Transformer-XL. Skipped where CUDA is absent; run on a GPU machine with
+FlexAttention training (the patterns' and Transformer-XL's relative attention), and the compiled Transformer-XL.
+Skipped where CUDA is absent; run on a GPU machine with
 
     HF_HUB_OFFLINE=1 python -m pytest -q tests/test_cuda.py
 """
@@ -78,6 +79,20 @@ def test_flex_attention_trains_like_the_dense_reference(variant):
     dense_loss, dense_gradients = loss_and_gradients(dense, ids)
     torch.testing.assert_close(flex_loss, dense_loss, atol=1e-4, rtol=1e-4)
     for name, gradient in dense_gradients.items():
+        torch.testing.assert_close(flex_gradients[name], gradient, atol=1e-4, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize("variant", ["transfo-xl div_val 2", "gtrxl", "adaptive_span"])
+def test_relative_flex_attention_trains_like_sdpa(variant):
+    """Transformer-XL's relative attention through FlexAttention's fused CUDA kernels (the position term read at the
+    relative shift's index), forward and backward, float32, against the SDPA path."""
+    flex, ids = build(variant, "cuda", attn_implementation="flex_attention")
+    sdpa, _ = build(variant, "cuda", attn_implementation="sdpa")
+    sdpa.load_state_dict(flex.state_dict())
+    flex_loss, flex_gradients = loss_and_gradients(flex, ids)
+    sdpa_loss, sdpa_gradients = loss_and_gradients(sdpa, ids)
+    torch.testing.assert_close(flex_loss, sdpa_loss, atol=1e-4, rtol=1e-4)
+    for name, gradient in sdpa_gradients.items():
         torch.testing.assert_close(flex_gradients[name], gradient, atol=1e-4, rtol=1e-3, msg=name)
 
 

@@ -274,8 +274,11 @@ def test_what_the_help_says_is_refused_for_every_variant_is(model_type):
     cls = model_class(model_type, "AutoModelForCausalLM")
     for option, value in [("--continuous-batching", True), ("--compile", True), ("--quantization", "bnb-4bit")]:
         assert txv_serve.refusal(cls, option, value) is not None
-    for implementation in ["flash_attention_2", "flash_attention_3", "flex_attention", "kernels-community/flash-attn2"]:
+    for implementation in ["flash_attention_2", "flash_attention_3", "kernels-community/flash-attn2"]:
         assert txv_serve.refusal(cls, "--attn-implementation", implementation) is not None
+    flex = txv_serve.refusal(cls, "--attn-implementation", "flex_attention")
+    # the XL family's relative attention through FlexAttention (txv_relative_attention); no other variant's
+    assert (flex is None) == (model_type in ("transfo-xl", "txv_gtrxl", "txv_adaptive_span"))
     assert txv_serve.refusal(cls, "--attn-implementation", "eager") is None
 
 

@@ -125,6 +125,8 @@ def test_resume_refuses_every_flag_that_changes_the_trajectory_and_names_each():
         "--lr 0.001 in the checkpoint, 0.5 now",
         "--data-order 'transformer-xl' in the checkpoint, 'adaptive-span' now",
     }
+    # compiled dropout draws other masks than eager's: a resumed run keeps the --compile it began with
+    assert resume_differences(saved, TrainArgs(compile=True)) == ["--compile False in the checkpoint, True now"]
     # more (or fewer) steps lengthen the run: allowed, and said where the schedule depends on them
     assert resume_differences(saved, TrainArgs(max_steps=400)) == []
     assert resume_length_note(saved, TrainArgs(max_steps=400)) == (

@@ -73,7 +73,8 @@ def add_arguments(parser):
         "--attn-implementation",
         default=None,
         help="attention implementation (eager, sdpa, ...); refused for a variant whose class lacks it "
-        "(flash_attention_2/3, flex_attention and Hub kernels are refused for every variant)",
+        "(flash_attention_2/3 and Hub kernels are refused for every variant; flex_attention is taken by the "
+        "Transformer-XL family only)",
     )
     model.add_argument(
         "--quantization",

@@ -152,6 +152,12 @@ class TrainArgs:
         "step for step)",
     )
     cpu: bool = _arg(False, "train on CPU even with GPUs (so do all processes when there are more than GPUs: gloo)")
+    compile: bool = _arg(
+        False,
+        "torch.compile the model (forward and backward of a training segment, the memory carried as an input): "
+        "the same losses within float rounding without dropout (compiled dropout draws other masks, so a resumed "
+        "run keeps the setting it began with); the first steps, and each new segment or memory length, compile",
+    )
     tensorboard: bool = _arg(True, "log to TensorBoard in OUTPUT_DIR/logs")
     progress: bool = _arg(True, "show a progress bar")
     save_model: bool = _arg(True, "save the final model and tokenizer to OUTPUT_DIR/model")

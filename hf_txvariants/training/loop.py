@@ -112,6 +112,22 @@ def hold_output_dir(output_dir: Path, held: contextlib.ExitStack):
         distributed.announce(f"removed the partial checkpoint {partial} (its run stopped while writing it)")
 
 
+# torch.compile keeps this many graphs per function before running it eagerly: a training segment, its memory
+# filling up (one graph per memory length until mem_len), evaluation (another mode, segment and memory length), the
+# shorter last segment of a row: more than its default 8
+COMPILE_RECOMPILE_LIMIT = 32
+
+
+def compile_model(model):
+    """`--compile`: compiles the model's call in place (`nn.Module.compile`: the same module, parameters and state
+    dict), so each training segment is one graph, forward and backward, the memory an input. Returns the context
+    the run is held in: the recompile limit raised to `COMPILE_RECOMPILE_LIMIT`. (Not with FSDP: refused before.)"""
+    model.compile()
+    return torch._dynamo.config.patch(
+        recompile_limit=max(torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT)
+    )
+
+
 def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) -> dict:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
@@ -119,6 +135,8 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
     output_dir = Path(args.output_dir)
     fsdp = distributed.fsdp_settings_from_environment()  # set by `accelerate launch` with an FSDP config
     mixed_precision = distributed.resolve_mixed_precision(args.mixed_precision, fsdp is not None)
+    if args.compile and fsdp is not None:
+        raise ModelError("--compile is not tested with FSDP: drop --compile or the FSDP config")
     if accelerator is None:
         device_choice = distributed.device_choice_from_environment(args.cpu)
         log_with = None
@@ -221,6 +239,8 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         model = sharded.module
         distributed.announce(sharded.describe(rank, world, accelerator.device))
 
+    if args.compile:
+        held.enter_context(compile_model(model))
     optimizer = build_optimizer(args.optimizer, model, args.lr, args.weight_decay, args.clip_norm)
     scheduler = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps, args.eta_min)
     if sharded is None:

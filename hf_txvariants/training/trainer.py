@@ -305,6 +305,7 @@ def train_with_trainer(args) -> dict:
         use_cpu=args.cpu,
         disable_tqdm=not args.progress,
         dataloader_pin_memory=torch.cuda.is_available(),
+        torch_compile=args.compile,  # Accelerate compiles the prepared model (the memory is an input of each call)
     )
     trainer = MemoryTrainer(
         model=model,
