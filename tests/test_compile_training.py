@@ -164,6 +164,27 @@ def test_txv_train_compile_gives_the_uncompiled_losses(tmp_path, monkeypatch, tr
     torch.testing.assert_close(compiled, plain, **AOT_EAGER_TOLERANCE)
 
 
+@pytest.mark.slow  # compiles for seconds
+def test_a_trainer_compile_run_leaves_the_next_run_in_the_process_uncompiled(tmp_path, monkeypatch):
+    """Accelerate keeps Trainer's compile setting in process-wide state: after `--trainer --compile`, the next run in
+    the same process (the Accelerate loop here) must neither compile its model nor save it under `_orig_mod.`."""
+    from safetensors.torch import load_file
+
+    from hf_txvariants.training.trainer import train_with_trainer
+
+    _compile_with("aot_eager", monkeypatch)
+    train_with_trainer(
+        TrainArgs(
+            **dict(TINY_TRAINING, max_steps=1, save_model=False), compile=True, output_dir=str(tmp_path / "trainer")
+        )
+    )
+    compiled_models = _compile_with("aot_eager", monkeypatch)
+    train(TrainArgs(**dict(TINY_TRAINING, max_steps=1), output_dir=str(tmp_path / "loop")))
+    assert compiled_models == []
+    saved = load_file(tmp_path / "loop" / "model" / "model.safetensors")
+    assert not [name for name in saved if name.startswith("_orig_mod.")]
+
+
 def test_compile_is_refused_with_fsdp_before_any_work(tmp_path, monkeypatch):
     from hf_txvariants.training.models import ModelError
 

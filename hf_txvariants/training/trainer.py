@@ -219,6 +219,16 @@ class MemoryTrainer(Trainer):
         return metrics
 
 
+def forget_compile_setting(accelerator):
+    """After a `--trainer --compile` run: Accelerate keeps its compile setting in process-wide state, so the next
+    Accelerator made in this process (another `txv train` run, the loop's included) would wrap its model in
+    torch.compile (and save its weights under `_orig_mod.`): the setting goes back to what a fresh Accelerator reads
+    from the environment."""
+    from accelerate.utils import TorchDynamoPlugin
+
+    accelerator.state.dynamo_plugin = TorchDynamoPlugin()
+
+
 def train_with_trainer(args) -> dict:
     """`txv train --trainer`: the run of a `TrainArgs` with transformers' Trainer (MemoryTrainer, one process) instead
     of the Accelerate loop, on the same trajectory: the same model (seeded the same way, --dtype), rows, segments
@@ -316,6 +326,8 @@ def train_with_trainer(args) -> dict:
     )
     with contextlib.ExitStack() as held:  # one run per output folder, as in the Accelerate loop
         hold_output_dir(Path(args.output_dir), held)
+        if args.compile:
+            held.callback(forget_compile_setting, trainer.accelerator)
         trainer.train()
         metrics = trainer.evaluate()
         if args.save_model:  # the whole folder or nothing: a full disk leaves the previous model/
