@@ -32,10 +32,9 @@ from bench_transfo_xl import CONFIGS, MAKE_LEGACY_CHECKPOINT, forward_flops  # n
 # NVIDIA DeepLearningExamples' Transformer-XL base (PyTorch, wt103): 16 layers, d_model 512, 8 heads of 64, d_inner
 # 2048, tgt_len = mem_len = 192, batch 32, the wt103 vocabulary with its adaptive softmax (div_val 1)
 NVIDIA_BASE = (
-    dict(
-        vocab_size=267735,
+    dict(  # the paper's wt103 base (adaptive softmax, div_val 1, dropout, no clamp_len or same_length), resized
+        CONFIGS["wt103_base"][0],
         cutoffs=[19997, 39997, 199997],
-        div_val=1,
         d_model=512,
         d_embed=512,
         n_head=8,
@@ -43,10 +42,6 @@ NVIDIA_BASE = (
         d_inner=2048,
         n_layer=16,
         mem_len=192,
-        clamp_len=-1,
-        same_length=False,
-        dropout=0.1,
-        dropatt=0.0,
     ),
     32,
     192,
