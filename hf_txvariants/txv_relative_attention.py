@@ -284,10 +284,11 @@ _LAST_BLOCK_MASK: list = []
 
 def relative_block_mask(allowed: torch.Tensor):
     """FlexAttention's `BlockMask` of `allowed` (bool, `[B or 1, 1, Q, K]`): blocks of keys no query of a block sees
-    are skipped. Built once per `allowed` tensor (the layers of a pass share it); under torch.compile, in the graph."""
+    are skipped. Built once per `allowed` tensor (the layers of a pass share it); always outside a compiled graph
+    (`flex_relative_attention` leaves it)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    if _LAST_BLOCK_MASK and _LAST_BLOCK_MASK[0] is allowed and not torch.compiler.is_compiling():
+    if _LAST_BLOCK_MASK and _LAST_BLOCK_MASK[0] is allowed:
         return _LAST_BLOCK_MASK[1]
     batch, mask_heads, query_length, key_length = allowed.shape
     if mask_heads != 1:
@@ -305,8 +306,7 @@ def relative_block_mask(allowed: torch.Tensor):
     block_mask = create_block_mask(
         mask_mod, batch if batch > 1 else None, None, query_length, key_length, device=allowed.device
     )
-    if not torch.compiler.is_compiling():
-        _LAST_BLOCK_MASK[:] = [allowed, block_mask]
+    _LAST_BLOCK_MASK[:] = [allowed, block_mask]
     return block_mask
 
 
@@ -364,7 +364,7 @@ def flex_relative_attention(
     compiled = compile if compile is not None else content_query.device.type == "cuda"
     arguments = dict(score_mod=score_mod, block_mask=block_mask, scale=scaling)
     try:
-        if not compiled or torch.compiler.is_compiling():
+        if not compiled:  # (a model being compiled returned above)
             output = flex_attention(content_query, key, value, **arguments)
         else:
             output = _call_compiled(flex_attention, content_query, key, value, **arguments)
