@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.modeling_outputs import SequenceClassifierOutput
 from transformers.utils import can_return_tuple
@@ -28,7 +28,7 @@ from .txv_cache import RowStateCache
 from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
 from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 
 # ---------------------------------------------------------------------------------------------------------- outputs
 
@@ -141,7 +141,7 @@ class ACTRNNPonderStep(GradientCheckpointingLayer):
 # ------------------------------------------------------------------------------------------------------------ model
 
 
-class ACTRNNPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class ACTRNNPreTrainedModel(TxvPreTrainedModel):
     config_class = ACTRNNConfig
     _no_split_modules = ["ACTRNNPonderStep"]
     _is_stateful = True  # an RNN state cannot be cropped: transformers refuses assisted decoding with a clear error

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 
 from .configuration_adaptive_span import AdaptiveSpanConfig
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_xl import (
     XLBackboneMixin,
     XLCausalLMOutput,
@@ -68,7 +68,7 @@ class AdaptiveSpanLayer(XLLayer):
         self.add_mechanisms(config)
 
 
-class AdaptiveSpanPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
+class AdaptiveSpanPreTrainedModel(XLSpanMethodsMixin, TxvPreTrainedModel):
     config_class = AdaptiveSpanConfig
     base_model_prefix = "transformer"
     _no_split_modules = ["AdaptiveSpanLayer"]

@@ -27,7 +27,7 @@ import math
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.modeling_outputs import ModelOutput
 from transformers.utils import can_return_tuple
@@ -38,7 +38,7 @@ from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_f
 from .txv_dropout import Dropout
 from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_head
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_span_cache import SpanCache
 
 
@@ -223,7 +223,7 @@ def next_cache_state(state: torch.Tensor | None, hidden_states: torch.Tensor, ca
     return kept.detach()
 
 
-class AdaptiveSpanOriginalPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class AdaptiveSpanOriginalPreTrainedModel(TxvPreTrainedModel):
     config_class = AdaptiveSpanOriginalConfig
     base_model_prefix = "model"
     _no_split_modules = ["AdaptiveSpanOriginalLayer"]

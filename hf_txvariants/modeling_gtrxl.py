@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 
 from .configuration_gtrxl import GTrXLConfig
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import (
     XLBackboneMixin,
@@ -70,7 +70,7 @@ class GTrXLLayer(XLLayer):
         self.add_mechanisms(config)
 
 
-class GTrXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
+class GTrXLPreTrainedModel(XLSpanMethodsMixin, TxvPreTrainedModel):
     config_class = GTrXLConfig
     _no_split_modules = ["GTrXLLayer"]
     _supports_sdpa = True

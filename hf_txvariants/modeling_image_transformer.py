@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
@@ -38,7 +38,7 @@ from .txv_pattern_attention import PatternSelfAttention
 from .txv_pattern_tilings import to_block_raster
 from .txv_patterns import AttentionPattern, Local1D, Local2D
 from .txv_positions import sinusoid_table
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_transformer_stack import run_layers
 
 START_TOKEN = 256
@@ -141,7 +141,7 @@ class ImageTransformerLayer(GradientCheckpointingLayer):
         return hidden_states + self.ff(self.ln_ff(hidden_states)), weights
 
 
-class ImageTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class ImageTransformerPreTrainedModel(TxvPreTrainedModel):
     config_class = ImageTransformerConfig
     _no_split_modules = ["ImageTransformerLayer"]
     _supports_sdpa = True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
@@ -26,7 +26,7 @@ from .txv_inputs import embed_inputs
 from .txv_layer_norm import AnnotatedLayerNorm, make_layer_norm
 from .txv_local_rnn import LocalRNN, next_prefix
 from .txv_mha import MultiHeadAttention, self_attention_mask
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_transformer_stack import run_layers
 
 
@@ -95,7 +95,7 @@ class RTransformerBlock(GradientCheckpointingLayer):
         return hidden_states, weights
 
 
-class RTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class RTransformerPreTrainedModel(TxvPreTrainedModel):
     config_class = RTransformerConfig
     _no_split_modules = ["RTransformerBlock"]
     # The LocalRNN state (the last k - 1 inputs of each RNN sub-layer) cannot be rolled back to an earlier length,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
 from transformers.utils import can_return_tuple
@@ -20,7 +20,7 @@ from .configuration_shaw import ShawConfig
 from .txv_compat import accepts_cache_names
 from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_mha import self_attention_mask
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_shaw_attention import RelationAwareSelfAttention
 from .txv_transformer_stack import TransformerStackMixin
 
@@ -31,7 +31,7 @@ class ShawCausalLMOutput(CausalLMOutputWithCrossAttentions):
     name."""
 
 
-class ShawPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class ShawPreTrainedModel(TxvPreTrainedModel):
     config_class = ShawConfig
     _no_split_modules = ["TransformerLayer"]
     _supports_sdpa = True

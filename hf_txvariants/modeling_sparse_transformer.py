@@ -14,7 +14,7 @@ import math
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -28,7 +28,7 @@ from .txv_inputs import check_right_padding, embed_inputs
 from .txv_mha import cache_past_length
 from .txv_pattern_attention import PatternSelfAttention
 from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_transformer_stack import run_layers
 
 
@@ -80,7 +80,7 @@ class SparseTransformerLayer(GradientCheckpointingLayer):
         return hidden_states, weights
 
 
-class SparseTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class SparseTransformerPreTrainedModel(TxvPreTrainedModel):
     config_class = SparseTransformerConfig
     _no_split_modules = ["SparseTransformerLayer"]
     _supports_sdpa = True

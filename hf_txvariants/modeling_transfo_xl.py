@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.modeling_outputs import ModelOutput
 
@@ -17,7 +17,7 @@ from .configuration_transfo_xl import TransfoXLConfig
 from .txv_adaptive_softmax import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, ProjectionList
 from .txv_compat import model_output, output_cache
 from .txv_heads import SequenceClassificationHeadMixin
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_relative_attention import RelativePositionAttention
 from .txv_xl import XLBackboneMixin, XLLayer, XLSpanMethodsMixin, init_mechanism_weights
 from .txv_xl_memory import MemoryCache
@@ -100,7 +100,7 @@ class TransfoXLLayer(XLLayer):
         self.add_mechanisms(config)
 
 
-class TransfoXLPreTrainedModel(XLSpanMethodsMixin, TxvModelMixin, PreTrainedModel):
+class TransfoXLPreTrainedModel(XLSpanMethodsMixin, TxvPreTrainedModel):
     config_class = TransfoXLConfig
     base_model_prefix = "transformer"
     _no_split_modules = ["TransfoXLLayer"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
@@ -45,7 +45,7 @@ from .txv_lsh import (
     lsh_attention,
     lsh_attention_step,
 )
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_reversible import chunked_feed_forward, reversible_sequence
 
 
@@ -388,7 +388,7 @@ class TxvReformerLayer(GradientCheckpointingLayer):
         return attn_stream, hidden_stream, weights
 
 
-class TxvReformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class TxvReformerPreTrainedModel(TxvPreTrainedModel):
     config_class = TxvReformerConfig
     base_model_prefix = "reformer"
     _no_split_modules = ["TxvReformerLayer"]

@@ -25,7 +25,7 @@ from functools import partial
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.modeling_outputs import MaskedLMOutput, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
@@ -39,7 +39,7 @@ from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificat
 from .txv_inputs import embed_inputs
 from .txv_mha import MultiHeadAttention, cross_attention_mask, self_attention_mask
 from .txv_positions import sinusoid_table
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 
 # ---------------------------------------------------------------------------------------------------------- outputs
 
@@ -309,7 +309,7 @@ class UniversalTransformerLayer(GradientCheckpointingLayer):
 # ------------------------------------------------------------------------------------------------------------ model
 
 
-class UniversalTransformerPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class UniversalTransformerPreTrainedModel(TxvPreTrainedModel):
     config_class = UniversalTransformerConfig
     _no_split_modules = ["UniversalTransformerLayer"]
     _supports_sdpa = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, ModelOutput
 from transformers.utils import can_return_tuple
@@ -21,7 +21,7 @@ from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificat
 from .txv_losses import check_causal_lm_targets, next_token_targets, token_cross_entropy
 from .txv_mha import MultiHeadAttention, self_attention_mask
 from .txv_positions import sinusoid_table
-from .txv_pretrained import TxvModelMixin
+from .txv_pretrained import TxvPreTrainedModel
 from .txv_transformer_stack import TransformerStackMixin
 
 
@@ -41,7 +41,7 @@ class VanillaCausalLMOutput(ModelOutput):
     cross_attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-class VanillaPreTrainedModel(TxvModelMixin, PreTrainedModel):
+class VanillaPreTrainedModel(TxvPreTrainedModel):
     config_class = VanillaConfig
     _no_split_modules = ["TransformerLayer"]
     _supports_sdpa = True

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from torch import nn
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.dynamic_module_utils import get_relative_import_files
 
@@ -141,10 +142,10 @@ def explain_loading_error(model_class, source, error: Exception) -> Exception | 
     )
 
 
-class TxvModelMixin:
-    """Mixed into every `<V>PreTrainedModel` (before PreTrainedModel), with the flags every variant shares (the base
-    model under `model`, gradient checkpointing, the cache never moved by device hooks) and the standard
-    `_init_weights`, which a variant extends for its own parameters.
+class TxvPreTrainedModel(PreTrainedModel):
+    """The base of every `<V>PreTrainedModel`: transformers' PreTrainedModel with the flags every variant shares (the
+    base model under `model`, gradient checkpointing, the cache never moved by device hooks), the standard
+    `_init_weights`, which a variant extends for its own parameters, strict loading and atomic saving.
 
     Subclasses set `auto_classes` ({"AutoModel": "<V>Model", ...}) and `head_key_patterns` (regexes of the task-head
     parameters, which may be missing or unexpected when a checkpoint of one head is loaded into another)."""

@@ -1,5 +1,6 @@
 """Sharing models on the Hub: a repo folder (safetensors weights, config with the full `auto_map`, the remote-code
-payload written by `TxvModelMixin.save_pretrained`, the tokenizer, and a model card with Hub metadata) and its upload.
+payload written by `TxvPreTrainedModel.save_pretrained`, the tokenizer, and a model card with Hub metadata) and its
+upload.
 
 The card's body comes from `model_cards/<name>.md` when given (the cards of converted checkpoints), else from
 `model_card_template.md`; its metadata (library_name, tags, pipeline_tag, model-index with the measured metrics) is
@@ -126,7 +127,7 @@ def save_for_hub(model, folder: str | Path, repo_id: str, tokenizer=None, metric
     """Writes the complete repo folder: weights (safetensors), config with auto_map, remote code, tokenizer, README.md.
     Returns the sorted list of file names."""
     folder = Path(folder)
-    model.save_pretrained(folder)  # TxvModelMixin: safetensors + remote-code payload with the full auto_map
+    model.save_pretrained(folder)  # TxvPreTrainedModel: safetensors + remote-code payload with the full auto_map
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     build_model_card(model, repo_id, metrics, **card_kwargs).save(folder / "README.md")
