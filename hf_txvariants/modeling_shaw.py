@@ -13,14 +13,20 @@ import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions, CausalLMOutputWithCrossAttentions
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPastAndCrossAttentions,
+    CausalLMOutputWithCrossAttentions,
+    MaskedLMOutput,
+    SequenceClassifierOutputWithPast,
+)
 from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
-from .txv_compat import accepts_cache_names
-from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_compat import accepts_cache_names, cache_field, output_cache
+from .txv_losses import causal_lm_head, check_labels, masked_lm_loss
 from .txv_mha import self_attention_mask
 from .txv_pretrained import TxvPreTrainedModel
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 from .txv_shaw_attention import RelationAwareSelfAttention
 from .txv_transformer_stack import TransformerStackMixin
 
@@ -94,27 +100,175 @@ class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
         )
 
 
-class ShawForCausalLM(CausalLMHeadMixin, ShawPreTrainedModel, GenerationMixin):
+class ShawForCausalLM(ShawPreTrainedModel, GenerationMixin):
     """The decoder language model; `generate()` keeps a `DynamicCache` of keys and values (the relative terms are
     recomputed from positions, so the cache holds only x W^K and x W^V). As the decoder of an `EncoderDecoderModel`
     it reads `encoder_hidden_states` / `encoder_attention_mask` through its cross-attention."""
 
-    backbone_class = ShawModel
-    output_class = ShawCausalLMOutput
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
+    def __init__(self, config: ShawConfig):
+        super().__init__(config)
+        self.model = ShawModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
 
-class ShawForMaskedLM(MaskedLMHeadMixin, ShawPreTrainedModel):
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> ShawCausalLMOutput:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
+            parallelism): position t predicts shift_labels[t]; used instead of labels. Not a named argument: the
+            Trainer takes every forward argument named like a label for a label it needs before it reports a loss.
+        encoder_hidden_states / encoder_attention_mask: the encoder output read by cross-attention (as the decoder of an
+            `EncoderDecoderModel`; needs `config.add_cross_attention`).
+        logits_to_keep: logits of the last `logits_to_keep` positions only (0 = all); the loss covers every position.
+        Other keyword arguments go to the base model."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if encoder_hidden_states is not None and not self.config.add_cross_attention:
+            raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            return_dict=True,
+            **kwargs,
+        )
+        logits, loss = causal_lm_head(
+            self.lm_head,
+            outputs.last_hidden_state,
+            self.config.vocab_size,
+            labels,
+            logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+        )
+        return ShawCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            cross_attentions=outputs.cross_attentions,
+        )
+
+
+class ShawForMaskedLM(ShawPreTrainedModel):
     """Bidirectional encoder (`config.is_decoder=False`) with a tied token-prediction head; labels are not shifted."""
 
-    backbone_class = ShawModel
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
+    def __init__(self, config: ShawConfig):
+        if config.is_decoder:
+            raise ValueError(f"{type(self).__name__} needs a bidirectional encoder: set is_decoder=False in the config")
+        super().__init__(config)
+        self.model = ShawModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
 
-class ShawForSequenceClassification(SequenceClassificationHeadMixin, ShawPreTrainedModel):
-    """A linear classifier on the hidden state of the last real token of each row (causal or bidirectional)."""
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput:
+        """labels: `[batch, length]` token ids at the masked positions and -100 elsewhere (not shifted)."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            check_labels(labels, logits.shape[:2], self.config.vocab_size)
+            loss = masked_lm_loss(logits, labels, num_items_in_batch)
+        return MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
 
-    backbone_class = ShawModel
+
+class ShawForSequenceClassification(ShawPreTrainedModel):
+    """A linear classifier (`score`) on the hidden state of the last real token of each row (causal or
+    bidirectional); regression, single- or multi-label as transformers decides (`config.problem_type`)."""
+
+    def __init__(self, config: ShawConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ShawModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout or 0.0)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast:
+        """labels: `[batch]` class ids (float `[batch, num_labels]` for multi-label, `[batch]` floats for
+        regression)."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = last_token_states(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(self.dropout(pooled))
+        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
+        return SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=logits,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
 
 __all__ = [
