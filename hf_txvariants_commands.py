@@ -5,7 +5,8 @@ package runs the package's `__init__` (torch, transformers, every model) first.
 
 COMMANDS: name -> (one-line help, "module:function" that adds the subcommand's parser). The function is called as
 `function(subparsers, name, help)` by `hf_txvariants.cli.build_parser`, adds the parser with
-`subparsers.add_parser(name, help=help, ...)` and sets its `func`; a new subcommand is one line here."""
+`subparsers.add_parser(name, help=help, ...)` and sets its `func`. Each command is one module of
+`hf_txvariants/cli/` (its parser and its body); a new subcommand is that module and one line here."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ COMMANDS = {
     "demo": ("Transformer-XL vs a same-size baseline without memory, on CPU", "hf_txvariants.cli.demo:add_parser"),
     "train": (
         "train a causal LM with Accelerate (works under `accelerate launch`) or Trainer (--trainer)",
-        "hf_txvariants.cli:add_train_parser",
+        "hf_txvariants.cli.train:add_parser",
     ),
-    "eval": ("bits per token / perplexity of a saved model on a text", "hf_txvariants.cli:add_eval_parser"),
+    "eval": ("bits per token / perplexity of a saved model on a text", "hf_txvariants.cli.eval:add_parser"),
     "refresh-code": (
         "replace the model code a saved model folder carries with this plugin's (weights untouched), "
         "e.g. a folder saved before transformers 5.24 support",
-        "hf_txvariants.cli:add_refresh_code_parser",
+        "hf_txvariants.cli.refresh_code:add_parser",
     ),
-    "push": ("upload a saved model with its code and model card to the Hub", "hf_txvariants.cli:add_push_parser"),
+    "push": ("upload a saved model with its code and model card to the Hub", "hf_txvariants.cli.push:add_parser"),
     "upgrade-legacy": (
         "rewrite a Transformer-XL folder saved by transformers 4.x without pickles (vocab.json, "
         "safetensors, remote code)",

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_txvariants.cli import given_train_fields, main
+from hf_txvariants.cli import main
+from hf_txvariants.cli.train import given_train_fields
 from hf_txvariants.training.adaptive_span_flags import PRESETS
 from hf_txvariants.training.arguments import size_fields
 from hf_txvariants.training.loop import read_metrics

@@ -34,11 +34,12 @@ def _env():
 # production loop).
 KILLED_RUN = """
 import os, sys
-from hf_txvariants.cli import build_parser, _train_args
+from hf_txvariants.cli import build_parser
+from hf_txvariants.cli.train import train_args_from
 from hf_txvariants.training.loop import train
 kill_at = int(sys.argv[1])
 args = build_parser().parse_args(["train", *sys.argv[2:]])
-train(_train_args(args), on_step=lambda step: step == kill_at and os.kill(os.getpid(), 9))
+train(train_args_from(args), on_step=lambda step: step == kill_at and os.kill(os.getpid(), 9))
 """
 
 

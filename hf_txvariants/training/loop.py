@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import distributed
-from .arguments import TrainArgs, given_fields, plan_flags, size_fields
+from .arguments import TrainArgs
 from .checkpoints import (
     PARTIAL_SUFFIX,
     check_resume,
@@ -37,21 +37,15 @@ from .models import (
     AUXILIARY_TERMS,
     ModelError,
     after_optimizer_step,
-    build_config,
-    build_model,
-    check_model_source,
-    check_text_variant,
     evaluation_memory,
     init_memory,
     leaves_parameters_unused,
     lengthened_memory,
-    load_config,
-    load_model,
     objective_forward,
     set_training_progress,
     uses_memory,
 )
-from .optimizers import build_optimizer, build_schedule
+from .plan import announce_changes, build_run_model, build_run_optimizer, plan_run_flags
 from .token_cache import plan_corpus
 
 RUN_LOCK_NAME = ".txv.lock"  # in --output-dir, held by the main process for the whole run
@@ -130,7 +124,7 @@ def compile_model(model):
 
 def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) -> dict:
     from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration, set_seed
+    from accelerate.utils import ProjectConfiguration
 
     output_dir = Path(args.output_dir)
     fsdp = distributed.fsdp_settings_from_environment()  # set by `accelerate launch` with an FSDP config
@@ -173,21 +167,12 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         if not candidates or not (candidates[0] / "run_state.json").exists():
             raise DataError(f"no checkpoint to resume from at {args.resume if args.resume != 'latest' else output_dir}")
     checkpoint = candidates[0] if candidates else None
-    given = given_fields(args)
     # every flag is applied, refused or equal to the model's: checked on the config before any work
-    if args.model:
-        check_model_source(args.model)
-        flag_plan = plan_flags(args, load_config(args.model), args.model, given)
-    else:
-        check_text_variant(args.variant)
-        config = build_config(args.variant, 1 << 30, **{**size_fields(args), **args.extra_config})  # bad fields fail
-        flag_plan = plan_flags(args, config, f"a new {args.variant} model", given, loaded=False)
+    flag_plan = plan_run_flags(args)
     if checkpoint:
         check_resume_args(checkpoint, args)
     if accelerator.is_main_process:
-        for line in flag_plan.changes + ([resume_note(checkpoint, args)] if checkpoint else []):
-            if line:
-                distributed.announce(f"{args.model or 'txv train'}: {line}")
+        announce_changes(args, flag_plan.changes + ([resume_note(checkpoint, args)] if checkpoint else []))
 
     # text and tokenizer (a resumed run and a run from a saved model reuse the saved tokenizer), tokenised once into
     # the token cache: rank 0 first, then the other ranks map the same files
@@ -216,20 +201,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
         corpus.valid_ids, args.eval_batch_size, eval_seg_len, rank, world, "the validation text", args.data_order
     )
 
-    # model
-    set_seed(args.seed)
-    dtype = getattr(torch, args.dtype)
-    if args.model:
-        model = load_model(args.model, dtype=dtype, **flag_plan.overrides)
-        config = model.config
-        if config.vocab_size < len(tokenizer):
-            raise ModelError(
-                f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {config.vocab_size}"
-            )
-    else:
-        config = build_config(args.variant, len(tokenizer), **{**size_fields(args), **args.extra_config})
-        config.eos_token_id = tokenizer.eos_token_id
-        model = build_model(config).to(dtype)
+    model, config = build_run_model(args, flag_plan, tokenizer)
     extra_eval_memory = evaluation_memory(model, args.seg_len, eval_seg_len)
     if checkpoint:
         check_resume(checkpoint, args, config, world)  # a mismatch is refused before anything is built
@@ -241,8 +213,7 @@ def _train(args: TrainArgs, accelerator, on_step, held: contextlib.ExitStack) ->
 
     if args.compile:
         held.enter_context(compile_model(model))
-    optimizer = build_optimizer(args.optimizer, model, args.lr, args.weight_decay, args.clip_norm)
-    scheduler = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps, args.eta_min)
+    optimizer, scheduler = build_run_optimizer(args, model)
     if sharded is None:
         if leaves_parameters_unused(model) and accelerator.ddp_handler is None:
             # a tail cluster absent from a rank's rows leaves its parameters out of that rank's graph; DDP must then

@@ -164,6 +164,16 @@ def load_model(path: str | Path, **kwargs):
         ) from None
 
 
+def load_tokenizer(path: str | Path):
+    """The tokenizer saved with a model (a folder or Hub repo id), with a one-line ModelError when there is none."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"no tokenizer in {path}: {str(error).splitlines()[0]}") from None
+
+
 def _first_line(error: BaseException) -> str:
     return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
 

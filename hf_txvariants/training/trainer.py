@@ -234,16 +234,13 @@ def train_with_trainer(args) -> dict:
     of the Accelerate loop, on the same trajectory: the same model (seeded the same way, --dtype), rows, segments
     and passes (`segment_dataset(..., steps=max_steps)`), optimiser, schedule and clipping; the flags checked the
     same way against --model. The model and tokenizer are saved to OUTPUT_DIR/model. Returns the final metrics."""
-    from accelerate.utils import set_seed
     from transformers import TrainingArguments
 
-    from .arguments import given_fields, plan_flags, size_fields
     from .data import segment_dataset
     from .distributed import announce, fsdp_requested
     from .folder_lock import locked_atomic_directory
     from .loop import hold_output_dir
-    from .models import build_config, build_model, check_model_source, check_text_variant, load_config, load_model
-    from .optimizers import build_optimizer, build_schedule
+    from .plan import announce_changes, build_run_model, build_run_optimizer, plan_run_flags
     from .token_cache import plan_corpus
 
     refusals = {
@@ -262,31 +259,12 @@ def train_with_trainer(args) -> dict:
         raise ModelError(
             "--trainer runs one process without FSDP: use the Accelerate loop (drop --trainer) with an FSDP config"
         )
-    given = given_fields(args)
-    if args.model:
-        check_model_source(args.model)
-        flag_plan = plan_flags(args, load_config(args.model), args.model, given)
-    else:
-        check_text_variant(args.variant)
-        config = build_config(args.variant, 1 << 30, **{**size_fields(args), **args.extra_config})
-        flag_plan = plan_flags(args, config, f"a new {args.variant} model", given, loaded=False)
-    for line in flag_plan.changes:
-        announce(f"{args.model or 'txv train'}: {line}")
+    flag_plan = plan_run_flags(args)  # as the Accelerate loop plans it
+    announce_changes(args, flag_plan.changes)
     # the same token cache as the Accelerate loop
     corpus = plan_corpus(args, args.model).prepare(warn=announce, inform=announce if args.progress else None)
     tokenizer = corpus.tokenizer
-    set_seed(args.seed)  # before the model is made, as the Accelerate loop does
-    dtype = getattr(torch, args.dtype)
-    if args.model:
-        model = load_model(args.model, dtype=dtype, **flag_plan.overrides)
-        if model.config.vocab_size < len(tokenizer):
-            raise ModelError(
-                f"the tokenizer has {len(tokenizer)} tokens but {args.model} has vocab_size {model.config.vocab_size}"
-            )
-    else:
-        config = build_config(args.variant, len(tokenizer), **{**size_fields(args), **args.extra_config})
-        config.eos_token_id = tokenizer.eos_token_id
-        model = build_model(config).to(dtype)
+    model, _ = build_run_model(args, flag_plan, tokenizer)  # seeded as the Accelerate loop's
     order = dict(order=args.data_order, seed=args.seed)
     train_set = segment_dataset(
         corpus.train_ids, args.batch_size, args.seg_len, "the training text", steps=args.max_steps, **order
@@ -294,8 +272,7 @@ def train_with_trainer(args) -> dict:
     valid_set = segment_dataset(
         corpus.valid_ids, args.eval_batch_size, args.seg_len, "the validation text", order=args.data_order
     )
-    optimizer = build_optimizer(args.optimizer, model, args.lr, args.weight_decay, args.clip_norm)
-    schedule = build_schedule(args.lr_schedule, optimizer, args.warmup_steps, args.max_steps, args.eta_min)
+    optimizer, schedule = build_run_optimizer(args, model)
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         per_device_train_batch_size=args.batch_size,
