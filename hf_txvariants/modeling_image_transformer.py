@@ -29,17 +29,16 @@ from transformers.utils import can_return_tuple
 
 from .configuration_image_transformer import ImageTransformerConfig
 from .txv_attention import additive_mask
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field, output_cache
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_heads import CausalLMHeadMixin
 from .txv_inputs import check_right_padding, check_token_ids
+from .txv_losses import causal_lm_head
 from .txv_mha import MultiHeadAttention, cache_past_length
 from .txv_pattern_attention import PatternSelfAttention
 from .txv_pattern_tilings import to_block_raster
 from .txv_patterns import AttentionPattern, Local1D, Local2D
 from .txv_positions import sinusoid_table
 from .txv_pretrained import TxvPreTrainedModel
-from .txv_transformer_stack import run_layers
 
 START_TOKEN = 256
 NUM_INTENSITIES = 256
@@ -202,6 +201,25 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
             hidden_states = hidden_states + self.embed_classes(class_labels)[:, None]
         return hidden_states
 
+    # Copied from hf_txvariants.modeling_r_transformer.RTransformerModel._run_layers
+    def _run_layers(self, hidden_states, output_attentions: bool, output_hidden_states: bool, **layer_inputs):
+        """The layers over `hidden_states` (each also given `layer_inputs`, by name), then the final norm (when the
+        model has one). Returns `(last hidden states, what entered each layer then the last hidden states, every
+        layer's attention weights)`, the last two None unless `output_hidden_states` / `output_attentions`."""
+        all_hidden_states, all_attentions = [], []
+        for layer in self.layers:
+            all_hidden_states.append(hidden_states)
+            hidden_states, weights = layer(hidden_states, output_attentions=output_attentions, **layer_inputs)
+            all_attentions.append(weights)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        all_hidden_states.append(hidden_states)
+        return (
+            hidden_states,
+            tuple(all_hidden_states) if output_hidden_states else None,
+            tuple(all_attentions) if output_attentions else None,
+        )
+
     @accepts_cache_names
     @can_return_tuple
     def forward(
@@ -250,20 +268,21 @@ class ImageTransformerModel(ImageTransformerPreTrainedModel):
                 key_padding_mask = attention_mask.to(device=hidden_states.device, dtype=torch.bool)
                 check_right_padding(key_padding_mask, "Image Transformer")
 
-        def call_layer(_, layer, hidden_states):
-            return layer(
-                hidden_states,
-                key_padding_mask,
-                output_attentions,
-                cache=cache,
-                encoder_hidden_states=encoder_hidden_states,
-                encoder_attention_mask=encoder_attention_mask,
-            )
-
-        fields = run_layers(
-            self.layers, self.dropout(hidden_states), call_layer, output_attentions, output_hidden_states, self.norm
+        hidden_states, all_hidden_states, all_attentions = self._run_layers(
+            self.dropout(hidden_states),
+            output_attentions,
+            output_hidden_states,
+            key_padding_mask=key_padding_mask,
+            cache=cache,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
         )
-        return BaseModelOutputWithPast(**fields, **cache_field(cache if use_cache else None))
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            **cache_field(cache if use_cache else None),
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
 
 
 def check_intensity_targets(labels, shift_labels) -> None:
@@ -273,30 +292,94 @@ def check_intensity_targets(labels, shift_labels) -> None:
         raise ValueError("labels after the first position (or shift_labels) must be intensities in [0, 255] or -100")
 
 
-class ImageTransformerIntensityHeadMixin(CausalLMHeadMixin):
-    """The image heads: logits over the 256 intensities from `lm_head`; the causal-LM loss in bits per dimension
-    (labels: usually `input_ids`, start token first; -100 is ignored)."""
+def intensity_logits_and_loss(
+    lm_head: nn.Linear, hidden_states, labels, logits_to_keep: int, num_items_in_batch, shift_labels, vocab_size: int
+):
+    """The image heads' `(logits over the 256 intensities, loss in bits per dimension or None)`: the causal-LM loss
+    of `txv_losses.causal_lm_head` (over every position, the logits then cut to `logits_to_keep`), its targets
+    checked to be intensities, divided by ln 2."""
+    logits, loss = causal_lm_head(
+        lm_head,
+        hidden_states,
+        vocab_size,
+        labels,
+        logits_to_keep,
+        num_items_in_batch=num_items_in_batch,
+        shift_labels=shift_labels,
+    )
+    if loss is not None:
+        check_intensity_targets(labels, shift_labels)
+        loss = loss / math.log(2)  # nats -> bits per dimension
+    return logits, loss
 
-    backbone_class = ImageTransformerModel
-    output_class = ImageTransformerCausalLMOutput
 
-    def build_heads(self, config: ImageTransformerConfig):
+class ImageTransformerForCausalLM(ImageTransformerPreTrainedModel, GenerationMixin):
+    """Image generation: logits over the 256 intensities; `loss` in bits per dimension. `class_labels` `[batch]` (with
+    `num_classes`) are passed to `ImageTransformerModel`."""
+
+    def __init__(self, config: ImageTransformerConfig):
+        super().__init__(config)
+        self.model = ImageTransformerModel(config)
         self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
+        self.post_init()
 
-    def lm_outputs(self, outputs, labels, logits_to_keep, attention_mask, **loss_kwargs) -> dict:
-        fields = super().lm_outputs(outputs, labels, logits_to_keep, attention_mask, **loss_kwargs)
-        if fields["loss"] is not None:
-            check_intensity_targets(labels, loss_kwargs.get("shift_labels"))
-            fields["loss"] = fields["loss"] / math.log(2)  # nats -> bits per dimension
-        return fields
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> ImageTransformerCausalLMOutput:
+        """labels: usually `input_ids` (start token first), shifted inside (position t predicts labels[t + 1]):
+        intensities or -100 (ignored). shift_labels (keyword): targets already shifted (transformers' loss kwarg),
+        used instead of labels. encoder_hidden_states: refused (only `ImageTransformerForSuperResolution` reads an
+        encoder). logits_to_keep: logits of the last `logits_to_keep` positions only (0 = all); the loss covers every
+        position. Other keyword arguments (`class_labels`) go to `ImageTransformerModel`."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if encoder_hidden_states is not None:
+            raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            return_dict=True,
+            **kwargs,
+        )
+        logits, loss = intensity_logits_and_loss(
+            self.lm_head,
+            outputs.last_hidden_state,
+            labels,
+            logits_to_keep,
+            num_items_in_batch,
+            shift_labels,
+            self.config.vocab_size,
+        )
+        return ImageTransformerCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
     def prepare_inputs_for_generation(self, input_ids, class_labels=None, **kwargs):
         return {**super().prepare_inputs_for_generation(input_ids, **kwargs), "class_labels": class_labels}
-
-
-class ImageTransformerForCausalLM(ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin):
-    """Image generation: logits over the 256 intensities; `loss` in bits per dimension. `class_labels` `[batch]` (with
-    `num_classes`) are passed to `ImageTransformerModel`."""
 
     @torch.no_grad()
     def generate_images(
@@ -421,9 +504,7 @@ class ImageTransformerEncoder(nn.Module):
         return self.norm(hidden_states)
 
 
-class ImageTransformerForSuperResolution(
-    ImageTransformerIntensityHeadMixin, ImageTransformerPreTrainedModel, GenerationMixin
-):
+class ImageTransformerForSuperResolution(ImageTransformerPreTrainedModel, GenerationMixin):
     """Image-conditioned generation (Parmar et al. 2018, section 3.4, super-resolution): the low-resolution image
     (`conditioning_ids`, `images_to_conditioning_ids`) is encoded with full self-attention; the high-resolution image
     is decoded as by `ImageTransformerForCausalLM` (local 1D / 2D attention, `input_ids` in generation order, start
@@ -434,30 +515,89 @@ class ImageTransformerForSuperResolution(
     ignores its input). `loss` in bits per dimension. Generation caches the decoder's keys/values; the small encoder
     is rerun at each step."""
 
-    def build_backbone(self, config: ImageTransformerConfig):
+    def __init__(self, config: ImageTransformerConfig):
+        super().__init__(config)
         if config.conditioning_image_size is None:
             raise ValueError(
                 "ImageTransformerForSuperResolution needs config.conditioning_image_size ([height, width])"
             )
         self.encoder = ImageTransformerEncoder(config)
-        super().build_backbone(config)
+        self.model = ImageTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, NUM_INTENSITIES, bias=False)
+        self.post_init()
 
-    def call_base_model(self, conditioning_ids: torch.LongTensor | None = None, **inputs):
-        """The decoder's output with the low-resolution image encoded as its `encoder_hidden_states` (and, with a
-        `conditioning_attention_radius`, the mask of the encoder positions each position may attend to)."""
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        conditioning_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> ImageTransformerCausalLMOutput:
+        """conditioning_ids: `[batch, conditioning positions]`, the low-resolution image (`images_to_conditioning_ids`),
+        required: encoded, it is the decoder's `encoder_hidden_states` (so that argument is refused), with a
+        `conditioning_attention_radius` masked to the encoder positions each position may attend to (else
+        `encoder_attention_mask`, additive `[1, 1, length, encoder positions]`, when given). The other arguments are
+        `ImageTransformerForCausalLM`'s."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if encoder_hidden_states is not None:
+            raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
         if conditioning_ids is None:
             raise ValueError("conditioning_ids (the low-resolution image, images_to_conditioning_ids) is required")
-        inputs["encoder_hidden_states"] = encoder_hidden_states = self.encoder(conditioning_ids)
+        encoder_hidden_states = self.encoder(conditioning_ids)
         if self.config.conditioning_attention_radius is not None:
-            tokens = inputs["input_ids"] if inputs.get("input_ids") is not None else inputs["inputs_embeds"]
-            past_length = cache_past_length(inputs.get("cache"))
+            tokens = input_ids if input_ids is not None else inputs_embeds
+            past_length = cache_past_length(cache)
             steps = torch.arange(past_length, past_length + tokens.shape[1], device=encoder_hidden_states.device)
             allowed = conditioning_neighbourhood(self.config, steps)
-            inputs["encoder_attention_mask"] = additive_mask(allowed[None, None], encoder_hidden_states.dtype)
-        return super().call_base_model(**inputs)
+            encoder_attention_mask = additive_mask(allowed[None, None], encoder_hidden_states.dtype)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            return_dict=True,
+            **kwargs,
+        )
+        logits, loss = intensity_logits_and_loss(
+            self.lm_head,
+            outputs.last_hidden_state,
+            labels,
+            logits_to_keep,
+            num_items_in_batch,
+            shift_labels,
+            self.config.vocab_size,
+        )
+        return ImageTransformerCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
-    def prepare_inputs_for_generation(self, input_ids, conditioning_ids=None, **kwargs):
-        return {**super().prepare_inputs_for_generation(input_ids, **kwargs), "conditioning_ids": conditioning_ids}
+    def prepare_inputs_for_generation(self, input_ids, class_labels=None, conditioning_ids=None, **kwargs):
+        return {
+            **super().prepare_inputs_for_generation(input_ids, **kwargs),
+            "class_labels": class_labels,
+            "conditioning_ids": conditioning_ids,
+        }
 
     @torch.no_grad()
     def upscale(

@@ -7,12 +7,13 @@ decoder language model (`ShawForCausalLM`, a key/value cache for generate), and 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import GenerationMixin
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import (
     BaseModelOutputWithPastAndCrossAttentions,
     CausalLMOutputWithCrossAttentions,
@@ -23,12 +24,13 @@ from transformers.utils import can_return_tuple
 
 from .configuration_shaw import ShawConfig
 from .txv_compat import accepts_cache_names, cache_field, output_cache
+from .txv_inputs import embed_inputs
 from .txv_losses import causal_lm_head, check_labels, masked_lm_loss
-from .txv_mha import self_attention_mask
+from .txv_mha import cache_past_length, cross_attention_mask, self_attention_mask
 from .txv_pretrained import TxvPreTrainedModel
 from .txv_sequence_classification import last_token_states, sequence_classification_loss
 from .txv_shaw_attention import RelationAwareSelfAttention
-from .txv_transformer_stack import TransformerStackMixin
+from .txv_transformer_layer import TransformerLayer
 
 
 @dataclass
@@ -50,15 +52,50 @@ class ShawPreTrainedModel(TxvPreTrainedModel):
     head_key_patterns = (r"^lm_head\.", r"^score\.")
 
 
-class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
+class ShawModel(ShawPreTrainedModel):
     """Token embeddings (no positions), `num_hidden_layers` Transformer layers with relation-aware self-attention
     (causal when `config.is_decoder`), a final layer norm with `pre_lnorm`."""
 
     def __init__(self, config: ShawConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.build_stack(config, RelationAwareSelfAttention)
+        self.embed_scale = math.sqrt(config.hidden_size) if config.scale_embedding else 1.0
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            TransformerLayer(config, RelationAwareSelfAttention(config, layer_idx), layer_idx)
+            for layer_idx in range(config.num_hidden_layers)
+        )
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.pre_lnorm else None
+        self.gradient_checkpointing = False
         self.post_init()
+
+    def _key_value_cache(self, cache: Cache | None, use_cache: bool) -> Cache | None:
+        """The cache this call reads and extends: the one given, or a new one when `use_cache` (with a cache for the
+        cross-attention's keys/values when `config.add_cross_attention`)."""
+        if use_cache and cache is None:
+            cache = (
+                EncoderDecoderCache(DynamicCache(), DynamicCache())
+                if self.config.add_cross_attention
+                else DynamicCache()
+            )
+        if cache is not None and not isinstance(cache, Cache):
+            raise ValueError(f"cache must be a transformers Cache, got {type(cache).__name__}")
+        return cache
+
+    def _cross_attention_mask(self, encoder_hidden_states, encoder_attention_mask, hidden_states):
+        """The additive mask over the encoder positions that cross-attention reads (None without an encoder output or
+        without padding in it)."""
+        if encoder_hidden_states is None:
+            return None
+        if not self.config.add_cross_attention:
+            raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+        return cross_attention_mask(
+            encoder_attention_mask,
+            hidden_states.shape[0],
+            encoder_hidden_states.shape[1],
+            hidden_states.dtype,
+            hidden_states.device,
+        )
 
     @accepts_cache_names
     @can_return_tuple
@@ -79,24 +116,47 @@ class ShawModel(TransformerStackMixin, ShawPreTrainedModel):
         attention_mask: `[batch, past + length]` (or `[batch, length]`), 1 = token, 0 = padding.
         Relative distances are counted in positions of the (cached + new) sequence; padding does not change them.
         encoder_hidden_states / encoder_attention_mask: the encoder output for cross-attention.
+        use_cache defaults to `config.use_cache` for a decoder; it is off while training with gradient checkpointing
+        (a checkpointed layer is run twice: it would write its keys/values twice).
         """
         config = self.config
         output_attentions, output_hidden_states = self.output_flags(output_attentions, output_hidden_states)
-        inputs_embeds, cache, past_length, use_cache = self.prepare_stack(input_ids, inputs_embeds, cache, use_cache)
+        use_cache = use_cache if use_cache is not None else (config.use_cache and config.is_decoder)
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        inputs_embeds = embed_inputs(input_ids, inputs_embeds, self.embed_tokens, config.vocab_size, config.hidden_size)
+        cache = self._key_value_cache(cache, use_cache)
+        past_length = cache_past_length(cache)
         batch, length = inputs_embeds.shape[:2]
         device, dtype = inputs_embeds.device, inputs_embeds.dtype
 
         hidden_states = self.dropout(inputs_embeds * self.embed_scale)
         mask = self_attention_mask(attention_mask, batch, length, past_length, config.is_decoder, dtype, device)
-        return self.run_stack(
-            hidden_states,
-            mask,
-            cache,
-            use_cache,
-            output_attentions,
-            output_hidden_states,
-            encoder_hidden_states,
-            encoder_attention_mask,
+        cross_mask = self._cross_attention_mask(encoder_hidden_states, encoder_attention_mask, hidden_states)
+        all_hidden_states, all_attentions, all_cross_attentions = [], [], []
+        for layer in self.layers:
+            all_hidden_states.append(hidden_states)
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                mask,
+                encoder_hidden_states,
+                cross_mask,
+                cache=cache,
+                output_attentions=output_attentions,
+            )
+            all_attentions.append(self_weights)
+            all_cross_attentions.append(cross_weights)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        all_hidden_states.append(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            **cache_field(cache if use_cache else None),
+            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+            cross_attentions=(
+                tuple(all_cross_attentions) if output_attentions and encoder_hidden_states is not None else None
+            ),
         )
 
 

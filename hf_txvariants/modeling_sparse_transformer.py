@@ -17,19 +17,23 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
 from transformers.utils import can_return_tuple
 
 from .configuration_sparse_transformer import SparseTransformerConfig
 from .txv_attention import all_tokens_real
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
-from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field, output_cache
 from .txv_inputs import check_right_padding, embed_inputs
+from .txv_losses import causal_lm_head
 from .txv_mha import cache_past_length
 from .txv_pattern_attention import PatternSelfAttention
 from .txv_patterns import Causal, Fixed, Local1D, PerHead, SlidingWindow, Strided
 from .txv_pretrained import TxvPreTrainedModel
-from .txv_transformer_stack import run_layers
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 def layer_patterns(config: SparseTransformerConfig) -> list:
@@ -131,6 +135,25 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         row = torch.div(positions, channels * width, rounding_mode="floor")
         return self.embed_rows(row) + self.embed_cols(column) + self.embed_channels(channel)
 
+    # Copied from hf_txvariants.modeling_r_transformer.RTransformerModel._run_layers
+    def _run_layers(self, hidden_states, output_attentions: bool, output_hidden_states: bool, **layer_inputs):
+        """The layers over `hidden_states` (each also given `layer_inputs`, by name), then the final norm (when the
+        model has one). Returns `(last hidden states, what entered each layer then the last hidden states, every
+        layer's attention weights)`, the last two None unless `output_hidden_states` / `output_attentions`."""
+        all_hidden_states, all_attentions = [], []
+        for layer in self.layers:
+            all_hidden_states.append(hidden_states)
+            hidden_states, weights = layer(hidden_states, output_attentions=output_attentions, **layer_inputs)
+            all_attentions.append(weights)
+        if self.norm is not None:
+            hidden_states = self.norm(hidden_states)
+        all_hidden_states.append(hidden_states)
+        return (
+            hidden_states,
+            tuple(all_hidden_states) if output_hidden_states else None,
+            tuple(all_attentions) if output_attentions else None,
+        )
+
     @accepts_cache_names
     @can_return_tuple
     def forward(
@@ -176,29 +199,136 @@ class SparseTransformerModel(SparseTransformerPreTrainedModel):
         positions = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
         hidden_states = self.dropout(inputs_embeds + self.position_embeddings(positions)[None])
         cache = cache if use_cache else None
-        fields = run_layers(
-            self.layers,
-            hidden_states,
-            lambda _, layer, states: layer(states, key_padding_mask, cache, output_attentions),
-            output_attentions,
-            output_hidden_states,
-            self.norm,
+        hidden_states, all_hidden_states, all_attentions = self._run_layers(
+            hidden_states, output_attentions, output_hidden_states, key_padding_mask=key_padding_mask, cache=cache
         )
-        return BaseModelOutputWithPast(**fields, **cache_field(cache))
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            **cache_field(cache),
+            hidden_states=all_hidden_states,
+            attentions=all_attentions,
+        )
 
 
-class SparseTransformerForCausalLM(CausalLMHeadMixin, SparseTransformerPreTrainedModel, GenerationMixin):
+class SparseTransformerForCausalLM(SparseTransformerPreTrainedModel, GenerationMixin):
     """Next-token language model over text or flattened images (`config.image_shape`). The loss is in nats per
     token; divide by ln 2 for bits per dimension on images."""
 
-    backbone_class = SparseTransformerModel
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__(config)
+        self.model = SparseTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
 
-class SparseTransformerForSequenceClassification(SequenceClassificationHeadMixin, SparseTransformerPreTrainedModel):
+    # Copied from hf_txvariants.modeling_r_transformer.RTransformerForCausalLM.forward
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
+            parallelism): position t predicts shift_labels[t]; used instead of labels. Not a named argument: the
+            Trainer takes every forward argument named like a label for a label it needs before it reports a loss.
+        encoder_hidden_states: refused (the model has no cross-attention); encoder_attention_mask: not read.
+        logits_to_keep: logits of the last `logits_to_keep` positions only (0 = all); the loss covers every position.
+        Other keyword arguments go to the base model."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if encoder_hidden_states is not None:
+            raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits, loss = causal_lm_head(
+            self.lm_head,
+            outputs.last_hidden_state,
+            self.config.vocab_size,
+            labels,
+            logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+        )
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+class SparseTransformerForSequenceClassification(SparseTransformerPreTrainedModel):
     """A linear classifier on the hidden state of the last real token of each row."""
 
-    backbone_class = SparseTransformerModel
+    def __init__(self, config: SparseTransformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = SparseTransformerModel(config)
+        self.dropout = nn.Dropout(0.0)  # the config has no classifier_dropout: the forward is Shaw's head's
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    # Copied from hf_txvariants.modeling_shaw.ShawForSequenceClassification.forward
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast:
+        """labels: `[batch]` class ids (float `[batch, num_labels]` for multi-label, `[batch]` floats for
+        regression)."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = last_token_states(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(self.dropout(pooled))
+        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
+        return SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=logits,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
 
 __all__ = [

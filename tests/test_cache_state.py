@@ -41,6 +41,7 @@ CACHED = {
     "txv_universal": {},
     "txv_act_rnn": {},
     "txv_reformer": {},
+    "txv_r_transformer": {},  # a DynamicCache of keys/values with the LocalRNN prefixes, on the same protocol
 }
 
 
@@ -184,3 +185,19 @@ def test_an_rl_snapshot_taken_before_the_state_protocol_still_restores():
     torch.testing.assert_close(out.logits, saved["logits"], **TOLERANCE)
     torch.testing.assert_close(out.values, saved["values"], **TOLERANCE)
     _assert_same_state(policy.snapshot(policy.restore(saved["snapshot"])), saved["snapshot"])
+
+
+def test_an_r_transformer_state_that_does_not_fit_is_refused_by_name():
+    model = _lm("txv_r_transformer")
+    with torch.no_grad():
+        cache = output_cache(model(_ids(model, 4), use_cache=True))
+    state = cache.to_state()
+    assert len(state["keys"]) == model.config.num_hidden_layers
+    assert state["rnn_prefix_layers"] == [list(key) for key in cache.rnn_prefixes]
+    cache_class = type(cache)
+    with pytest.raises(ValueError, match="the RTransformerCache state lacks rnn_prefixes"):
+        cache_class.from_state({name: value for name, value in state.items() if name != "rnn_prefixes"})
+    with pytest.raises(ValueError, match="rnn_prefix_layers for"):
+        cache_class.from_state({**state, "rnn_prefixes": state["rnn_prefixes"][:-1]})
+    with pytest.raises(ValueError, match="must be the dict its to_state"):
+        cache_class.from_state([state["keys"]])
