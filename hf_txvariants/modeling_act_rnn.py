@@ -8,7 +8,8 @@ At every input step t the cell S runs n = 1 .. N(t) times on the same input, wit
     N(t), R(t), p_t^n as in txv_act.py;   s_t = sum_n p_t^n s_t^n,   y_t = W_y s_t + b_y = sum_n p_t^n y_t^n
 
 and the ponder cost rho_t = N(t) + R(t) is added to the loss with `act_loss_weight` (tau). The halting arithmetic is
-the shared `txv_act.AdaptiveComputationTime` block, run once per input step over the rows of the batch.
+the shared `txv_act` block (`AdaptiveComputationTime` and its `PonderLoop`); `ACTRNNPonderStep` writes the loop over
+the ponder steps around the cell, once per input step over the rows of the batch.
 """
 
 from __future__ import annotations
@@ -126,13 +127,15 @@ class ACTRNNPonderStep(GradientCheckpointingLayer):
         """inputs: `[batch, embedding_size]` x_t; state: `[batch, state_size]` s_{t-1}; real: `[batch]` bool or None.
         A padding row keeps s_{t-1} and costs nothing."""
 
-        def update(states, step):  # the ACT block carries [batch, 1, state]; the halting unit reads s_t^n
+        # the ACT loop carries [batch, 1, state]; the halting unit reads s_t^n
+        ponder = self.act.start(state[:, None], None if real is None else real[:, None])
+        for step in range(self.act.max_steps):
             flag = inputs.new_full((inputs.shape[0], 1), 1.0 if step == 0 else 0.0)  # delta_{n,1}
-            new_state = self.cell(torch.cat([inputs, flag], dim=-1), states[:, 0]).unsqueeze(1)
-            return new_state, new_state
-
-        position_mask = None if real is None else real[:, None]
-        result = self.act(state[:, None], update, position_mask=position_mask)
+            new_state = self.cell(torch.cat([inputs, flag], dim=-1), ponder.state[:, 0]).unsqueeze(1)
+            ponder.update(new_state, new_state)
+            if ponder.halted:
+                break
+        result = ponder.result()
         new_state = result.output[:, 0]
         if real is not None:
             new_state = torch.where(real[:, None], new_state, state)

@@ -480,16 +480,21 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             inputs.step_inputs.append(step_input)
         return step_input, step_output
 
-    def _run_steps(self, state, step_fn, position_mask, output_hidden_states):
+    def _run_steps(self, inputs: _StepInputs, state, output_hidden_states):
         """The recurrence over depth. Returns (h^T, ponder_cost or None, n_updates, states or None)."""
         batch, length = state.shape[:2]
         if self.config.use_act:
-            result = self.act(state, step_fn, position_mask=position_mask, return_step_states=output_hidden_states)
+            ponder = self.act.start(state, inputs.position_mask, return_step_states=output_hidden_states)
+            for step in range(self.act.max_steps):
+                ponder.update(*self._step(inputs, ponder.state, step))
+                if ponder.halted:
+                    break
+            result = ponder.result()
             states = (state, *result.step_states) if output_hidden_states else None
             return result.output, result.ponder_cost, result.n_updates, states
         states = [state]
         for step in range(self.config.num_hidden_layers):
-            _, state = step_fn(state, step)
+            _, state = self._step(inputs, state, step)
             states.append(state)
         n_updates = torch.full((batch, length), float(self.config.num_hidden_layers), device=state.device)
         return state, None, n_updates, tuple(states) if output_hidden_states else None
@@ -549,7 +554,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             output_attentions=output_attentions,
         )
         hidden_states, ponder_cost, n_updates, states = self._run_steps(
-            state * self.embed_scale, partial(self._step, inputs), real, output_hidden_states
+            inputs, state * self.embed_scale, output_hidden_states
         )
         if cache is not None:
             time_fn = partial(self.time_embedding, device=device, dtype=dtype)
