@@ -178,10 +178,18 @@ class UniversalStepCache(RowStateCache):
 class UniversalTransformerSelfAttention(MultiHeadAttention):
     """The shared multi-head attention. With a step cache, keys and values come from `key_value_states`: the step
     inputs of the cached positions followed by the new ones (recomputed with the current weights, like
-    Transformer-XL's memory); without, from `hidden_states`."""
+    Transformer-XL's memory); without, from `hidden_states`. Its parameters and `attend` are `MultiHeadAttention`'s."""
 
-    def keys_values(self, hidden_states, key_value_states=None, cache=None):
-        return super().keys_values(hidden_states if key_value_states is None else key_value_states)
+    def forward(self, hidden_states, attention_mask, key_value_states=None, output_attentions=False):
+        """`attention_mask`: additive, broadcastable to `[batch, heads, length, keys]`, or None. Returns the output
+        and, with `output_attentions`, the weights."""
+        batch, query_length = hidden_states.shape[:2]
+        source = hidden_states if key_value_states is None else key_value_states
+        query = self._heads(self.q_proj(hidden_states))
+        key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+        output, weights = self.attend(query, key, value, attention_mask, output_attentions)
+        output = self.o_proj(output.reshape(batch, query_length, -1))
+        return output, (weights if output_attentions else None)
 
 
 # ------------------------------------------------------------------------------------------------------- transition
