@@ -8,7 +8,8 @@ At every input step t the cell S runs n = 1 .. N(t) times on the same input, wit
     N(t), R(t), p_t^n as in txv_act.py;   s_t = sum_n p_t^n s_t^n,   y_t = W_y s_t + b_y = sum_n p_t^n y_t^n
 
 and the ponder cost rho_t = N(t) + R(t) is added to the loss with `act_loss_weight` (tau). The halting arithmetic is
-the shared `txv_act.AdaptiveComputationTime` block, run once per input step over the rows of the batch.
+the shared `txv_act` block (`AdaptiveComputationTime` and its `PonderLoop`); `ACTRNNPonderStep` writes the loop over
+the ponder steps around the cell, once per input step over the rows of the batch.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from transformers.utils import can_return_tuple
 from .configuration_act_rnn import ACTRNNConfig
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
-from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field, output_cache
 from .txv_inputs import embed_inputs
+from .txv_losses import causal_lm_head
 from .txv_pretrained import TxvPreTrainedModel
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 # ---------------------------------------------------------------------------------------------------------- outputs
 
@@ -125,13 +127,15 @@ class ACTRNNPonderStep(GradientCheckpointingLayer):
         """inputs: `[batch, embedding_size]` x_t; state: `[batch, state_size]` s_{t-1}; real: `[batch]` bool or None.
         A padding row keeps s_{t-1} and costs nothing."""
 
-        def update(states, step):  # the ACT block carries [batch, 1, state]; the halting unit reads s_t^n
+        # the ACT loop carries [batch, 1, state]; the halting unit reads s_t^n
+        ponder = self.act.start(state[:, None], None if real is None else real[:, None])
+        for step in range(self.act.max_steps):
             flag = inputs.new_full((inputs.shape[0], 1), 1.0 if step == 0 else 0.0)  # delta_{n,1}
-            new_state = self.cell(torch.cat([inputs, flag], dim=-1), states[:, 0]).unsqueeze(1)
-            return new_state, new_state
-
-        position_mask = None if real is None else real[:, None]
-        result = self.act(state[:, None], update, position_mask=position_mask)
+            new_state = self.cell(torch.cat([inputs, flag], dim=-1), ponder.state[:, 0]).unsqueeze(1)
+            ponder.update(new_state, new_state)
+            if ponder.halted:
+                break
+        result = ponder.result()
         new_state = result.output[:, 0]
         if real is not None:
             new_state = torch.where(real[:, None], new_state, state)
@@ -244,41 +248,138 @@ class ACTRNNModel(ACTRNNPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
+# Every head adds the mean ponder cost to its loss with `act_loss_weight` (`txv_act.add_ponder_cost`).
 
 
-class ACTRNNHeadMixin:
-    """The ACT RNN's heads: the ponder cost is added to the loss with `act_loss_weight`."""
-
-    backbone_class = ACTRNNModel
-
-    def add_auxiliary_losses(self, loss, outputs, attention_mask):
-        return add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-
-
-class ACTRNNForCausalLM(ACTRNNHeadMixin, CausalLMHeadMixin, ACTRNNPreTrainedModel, GenerationMixin):
+class ACTRNNForCausalLM(ACTRNNPreTrainedModel, GenerationMixin):
     """The pondering RNN with the output layer y_t = W_y s_t + b_y over the vocabulary (next-token prediction)."""
-
-    output_class = ACTRNNCausalLMOutput
 
     def __init__(self, config: ACTRNNConfig):
         super().__init__(config)
+        self.model = ACTRNNModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
+        self.post_init()
         if self.generation_config is not None:
             self.generation_config.use_cache = True  # generate() carries the state (config.use_cache is for training)
-
-    def build_heads(self, config: ACTRNNConfig):
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model creates its own ACTRNNCache; generate() must not swap it for a DynamicCache
 
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: ACTRNNCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> ACTRNNCausalLMOutput:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
+            parallelism): position t predicts shift_labels[t]; used instead of labels. Not a named argument: the
+            Trainer takes every forward argument named like a label for a label it needs before it reports a loss.
+        logits_to_keep: logits of the last `logits_to_keep` positions only (0 = all); the loss covers every position.
+        loss = lm_loss (the next-token loss) + act_loss_weight * the mean ponder cost of the real positions.
+        The RNN has no cross-attention (`encoder_hidden_states` is refused) and no attention weights."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if encoder_hidden_states is not None:
+            raise ValueError("encoder_hidden_states was given but the ACT RNN has no cross-attention")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits, lm_loss = causal_lm_head(
+            self.lm_head,
+            outputs.last_hidden_state,
+            self.config.vocab_size,
+            labels,
+            logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+        )
+        loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return ACTRNNCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            lm_loss=lm_loss,
+            ponder_cost=outputs.ponder_cost,
+            n_updates=outputs.n_updates,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+        )
 
-class ACTRNNForSequenceClassification(ACTRNNHeadMixin, SequenceClassificationHeadMixin, ACTRNNPreTrainedModel):
+
+class ACTRNNForSequenceClassification(ACTRNNPreTrainedModel):
     """The pondering RNN with a linear classifier on the state after the last real input step (the paper's parity
     task: one input vector, one sigmoid/softmax output)."""
 
-    output_class = ACTRNNSequenceClassifierOutput
-    score_bias = True
+    def __init__(self, config: ACTRNNConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = ACTRNNModel(config)
+        classifier_dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(classifier_dropout if classifier_dropout is not None else 0.0)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> ACTRNNSequenceClassifierOutput:
+        """labels: `[batch]` class ids (float `[batch, num_labels]` for multi-label, `[batch]` floats for
+        regression). The classifier keeps no cache: `cache` and `use_cache` are accepted and not used. The loss adds
+        act_loss_weight * the mean ponder cost of the real positions."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=None,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = last_token_states(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            loss = sequence_classification_loss(self.config, logits, labels)
+            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return ACTRNNSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            ponder_cost=outputs.ponder_cost,
+            n_updates=outputs.n_updates,
+        )
 
 
 __all__ = [

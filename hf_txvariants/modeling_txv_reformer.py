@@ -30,14 +30,14 @@ from torch import nn
 from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.modeling_outputs import BaseModelOutputWithPast, SequenceClassifierOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, SequenceClassifierOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_txv_reformer import TxvReformerConfig
 from .txv_cache import RowStateCache
-from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field
-from .txv_heads import CausalLMHeadMixin, SequenceClassificationHeadMixin
+from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field, output_cache
 from .txv_inputs import embed_inputs
+from .txv_losses import causal_lm_head
 from .txv_lsh import (
     default_num_buckets,
     local_attention,
@@ -47,6 +47,7 @@ from .txv_lsh import (
 )
 from .txv_pretrained import TxvPreTrainedModel
 from .txv_reversible import chunked_feed_forward, reversible_sequence
+from .txv_sequence_classification import last_token_states, sequence_classification_loss
 
 
 class TxvReformerCache(RowStateCache):
@@ -634,11 +635,10 @@ class TxvReformerLMHead(nn.Module):
         return chunked_feed_forward(self.decoder, self.chunk_size, hidden_states)
 
 
-class TxvReformerForCausalLM(CausalLMHeadMixin, TxvReformerPreTrainedModel, GenerationMixin):
+class TxvReformerForCausalLM(TxvReformerPreTrainedModel, GenerationMixin):
     """Reformer language model (`config.is_decoder` must be True). Loads transformers' ReformerModelWithLMHead
     checkpoints."""
 
-    backbone_class = TxvReformerModel
     # transformers 5's ReformerOnlyLMHead saves a `bias` that its forward never adds; neither do we.
     _keys_to_ignore_on_load_unexpected = [r"^lm_head\.bias$", r"^lm_head\.decoder\.bias$"]
 
@@ -646,9 +646,9 @@ class TxvReformerForCausalLM(CausalLMHeadMixin, TxvReformerPreTrainedModel, Gene
         if not config.is_decoder:
             raise ValueError("is_decoder must be True for TxvReformerForCausalLM (causal attention)")
         super().__init__(config)
-
-    def build_heads(self, config: TxvReformerConfig):
+        self.reformer = TxvReformerModel(config)
         self.lm_head = TxvReformerLMHead(config)
+        self.post_init()
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -684,16 +684,109 @@ class TxvReformerForCausalLM(CausalLMHeadMixin, TxvReformerPreTrainedModel, Gene
             **kwargs,
         )
 
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: TxvReformerCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
+            parallelism): position t predicts shift_labels[t]; used instead of labels. Not a named argument: the
+            Trainer takes every forward argument named like a label for a label it needs before it reports a loss.
+        logits_to_keep: logits of the last `logits_to_keep` positions only (0 = all); the loss covers every position.
+        The logits come from the chunked `lm_head` over the 2 * hidden_size wide output. The Reformer has no
+        cross-attention (`encoder_hidden_states` is refused). Other keyword arguments (e.g. `position_ids`) go to
+        the base model."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if encoder_hidden_states is not None:
+            raise ValueError("encoder_hidden_states was given but txv_reformer has no cross-attention")
+        outputs = self.reformer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        logits, loss = causal_lm_head(
+            self.lm_head,
+            outputs.last_hidden_state,
+            self.config.vocab_size,
+            labels,
+            logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+        )
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
-class TxvReformerForSequenceClassification(SequenceClassificationHeadMixin, TxvReformerPreTrainedModel):
+
+class TxvReformerForSequenceClassification(TxvReformerPreTrainedModel):
     """A linear classifier on the (2 * hidden_size wide) state of the last real token of each row. Not the head of
     transformers' ReformerForSequenceClassification (first token, non-causal), whose weights do not load here."""
 
-    backbone_class = TxvReformerModel
-    output_class = SequenceClassifierOutput
+    def __init__(self, config: TxvReformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.reformer = TxvReformerModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout or 0.0)
+        self.score = nn.Linear(2 * config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
 
-    def pooled_size(self, config: TxvReformerConfig) -> int:
-        return 2 * config.hidden_size
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        """labels: `[batch]` class ids (float `[batch, num_labels]` for multi-label, `[batch]` floats for
+        regression). The classifier keeps no cache: `cache` and `use_cache` are accepted and not used."""
+        outputs = self.reformer(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=None,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = last_token_states(outputs.last_hidden_state, input_ids, attention_mask, self.config.pad_token_id)
+        logits = self.score(self.dropout(pooled))
+        loss = None if labels is None else sequence_classification_loss(self.config, logits, labels)
+        return SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
 
 
 __all__ = [

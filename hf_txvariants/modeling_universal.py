@@ -33,13 +33,14 @@ from transformers.utils import can_return_tuple
 from .configuration_universal import UniversalTransformerConfig
 from .txv_act import ACTCausalLMOutput, ACTModelOutput, AdaptiveComputationTime, add_ponder_cost, init_halting_unit
 from .txv_cache import RowStateCache
-from .txv_compat import CACHE_NAME, GradientCheckpointingLayer, accepts_cache_names, cache_field
+from .txv_compat import CACHE_NAME, GradientCheckpointingLayer, accepts_cache_names, cache_field, output_cache
 from .txv_feedforward import PositionwiseFeedForward
-from .txv_heads import CausalLMHeadMixin, MaskedLMHeadMixin, SequenceClassificationHeadMixin
 from .txv_inputs import embed_inputs
+from .txv_losses import causal_lm_head, check_labels, masked_lm_loss
 from .txv_mha import MultiHeadAttention, cross_attention_mask, self_attention_mask
 from .txv_positions import sinusoid_table
 from .txv_pretrained import TxvPreTrainedModel
+from .txv_sequence_classification import sequence_classification_loss
 
 # ---------------------------------------------------------------------------------------------------------- outputs
 
@@ -69,6 +70,7 @@ class UniversalTransformerMaskedLMOutput(MaskedLMOutput):
     n_updates: torch.FloatTensor | None = None
 
 
+# Copied from hf_txvariants.modeling_act_rnn.ACTRNNSequenceClassifierOutput with ACTRNN->UniversalTransformer
 @dataclass
 class UniversalTransformerSequenceClassifierOutput(SequenceClassifierOutput):
     ponder_cost: torch.FloatTensor | None = None
@@ -176,10 +178,18 @@ class UniversalStepCache(RowStateCache):
 class UniversalTransformerSelfAttention(MultiHeadAttention):
     """The shared multi-head attention. With a step cache, keys and values come from `key_value_states`: the step
     inputs of the cached positions followed by the new ones (recomputed with the current weights, like
-    Transformer-XL's memory); without, from `hidden_states`."""
+    Transformer-XL's memory); without, from `hidden_states`. Its parameters and `attend` are `MultiHeadAttention`'s."""
 
-    def keys_values(self, hidden_states, key_value_states=None, cache=None):
-        return super().keys_values(hidden_states if key_value_states is None else key_value_states)
+    def forward(self, hidden_states, attention_mask, key_value_states=None, output_attentions=False):
+        """`attention_mask`: additive, broadcastable to `[batch, heads, length, keys]`, or None. Returns the output
+        and, with `output_attentions`, the weights."""
+        batch, query_length = hidden_states.shape[:2]
+        source = hidden_states if key_value_states is None else key_value_states
+        query = self._heads(self.q_proj(hidden_states))
+        key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+        output, weights = self.attend(query, key, value, attention_mask, output_attentions)
+        output = self.o_proj(output.reshape(batch, query_length, -1))
+        return output, (weights if output_attentions else None)
 
 
 # ------------------------------------------------------------------------------------------------------- transition
@@ -478,16 +488,21 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             inputs.step_inputs.append(step_input)
         return step_input, step_output
 
-    def _run_steps(self, state, step_fn, position_mask, output_hidden_states):
+    def _run_steps(self, inputs: _StepInputs, state, output_hidden_states):
         """The recurrence over depth. Returns (h^T, ponder_cost or None, n_updates, states or None)."""
         batch, length = state.shape[:2]
         if self.config.use_act:
-            result = self.act(state, step_fn, position_mask=position_mask, return_step_states=output_hidden_states)
+            ponder = self.act.start(state, inputs.position_mask, return_step_states=output_hidden_states)
+            for step in range(self.act.max_steps):
+                ponder.update(*self._step(inputs, ponder.state, step))
+                if ponder.halted:
+                    break
+            result = ponder.result()
             states = (state, *result.step_states) if output_hidden_states else None
             return result.output, result.ponder_cost, result.n_updates, states
         states = [state]
         for step in range(self.config.num_hidden_layers):
-            _, state = step_fn(state, step)
+            _, state = self._step(inputs, state, step)
             states.append(state)
         n_updates = torch.full((batch, length), float(self.config.num_hidden_layers), device=state.device)
         return state, None, n_updates, tuple(states) if output_hidden_states else None
@@ -547,7 +562,7 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
             output_attentions=output_attentions,
         )
         hidden_states, ponder_cost, n_updates, states = self._run_steps(
-            state * self.embed_scale, partial(self._step, inputs), real, output_hidden_states
+            inputs, state * self.embed_scale, output_hidden_states
         )
         if cache is not None:
             time_fn = partial(self.time_embedding, device=device, dtype=dtype)
@@ -566,32 +581,22 @@ class UniversalTransformerModel(UniversalTransformerPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ heads
+# With ACT every head adds the mean ponder cost to its loss (`act_loss_weight`, `txv_act.add_ponder_cost`). The
+# heads ask their base model for the attention they want (`is_causal`), whatever `config.is_decoder` says.
 
 
-class UniversalTransformerHeadMixin:
-    """The Universal Transformer's heads: with ACT the mean ponder cost is added to the loss (`act_loss_weight`)."""
-
-    backbone_class = UniversalTransformerModel
-    backbone_kwargs = {"is_causal": False}
-    decoder_config_allowed = True  # `is_causal` says which attention a head wants, whatever `config.is_decoder`
-
-    def add_auxiliary_losses(self, loss, outputs, attention_mask):
-        return add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
-
-
-class UniversalTransformerForCausalLM(
-    UniversalTransformerHeadMixin, CausalLMHeadMixin, UniversalTransformerPreTrainedModel, GenerationMixin
-):
+class UniversalTransformerForCausalLM(UniversalTransformerPreTrainedModel, GenerationMixin):
     """The causal (decoder) Universal Transformer with a language-model head tied to the input embeddings.
 
     As the decoder of an `EncoderDecoderModel` it reads `encoder_hidden_states` through its cross-attention."""
 
-    output_class = UniversalTransformerCausalLMOutput
-    backbone_kwargs = {"is_causal": True}
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
+        self.model = UniversalTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
         # generate() keeps the step cache (config.use_cache stays False for training) unless told use_cache=False
         if self.generation_config is not None:
             self.generation_config.use_cache = self.model.keeps_step_cache
@@ -623,29 +628,186 @@ class UniversalTransformerForCausalLM(
             **kwargs,
         )
 
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: UniversalStepCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        encoder_hidden_states: torch.FloatTensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> UniversalTransformerCausalLMOutput:
+        """labels: `[batch, length]`, shifted inside (position t predicts labels[t + 1]); -100 is ignored.
+        shift_labels (keyword): `[batch, length]` targets already shifted (transformers' loss kwarg, e.g. for context
+            parallelism): position t predicts shift_labels[t]; used instead of labels. Not a named argument: the
+            Trainer takes every forward argument named like a label for a label it needs before it reports a loss.
+        encoder_hidden_states / encoder_attention_mask: the encoder output read by cross-attention (as the decoder of an
+            `EncoderDecoderModel`; needs `config.add_cross_attention`).
+        logits_to_keep: logits of the last `logits_to_keep` positions only (0 = all); the loss covers every position.
+        loss = lm_loss (the next-token loss) + act_loss_weight * the mean ponder cost of the real positions (with
+        ACT). Other keyword arguments go to the base model."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if encoder_hidden_states is not None and not self.config.add_cross_attention:
+            raise ValueError("encoder_hidden_states was given but config.add_cross_attention is False")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+            is_causal=True,
+            return_dict=True,
+            **kwargs,
+        )
+        logits, lm_loss = causal_lm_head(
+            self.lm_head,
+            outputs.last_hidden_state,
+            self.config.vocab_size,
+            labels,
+            logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+        )
+        loss = add_ponder_cost(lm_loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return UniversalTransformerCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            lm_loss=lm_loss,
+            ponder_cost=outputs.ponder_cost,
+            n_updates=outputs.n_updates,
+            **cache_field(output_cache(outputs)),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            cross_attentions=outputs.cross_attentions,
+        )
 
-class UniversalTransformerForMaskedLM(
-    UniversalTransformerHeadMixin, MaskedLMHeadMixin, UniversalTransformerPreTrainedModel
-):
-    """The bidirectional (encoder) Universal Transformer with a masked-LM head tied to the input embeddings."""
 
-    output_class = UniversalTransformerMaskedLMOutput
+class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
+    """The bidirectional (encoder) Universal Transformer with a masked-LM head tied to the input embeddings (its
+    self-attention is bidirectional whatever `config.is_decoder`)."""
+
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
+    def __init__(self, config: UniversalTransformerConfig):
+        super().__init__(config)
+        self.model = UniversalTransformerModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
 
-class UniversalTransformerForSequenceClassification(
-    UniversalTransformerHeadMixin, SequenceClassificationHeadMixin, UniversalTransformerPreTrainedModel
-):
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> UniversalTransformerMaskedLMOutput:
+        """labels: `[batch, length]` token ids at the masked positions and -100 elsewhere (not shifted). With ACT the
+        loss adds act_loss_weight * the mean ponder cost of the real positions."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            is_causal=False,
+            return_dict=True,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            check_labels(labels, logits.shape[:2], self.config.vocab_size)
+            loss = masked_lm_loss(logits, labels, num_items_in_batch)
+            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return UniversalTransformerMaskedLMOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            ponder_cost=outputs.ponder_cost,
+            n_updates=outputs.n_updates,
+        )
+
+
+class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrainedModel):
     """The bidirectional Universal Transformer with a linear classifier on the mean of the real positions."""
 
-    output_class = UniversalTransformerSequenceClassifierOutput
-    score_bias = True
+    def __init__(self, config: UniversalTransformerConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = UniversalTransformerModel(config)
+        classifier_dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(classifier_dropout if classifier_dropout is not None else 0.0)
+        self.score = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
 
-    def pool(self, hidden_states, input_ids, attention_mask):
+    @accepts_cache_names
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache=None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> UniversalTransformerSequenceClassifierOutput:
+        """labels: `[batch]` class ids (float `[batch, num_labels]` for multi-label, `[batch]` floats for
+        regression). The classifier keeps no cache: `cache` and `use_cache` are accepted and not used. With ACT the
+        loss adds act_loss_weight * the mean ponder cost of the real positions."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            cache=None,
+            inputs_embeds=inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            is_causal=False,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
         if attention_mask is None:
-            return hidden_states.mean(dim=1)
-        weights = attention_mask.to(hidden_states.dtype).unsqueeze(-1)
-        return (hidden_states * weights).sum(1) / weights.sum(1).clamp(min=1)
+            pooled = hidden_states.mean(dim=1)
+        else:  # the mean of the real positions
+            weights = attention_mask.to(hidden_states.dtype).unsqueeze(-1)
+            pooled = (hidden_states * weights).sum(1) / weights.sum(1).clamp(min=1)
+        logits = self.score(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            loss = sequence_classification_loss(self.config, logits, labels)
+            loss = add_ponder_cost(loss, outputs.ponder_cost, self.config.act_loss_weight, attention_mask)
+        return UniversalTransformerSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            ponder_cost=outputs.ponder_cost,
+            n_updates=outputs.n_updates,
+        )
 
 
 __all__ = [

@@ -19,7 +19,6 @@ all positions see the halted ones unchanged (Dehghani et al. 2019, section 2.2).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,7 +87,8 @@ def init_halting_unit(module: nn.Module, std: float) -> bool:
 
 
 class AdaptiveComputationTime(nn.Module):
-    """The halting unit and the ACT loop around a step function.
+    """The halting unit and the settings of the ACT loop. The loop itself is the model's, written around its own step
+    (see `PonderLoop`, which `start` gives): this block never calls back into the model.
 
     Args:
         hidden_size: size of the step input the halting unit reads.
@@ -111,64 +111,93 @@ class AdaptiveComputationTime(nn.Module):
     def halting_probability(self, step_input: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.halting(step_input).squeeze(-1).float())
 
-    def forward(
+    def start(
+        self, state: torch.Tensor, position_mask: torch.Tensor | None = None, return_step_states: bool = False
+    ) -> PonderLoop:
+        """The bookkeeping of one ACT loop over `state` (`[batch, length, hidden]`, the state before the first step);
+        see `PonderLoop` for the loop a model writes around it."""
+        return PonderLoop(self, state, position_mask, return_step_states)
+
+
+class PonderLoop:
+    """The running sums of one ACT loop. The model writes the loop itself, around its own step:
+
+        ponder = act.start(state, position_mask)
+        for step in range(act.max_steps):
+            step_input, step_output = <the model's step n = step + 1 on ponder.state>
+            ponder.update(step_input, step_output)
+            if ponder.halted:
+                break
+        result = ponder.result()
+
+    step_input is what the halting unit reads (e.g. the state plus the step's coordinate embedding), step_output the
+    transformed state y^n. position_mask: `[batch, length]` bool, True for real positions; padding positions halt at
+    the first step and their ponder cost is 0. `state` is the next step's state: the running positions carry y^n, the
+    halted ones are frozen at their (final) mean field."""
+
+    def __init__(
         self,
+        act: AdaptiveComputationTime,
         state: torch.Tensor,
-        step_fn: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
         position_mask: torch.Tensor | None = None,
         return_step_states: bool = False,
-    ) -> ACTOutput:
-        """
-        state: `[batch, length, hidden]` the state before the first step.
-        step_fn(state, step) -> (step_input, step_output): step_input is what the halting unit reads (e.g. the
-            state plus the step's coordinate embedding), step_output the transformed state y^n. `step` counts from 0.
-        position_mask: `[batch, length]` bool, True for real positions; padding positions halt at the first step
-            and their ponder cost is 0.
-        The loop stops as soon as every position has halted (not when compiling: see below).
-        """
+    ):
         batch, length = state.shape[:2]
-        cumulative = torch.zeros(batch, length, device=state.device, dtype=torch.float32)
-        running = torch.ones(batch, length, device=state.device, dtype=torch.bool)
-        remainders = torch.zeros_like(cumulative)
-        n_updates = torch.zeros_like(cumulative)
-        output = torch.zeros_like(state)
-        step_states = [] if return_step_states else None
-        num_steps = 0
-        for step in range(self.max_steps):
-            step_input, step_output = step_fn(state, step)
-            halting = self.halting_probability(step_input)
-            is_last = step == self.max_steps - 1
-            was_running = running
-            p, cumulative, running, halts_now = act_halting_step(halting, cumulative, running, self.threshold, is_last)
-            if position_mask is not None and step == 0:
-                # padding positions halt at once with p = 1: no gradient, no influence
-                pad = ~position_mask.to(torch.bool)
-                halts_now = halts_now | (pad & running)
-                running = running & ~pad
-                p = torch.where(pad, torch.ones_like(p), p)
-            remainders = torch.where(halts_now, p, remainders)
-            n_updates = n_updates + was_running.to(n_updates.dtype)
-            # mean-field update: y = sum_n p^n y^n; positions halted earlier have p = 0 and are left as they were
-            output = output + p.to(state.dtype).unsqueeze(-1) * step_output
-            # the next step's state: running positions carry y^n, halted ones are frozen at their (final) mean field
-            state = torch.where(running.unsqueeze(-1), step_output, output)
-            num_steps = step + 1
-            if return_step_states:
-                step_states.append(state)
-            # stop once every position has halted; a compiled / exported graph cannot branch on that value, so it
-            # runs all `max_steps` (the extra steps change nothing: every p is 0 and every state is frozen)
-            if not torch.compiler.is_compiling() and not bool(running.any()):
-                break
-        ponder_cost = n_updates + remainders
-        if position_mask is not None:
-            ponder_cost = ponder_cost * position_mask.to(ponder_cost.dtype)
+        self.act = act
+        self.position_mask = position_mask
+        self.state = state
+        self.cumulative = torch.zeros(batch, length, device=state.device, dtype=torch.float32)
+        self.running = torch.ones(batch, length, device=state.device, dtype=torch.bool)
+        self.remainders = torch.zeros_like(self.cumulative)
+        self.n_updates = torch.zeros_like(self.cumulative)
+        self.output = torch.zeros_like(state)
+        self.step_states = [] if return_step_states else None
+        self.num_steps = 0
+
+    def update(self, step_input: torch.Tensor, step_output: torch.Tensor) -> torch.Tensor:
+        """Takes one step's `step_input` and `step_output` (step n = `num_steps` + 1); returns the next `state`."""
+        act, step = self.act, self.num_steps
+        halting = act.halting_probability(step_input)
+        was_running = self.running
+        p, self.cumulative, running, halts_now = act_halting_step(
+            halting, self.cumulative, self.running, act.threshold, step == act.max_steps - 1
+        )
+        if self.position_mask is not None and step == 0:
+            # padding positions halt at once with p = 1: no gradient, no influence
+            pad = ~self.position_mask.to(torch.bool)
+            halts_now = halts_now | (pad & running)
+            running = running & ~pad
+            p = torch.where(pad, torch.ones_like(p), p)
+        self.running = running
+        self.remainders = torch.where(halts_now, p, self.remainders)
+        self.n_updates = self.n_updates + was_running.to(self.n_updates.dtype)
+        # mean-field update: y = sum_n p^n y^n; positions halted earlier have p = 0 and are left as they were
+        self.output = self.output + p.to(self.state.dtype).unsqueeze(-1) * step_output
+        # the next step's state: running positions carry y^n, halted ones are frozen at their (final) mean field
+        self.state = torch.where(running.unsqueeze(-1), step_output, self.output)
+        self.num_steps = step + 1
+        if self.step_states is not None:
+            self.step_states.append(self.state)
+        return self.state
+
+    @property
+    def halted(self) -> bool:
+        """Whether every position has halted, so the loop may stop. A compiled / exported graph cannot branch on
+        that value, so while compiling this is False and the loop runs all `max_steps` (the extra steps change
+        nothing: every p is 0 and every state is frozen)."""
+        return not torch.compiler.is_compiling() and not bool(self.running.any())
+
+    def result(self) -> ACTOutput:
+        ponder_cost = self.n_updates + self.remainders
+        if self.position_mask is not None:
+            ponder_cost = ponder_cost * self.position_mask.to(ponder_cost.dtype)
         return ACTOutput(
-            output=output,
+            output=self.output,
             ponder_cost=ponder_cost,
-            n_updates=n_updates,
-            remainders=remainders,
-            num_steps=num_steps,
-            step_states=step_states,
+            n_updates=self.n_updates,
+            remainders=self.remainders,
+            num_steps=self.num_steps,
+            step_states=self.step_states,
         )
 
 
@@ -222,6 +251,7 @@ __all__ = [
     "ACTCausalLMOutput",
     "add_ponder_cost",
     "AdaptiveComputationTime",
+    "PonderLoop",
     "HaltingUnit",
     "act_halting_step",
     "mean_ponder_cost",

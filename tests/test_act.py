@@ -21,6 +21,16 @@ def make_act(max_steps, threshold=0.99):
     return act
 
 
+def run_act(act, state, step_fn, position_mask=None, return_step_states=False):
+    """The ACT loop as a model writes it around its step (`step_fn(state, step) -> (step_input, step_output)`)."""
+    ponder = act.start(state, position_mask, return_step_states=return_step_states)
+    for step in range(act.max_steps):
+        ponder.update(*step_fn(ponder.state, step))
+        if ponder.halted:
+            break
+    return ponder.result()
+
+
 def scripted_step_fn(halting_per_step, outputs_per_step):
     """step_fn whose step input makes the halting unit emit halting_per_step[n][pos], and whose step output at
     position pos is outputs_per_step[n][pos] in feature 1 (feature 0 zero)."""
@@ -55,7 +65,7 @@ def test_act_hand_computed_example():
     halting = [[0.3, 0.995, 0.1], [0.5, 0.9, 0.1], [0.4, 0.9, 0.1], [0.9, 0.9, 0.1]]
     outputs = [[1.0, 2.0, 1.0], [10.0, 20.0, 2.0], [100.0, 200.0, 3.0], [1000.0, 2000.0, 4.0]]
     act = make_act(max_steps=4)
-    result = act(torch.zeros(1, 3, 2), scripted_step_fn(halting, outputs), return_step_states=True)
+    result = run_act(act, torch.zeros(1, 3, 2), scripted_step_fn(halting, outputs), return_step_states=True)
     expected_y = [0.3 * 1 + 0.5 * 10 + 0.2 * 100, 2.0, 0.1 * 1 + 0.1 * 2 + 0.1 * 3 + 0.7 * 4]
     torch.testing.assert_close(result.output[0, :, 1], torch.tensor(expected_y))
     torch.testing.assert_close(result.n_updates[0], torch.tensor([3.0, 1.0, 4.0]))
@@ -67,7 +77,7 @@ def test_act_hand_computed_example():
 def test_max_steps_forces_remainder():
     # h = 0.3, 0.5 with max_steps 2: forced halt at step 2 with R = 1 - 0.3 = 0.7
     act = make_act(max_steps=2)
-    result = act(torch.zeros(1, 1, 2), scripted_step_fn([[0.3], [0.5]], [[1.0], [10.0]]))
+    result = run_act(act, torch.zeros(1, 1, 2), scripted_step_fn([[0.3], [0.5]], [[1.0], [10.0]]))
     torch.testing.assert_close(result.output[0, 0, 1], torch.tensor(0.3 * 1 + 0.7 * 10))
     torch.testing.assert_close(result.ponder_cost[0], torch.tensor([2.7]))
 
@@ -76,7 +86,7 @@ def test_loop_stops_when_all_halted_and_halted_positions_are_copied():
     halting = [[0.995, 0.2], [0.9, 0.3], [0.9, 0.9], [0.9, 0.9]]
     outputs = [[5.0, 1.0], [7.0, 2.0], [9.0, 3.0], [11.0, 4.0]]
     act = make_act(max_steps=4)
-    result = act(torch.zeros(1, 2, 2), scripted_step_fn(halting, outputs), return_step_states=True)
+    result = run_act(act, torch.zeros(1, 2, 2), scripted_step_fn(halting, outputs), return_step_states=True)
     assert result.num_steps == 3  # position 1 halts at step 3 (0.2 + 0.3 + 0.9 >= 0.99)
     # position 0 halted at step 1: its state is frozen at its output from then on
     for state in result.step_states:
@@ -89,7 +99,7 @@ def test_loop_stops_when_all_halted_and_halted_positions_are_copied():
 def test_remainder_gradient_reaches_halting_unit():
     act = AdaptiveComputationTime(hidden_size=4, max_steps=3)
     state = torch.randn(2, 5, 4)
-    result = act(state, lambda s, n: (s, torch.tanh(s + 1)))
+    result = run_act(act, state, lambda s, n: (s, torch.tanh(s + 1)))
     result.ponder_cost.sum().backward()
     assert act.halting.weight.grad is not None and act.halting.weight.grad.abs().sum() > 0
 
@@ -99,7 +109,7 @@ def test_padding_positions_halt_at_once():
     with torch.no_grad():
         act.halting.bias.fill_(-5.0)
     mask = torch.tensor([[True, True, False]])
-    result = act(torch.randn(1, 3, 4), lambda s, n: (s, s + 1), position_mask=mask)
+    result = run_act(act, torch.randn(1, 3, 4), lambda s, n: (s, s + 1), position_mask=mask)
     assert result.n_updates[0].tolist() == [5.0, 5.0, 1.0]
     assert result.ponder_cost[0, 2] == 0  # padding costs nothing
     # the loss term: weight * mean of N + R over the real positions only
