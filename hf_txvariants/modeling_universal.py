@@ -751,6 +751,8 @@ class UniversalTransformerForMaskedLM(UniversalTransformerPreTrainedModel):
 class UniversalTransformerForSequenceClassification(UniversalTransformerPreTrainedModel):
     """The bidirectional Universal Transformer with a linear classifier on the mean of the real positions."""
 
+    # Copied from hf_txvariants.modeling_act_rnn.ACTRNNForSequenceClassification.__init__ with
+    #     ACTRNNConfig->UniversalTransformerConfig, ACTRNNModel->UniversalTransformerModel
     def __init__(self, config: UniversalTransformerConfig):
         super().__init__(config)
         self.num_labels = config.num_labels

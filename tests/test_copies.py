@@ -70,3 +70,15 @@ def test_a_marker_not_followed_by_a_definition_is_an_error(tmp_path):
     target = write_package(tmp_path, "    x = 1\n")
     with pytest.raises(copies.CopyError, match="must start a def or class"):
         copies.check(root=tmp_path, files=[target])
+
+
+def test_a_marker_goes_on_in_indented_comment_lines(tmp_path):
+    target = write_package(tmp_path, FRESH_COPY)
+    text = target.read_text().replace(
+        " with source->target, Source->Target\n", " with\n    #     source->target,\n    #     Source->Target\n"
+    )
+    target.write_text(text)
+    assert copies.check(root=tmp_path, files=[target]) == []
+    target.write_text(text.replace("hidden * target_scale", "hidden - target_scale"))
+    assert copies.check(root=tmp_path, files=[target], fix=True)
+    assert target.read_text() == text

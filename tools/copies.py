@@ -9,7 +9,11 @@ hand-written source and the others hold a copy that this tool writes, marked on 
         ...
 
 The marker names the source (`hf_txvariants.<module>.<Class>[.<method>]` or a module-level function) and, after
-`with`, the replacements applied to its text in order (`old->new`, separated by ", "). The copy is the source's text
+`with`, the replacements applied to its text in order (`old->new`, separated by ", "). A marker too long for one line
+goes on in comment lines indented by four more spaces, each with more replacements:
+
+    # Copied from hf_txvariants.modeling_act_rnn.ACTRNNForSequenceClassification.__init__ with
+    #     ACTRNN->UniversalTransformer, ... The copy is the source's text
 (its decorators, signature and body) with the replacements, re-indented to the marker's depth and formatted by ruff
 (pyproject.toml's settings), so a reader tells a copy from hand-written code by its marker, and edits the source.
 A copy may itself hold copies (a copied class whose methods carry markers): they are compared as text.
@@ -32,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "hf_txvariants"
-MARKER = re.compile(r"^(?P<indent>[ ]*)# Copied from (?P<source>[\w.]+)(?: with (?P<replacements>.+))?$")
+MARKER = re.compile(r"^(?P<indent>[ ]*)# Copied from (?P<source>[\w.]+)(?: with(?: (?P<replacements>.+))?)?$")
+CONTINUATION = re.compile(r"^(?P<indent>[ ]*)#     (?P<replacements>\S.*)$")  # more replacements, four spaces in
 INDENT_STEP = 4  # ruff's indentation (pyproject.toml)
 
 
@@ -113,18 +118,26 @@ def find_copies(path: Path, text: str) -> list[Copy]:
         if match is None:
             continue
         where = f"{path}:{index + 1}"
-        node = starts.get(index + 1)
+        replacements = [match["replacements"]] if match["replacements"] else []
+        last = index
+        while last + 1 < len(lines):
+            more = CONTINUATION.match(lines[last + 1])
+            if more is None or more["indent"] != match["indent"]:
+                break
+            replacements.append(more["replacements"].rstrip(","))
+            last += 1
+        node = starts.get(last + 1)
         if node is None:
             raise CopyError(f"{where}: the line after '# Copied from' must start a def or class (or its decorators)")
         copies.append(
             Copy(
                 path=path,
                 marker_line=index,
-                start=index + 1,
+                start=last + 1,
                 end=node.end_lineno,
                 indent=match["indent"],
                 source=match["source"],
-                replacements=parse_replacements(match["replacements"], where),
+                replacements=parse_replacements(", ".join(replacements), where),
             )
         )
     return copies
