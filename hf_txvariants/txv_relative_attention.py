@@ -23,7 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .txv_attention import additive_mask, get_attention_function
 from .txv_dropout import Dropout
-from .txv_pattern_flex import FLEX_MIN_HEAD_DIM, _call_compiled
+from .txv_flex import FLEX_MIN_HEAD_DIM, call_compiled
 from .txv_positions import sinusoid_table
 from .txv_precision import at_least_float32
 
@@ -367,7 +367,7 @@ def flex_relative_attention(
         if not compiled:  # (a model being compiled returned above)
             output = flex_attention(content_query, key, value, **arguments)
         else:
-            output = _call_compiled(flex_attention, content_query, key, value, **arguments)
+            output = call_compiled(flex_attention, content_query, key, value, **arguments)
     except NotImplementedError as error:  # torch's own refusal, said with the choice that trains there
         if "backward on CPU" not in str(error):
             raise
