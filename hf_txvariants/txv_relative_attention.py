@@ -133,7 +133,7 @@ class RelativePositionAttention(nn.Module):
         context_norm: applied to `[memory; hidden]` before the projections (pre-layer-norm models).
         attention_bias: an optional extra additive term, broadcastable to `[B, heads, Q, M + Q]` (e.g. the log of
             adaptive span's soft mask), added to the position scores.
-        key_values: in evaluation, the layer's `txv_cache.KeyValueSlot`: the memory's keys and values are taken from
+        key_values: in evaluation, the layer's `txv_xl_reuse.KeyValueSlot`: the memory's keys and values are taken from
             it when they were cached with these weights (only the segment is projected), and this pass's are kept.
         key_window: when `allowed` lets a query see only the keys at distances 0 .. key_window - 1 (the
             same-length window, a hard span), its size: blocks of queries then skip the keys none of them sees.
