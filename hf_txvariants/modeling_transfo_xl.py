@@ -3,6 +3,13 @@
 Segment-level recurrence (the memory is carried as the cache, a `MemoryCache`), relative positional
 attention, adaptive input embeddings and a projected adaptive softmax. Parameter names are those of transformers'
 legacy TransfoXL (removed in transformers 5), so its checkpoints load unchanged and reproduce its outputs.
+
+This file is the hand-written source of what the XL family runs alike: the layer (`TransfoXLLayer`), the backbone over a
+segment (`TransfoXLModel.forward_segment`, with the episode starts GTrXL passes), the one-position step door
+(`forward_step` and what it keeps), the LM head's construction, tying and generation methods. `modeling_gtrxl` and
+`modeling_adaptive_span` hold generated copies of them (`# Copied from`, `tools/copies.py`); the mechanisms are the
+leaf blocks `txv_xl`, `txv_xl_memory`, `txv_xl_reuse`, `txv_xl_step`, `txv_relative_attention`, `txv_gates`,
+`txv_adaptive_span` and `txv_adaptive_head`.
 """
 
 from __future__ import annotations
