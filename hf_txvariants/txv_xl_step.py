@@ -59,7 +59,9 @@ def _computes_as(module: nn.Module, base: type, methods: tuple[str, ...]) -> boo
 
 
 def step_support(model) -> str | None:
-    """None if `model` (an XL-family base model, e.g. `GTrXLModel`) can step here, else why not (in words)."""
+    """None if `model` (an XL-family base model, e.g. `GTrXLModel`) can step here, else why not (in words). Its
+    layers' parts are read under the names of their roles (`attention`, `attention_norm`, `feed_forward`,
+    `feed_forward_norm`, `attention_gate`, `feed_forward_gate`), as `LayerStepWeights` reads them."""
     config = model.config
     if config.mem_len <= 0:
         return "mem_len is 0 (no memory to slide)"
