@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .txv_losses import check_causal_lm_targets
+from .txv_losses import causal_lm_head, check_causal_lm_targets
 
 
 def adaptive_tied_weights_keys(config, embedding_path: str, softmax_path: str = "crit") -> dict[str, str]:
@@ -54,7 +54,44 @@ def adaptive_lm_outputs(
     return logits, losses, loss
 
 
+def xl_lm_head(
+    head,
+    hidden_states: torch.Tensor,
+    config,
+    labels=None,
+    logits_to_keep: int = 0,
+    return_logits: bool = True,
+    num_items_in_batch=None,
+    shift_labels=None,
+):
+    """`(logits, losses, loss)` of an XL-family LM head: `head` is the adaptive softmax (`crit`) when
+    `config.uses_adaptive_softmax` (see `adaptive_lm_outputs`), else the linear `lm_head` (`txv_losses.causal_lm_head`,
+    its logits made for the loss anyway, then left out without `return_logits`; no per-token `losses`)."""
+    if not config.uses_adaptive_softmax:
+        logits, loss = causal_lm_head(
+            head,
+            hidden_states,
+            config.vocab_size,
+            labels,
+            logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            shift_labels=shift_labels,
+        )
+        return (logits if return_logits else None), None, loss
+    return adaptive_lm_outputs(
+        head,
+        hidden_states,
+        config.vocab_size,
+        labels,
+        logits_to_keep,
+        num_items_in_batch=num_items_in_batch,
+        shift_labels=shift_labels,
+        return_logits=return_logits,
+    )
+
+
 __all__ = [
     "adaptive_lm_outputs",
     "adaptive_tied_weights_keys",
+    "xl_lm_head",
 ]

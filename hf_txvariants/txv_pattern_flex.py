@@ -8,28 +8,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .txv_flex import FLEX_MIN_HEAD_DIM, call_compiled
 from .txv_patterns import PatternCache
 
 _BLOCK_MASKS = PatternCache(16)
-FLEX_MIN_HEAD_DIM = 16  # FlexAttention's kernels need head_dim >= 16: smaller heads are zero-padded (exact)
-
-
-# torch.compile keeps a few kernels per function (torch._dynamo.config.recompile_limit, 8) and past that runs the
-# function eagerly: flex_attention unfused, materialising every score (measured on an H100 at 16k, 4 layers, the fixed
-# merged pattern: a forward of 305 ms and 26.8 GB against 9 ms and 0.26 GB fused), and a block mask built on the whole
-# grid. Each pattern, grad mode and length is a kernel of its own, so a process with a few patterns (a benchmark, a
-# sweep, evaluation at another length) passes 8 quickly: the compiled calls here run under this limit.
-FLEX_RECOMPILE_LIMIT = 64
-_COMPILED: dict = {}  # function -> its torch.compile'd form, made on first use
-
-
-def _call_compiled(function, *args, **kwargs):
-    """`function(*args, **kwargs)` through torch.compile (made once, static shapes), under FLEX_RECOMPILE_LIMIT."""
-    if function not in _COMPILED:
-        _COMPILED[function] = torch.compile(function, dynamic=False)
-    limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-    with torch._dynamo.config.patch(recompile_limit=limit):
-        return _COMPILED[function](*args, **kwargs)
 
 
 # Above this many mask entries (heads x q_len x k_len) a CUDA block mask is built by a compiled kernel, block by
@@ -60,7 +42,7 @@ def flex_block_mask(pattern, num_heads, q_len, k_len, device, q_offset=0, block_
 
         arguments = (mask_mod, None, heads, q_len, k_len)
         if compile_mask:
-            return _call_compiled(create_block_mask, *arguments, device=device, BLOCK_SIZE=block_size)
+            return call_compiled(create_block_mask, *arguments, device=device, BLOCK_SIZE=block_size)
         return create_block_mask(*arguments, device=device, BLOCK_SIZE=block_size)
 
     key = (pattern, heads, q_len, k_len, q_offset, str(device), block_size, compile_mask)
@@ -90,7 +72,7 @@ def flex_pattern_attention(query, key, value, pattern, scaling, key_padding_mask
     if not compiled or torch.compiler.is_compiling():  # inside a compiled model the model's graph holds the kernel
         output = flex_attention(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
     else:
-        output = _call_compiled(
+        output = call_compiled(
             flex_attention, query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling
         )
     return output[..., :head_dim].transpose(1, 2).contiguous()

@@ -23,7 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .txv_attention import additive_mask, get_attention_function
 from .txv_dropout import Dropout
-from .txv_pattern_flex import FLEX_MIN_HEAD_DIM, _call_compiled
+from .txv_flex import FLEX_MIN_HEAD_DIM, call_compiled
 from .txv_positions import sinusoid_table
 from .txv_precision import at_least_float32
 
@@ -133,7 +133,7 @@ class RelativePositionAttention(nn.Module):
         context_norm: applied to `[memory; hidden]` before the projections (pre-layer-norm models).
         attention_bias: an optional extra additive term, broadcastable to `[B, heads, Q, M + Q]` (e.g. the log of
             adaptive span's soft mask), added to the position scores.
-        key_values: in evaluation, the layer's `txv_cache.KeyValueSlot`: the memory's keys and values are taken from
+        key_values: in evaluation, the layer's `txv_xl_reuse.KeyValueSlot`: the memory's keys and values are taken from
             it when they were cached with these weights (only the segment is projected), and this pass's are kept.
         key_window: when `allowed` lets a query see only the keys at distances 0 .. key_window - 1 (the
             same-length window, a hard span), its size: blocks of queries then skip the keys none of them sees.
@@ -367,7 +367,7 @@ def flex_relative_attention(
         if not compiled:  # (a model being compiled returned above)
             output = flex_attention(content_query, key, value, **arguments)
         else:
-            output = _call_compiled(flex_attention, content_query, key, value, **arguments)
+            output = call_compiled(flex_attention, content_query, key, value, **arguments)
     except NotImplementedError as error:  # torch's own refusal, said with the choice that trains there
         if "backward on CPU" not in str(error):
             raise

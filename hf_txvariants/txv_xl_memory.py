@@ -6,15 +6,11 @@ them with the current weights. The states are stored batch-first, `[batch, memor
 (stop-gradient, SG(.) in the paper) and trimmed to `mem_len`. A boolean `memory_mask` marks which memory slots may be
 attended to (padding and reset rows are masked out).
 
-In evaluation (no autograd) the memory also keeps, per layer, the keys and values that layer computed for the memory
-slots when they were its current segment (`KeyValueSlot`): with unchanged weights they equal the recomputed ones, so
-the next segment projects only its own positions. They are trimmed with the memory, dropped by a training pass, a row
-reset or a change of the weights, and never used while autograd records. For the same passes the cache keeps the
-relative position table (`relative_table`, the sinusoids of every distance seen so far) and each layer's projection of
-it (`KeyValueSlot.position_keys`): neither depends on the batch or the memory, so a step of `generate()` (one query
-against a memory of mem_len positions) projects only its own position, as a step against a key/value cache does.
+In evaluation (no autograd) the cache also keeps what lets the next pass project only its own positions (the keys and
+values of the memory slots, the relative position table and its projections): its `reuse`, a
+`txv_xl_reuse.EvaluationReuse`.
 
-After a one-position step (`txv_xl_step`, entered through `XLBackboneMixin.forward_step`) the cache holds its memory in
+After a one-position step (`txv_xl_step`, entered through the models' `forward_step`) the cache holds its memory in
 the step's layout instead (`MemoryCache.step_layout`, a `txv_xl_step.StepMemory`), until anything else changes it.
 """
 
@@ -24,6 +20,7 @@ import torch
 import torch.utils._pytree
 
 from .txv_cache import RowStateCache
+from .txv_xl_reuse import AppendBuffers, EvaluationReuse
 from .txv_xl_step import StepMemory
 
 
@@ -53,120 +50,6 @@ class MemoryLayer:
 
     def get_max_length(self) -> int:
         return self._cache.mem_len
-
-
-class KeyValueSlot:
-    """One layer's access, during one evaluation pass, to the keys and values cached with the memory.
-
-    `lookup(weights_token, memory_length)` gives the `[batch, heads, memory_length, head_dim]` keys and values of the
-    last `memory_length` memory slots if the layer cached them with the same weights (`weights_token` names them: the
-    tensors, their in-place versions, the autocast dtype), else None. `keep(key, value, weights_token)` records the
-    keys and values the layer used for the last `key.shape[2]` positions of `[memory; segment]`; the memory update
-    keeps the part that stays in memory."""
-
-    def __init__(self, cache: MemoryCache, layer_idx: int):
-        self._cache, self.layer_idx = cache, layer_idx
-
-    def lookup(self, weights_token: tuple, memory_length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        cache = self._cache
-        if cache.memory_keys is None or memory_length == 0 or memory_length > cache.memory_length:
-            return None
-        key, value = cache.memory_keys[self.layer_idx], cache.memory_values[self.layer_idx]
-        if key is None or cache.key_value_tokens[self.layer_idx] != weights_token:
-            return None
-        if memory_length == key.shape[2]:  # the kept tensors themselves: `extend` appends to them in place
-            return key, value
-        return key[:, :, -memory_length:], value[:, :, -memory_length:]
-
-    def extend(self, cached: tuple[torch.Tensor, torch.Tensor], key: torch.Tensor, value: torch.Tensor):
-        """`[cached keys; key]` and `[cached values; value]` along the positions (appended in place, see
-        `AppendBuffers`)."""
-        buffers = self._cache._buffers
-        return (
-            buffers.append(("key", self.layer_idx), cached[0], key, 2),
-            buffers.append(("value", self.layer_idx), cached[1], value, 2),
-        )
-
-    def keep(self, key: torch.Tensor, value: torch.Tensor, weights_token: tuple):
-        if self._cache._new_key_values is not None:
-            # (no copy without autograd: the tensors may be views `AppendBuffers` extends in place)
-            key, value = (key.detach(), value.detach()) if key.requires_grad else (key, value)
-            self._cache._new_key_values[self.layer_idx] = (key, value, weights_token)
-
-    def position_keys(self, weights_token: tuple, position_embeddings: torch.Tensor, project) -> torch.Tensor:
-        """`project(position_embeddings)` (the layer's keys of the relative positions, `[heads, rows, head_dim]`),
-        taken from the projection of the cache's whole `relative_table` made with the same weights when
-        `position_embeddings` is a suffix of that table (the rows of the distances a pass sees are always its last
-        rows); computed whole otherwise."""
-        cache = self._cache
-        table = cache._relative_table
-        rows = position_embeddings.shape[0]
-        if table is None or not is_row_suffix(position_embeddings, table):
-            return project(position_embeddings)
-        token = (weights_token, table.data_ptr(), table.shape[0])
-        cached = cache._position_keys[self.layer_idx]
-        if cached is None or cached[0] != token:
-            cached = cache._position_keys[self.layer_idx] = (token, project(table))
-        return cached[1][:, cached[1].shape[1] - rows :]
-
-
-def is_row_suffix(rows: torch.Tensor, table: torch.Tensor) -> bool:
-    """Whether `rows` is a view of the last rows of the contiguous `table` (same storage, same end)."""
-    return (
-        rows.dtype == table.dtype
-        and rows.device == table.device
-        and rows.is_contiguous()
-        and rows.shape[1:] == table.shape[1:]
-        and rows.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
-        and rows.data_ptr() + rows.numel() * rows.element_size()
-        == table.data_ptr() + table.numel() * table.element_size()
-    )
-
-
-STEP_FRACTION = 8  # an append of one position or at most 1/STEP_FRACTION of the window is a step: room is kept
-
-
-class AppendBuffers:
-    """Appending to the tensors a cache keeps (the memory of each layer, its keys and values) in place, in evaluation.
-
-    `append(name, window, new, dim)` is `torch.cat([window, new], dim)`; when `window` is the view this object last
-    handed out under `name` (`keep(name, view)`), `new` is written into the preallocated buffer right after it and a
-    view of the buffer is returned: no copy of the window, which a step of `generate()` or of an acting agent would
-    otherwise pay per layer (the memory, keys and values: `[batch, mem_len, hidden]` each). For steps (an append of
-    one position, or of at most 1/8 of the window) a buffer holds room for as many positions again as the window is
-    long; when it is full, the window is copied to the start of a new buffer. A larger append (a segment in
-    evaluation) gets a buffer of exactly `[window; new]`, as `torch.cat` would: room for further segments would
-    double the memory, keys and values that evaluation holds per layer, to save one copy of the window in two.
-    Only what lies after the last view handed out is ever written, so no tensor handed out (kept by the caller,
-    returned as the cache) ever changes. Used only without autograd (an in-place write would invalidate the saved
-    tensors of a graph); the cache drops the buffers whenever it replaces its tensors otherwise."""
-
-    def __init__(self):
-        self._entries: dict = {}  # name -> [buffer, dim, end (where the next entries go), the view last kept]
-
-    def append(self, name, window: torch.Tensor, new: torch.Tensor, dim: int) -> torch.Tensor:
-        entry = self._entries.get(name)
-        length, added = window.shape[dim], new.shape[dim]
-        if entry is None or entry[3] is not window or entry[2] + added > entry[0].shape[dim]:
-            shape = list(window.shape)
-            shape[dim] = length + added + (length if added <= max(1, length // STEP_FRACTION) else 0)
-            buffer = window.new_empty(shape)
-            buffer.narrow(dim, 0, length).copy_(window)
-            entry = self._entries[name] = [buffer, dim, length, None]
-        buffer, _, end, _ = entry
-        buffer.narrow(dim, end, added).copy_(new)
-        entry[2], entry[3] = end + added, None  # consumed: `keep` names the next window
-        return buffer.narrow(dim, end - length, length + added)
-
-    def keep(self, name, view: torch.Tensor):
-        """Records `view` as the window to extend next when it is the last entries of what `append(name, ...)`
-        returned last (any other tensor is not extended in place: it is copied into a new buffer)."""
-        entry = self._entries.get(name)
-        if entry is None or view._base is not entry[0]:
-            return
-        buffer, dim, end, _ = entry
-        if view.data_ptr() == buffer.narrow(dim, end - view.shape[dim], view.shape[dim]).data_ptr():
-            entry[3] = view
 
 
 class MemoryCache(RowStateCache):
@@ -212,16 +95,9 @@ class MemoryCache(RowStateCache):
         self._step = None
         self._step_window_read = True  # whether `_memories` and `_memory_mask` show the step's window
         self._all_real_mask: torch.Tensor | None = None
-        # per layer, aligned with `memories` (see `KeyValueSlot`); None where not cached
-        self.memory_keys: list[torch.Tensor | None] | None = None
-        self.memory_values: list[torch.Tensor | None] | None = None
-        self.key_value_tokens: list[tuple | None] | None = None
-        self._new_key_values: list | None = None  # what the layers computed in the pass under way
-        self._buffers = AppendBuffers()  # in-place appends of the memory and its keys and values (evaluation)
-        # batch-independent, kept across updates (see `relative_table` and `KeyValueSlot.position_keys`)
-        self._relative_table: torch.Tensor | None = None
-        self._relative_table_key: tuple | None = None
-        self._position_keys: list = [None] * num_layers
+        self._buffers = AppendBuffers()  # in-place appends of the memory (evaluation)
+        # what evaluation keeps besides the memory: its keys and values, the relative position table
+        self.reuse = EvaluationReuse(num_layers)
         self.seen_tokens = seen_tokens
         if memories is not None:
             self._set(list(memories), memory_mask)
@@ -311,7 +187,7 @@ class MemoryCache(RowStateCache):
         self._memory_mask = memory_mask.to(torch.bool)
         # the mask known (without reading it) to be all True: `key_mask` then needs no mask and no host sync
         self._all_real_mask = self._memory_mask if all_real else None
-        self._forget_memory_key_values()
+        self.reuse.forget_memory_key_values()
 
     # ----------------------------------------------------------------------------------------------------------------
     # the memory and its two layouts
@@ -365,57 +241,13 @@ class MemoryCache(RowStateCache):
         one more token seen."""
         self._step_window_read = False
         self._all_real_mask = None
-        self._forget_memory_key_values()
+        self.reuse.forget_memory_key_values()
         self.seen_tokens += 1
 
-    def _forget_memory_key_values(self):
-        self.memory_keys = self.memory_values = self.key_value_tokens = None
-        self._new_key_values = None
-
     def forget_key_values(self):
-        """Drops everything cached besides the memory: the memory's keys and values, the relative position table and
-        its projections (all recomputed when next needed)."""
-        self._forget_memory_key_values()
-        self._relative_table = self._relative_table_key = None
-        self._position_keys = [None] * self.num_layers
-
-    def relative_table(self, key_length: int, build, key: tuple) -> torch.Tensor:
-        """The relative position table of a pass over `key_length` keys, `build(length)` (the sinusoids of distances
-        length - 1 .. -1, `txv_relative_attention.relative_position_embeddings`), as the last `key_length + 1` rows of
-        one table kept across passes: built for at least mem_len + 1 keys (a step against a full memory), and again,
-        longer, when a pass needs more. `key` names everything else the table depends on (clamp_len, width, dtype,
-        device): another key builds a new table."""
-        table = self._relative_table
-        if table is None or self._relative_table_key != key or table.shape[0] < key_length + 1:
-            table = self._relative_table = build(max(key_length, self.mem_len + 1))
-            self._relative_table_key = key
-            self._position_keys = [None] * self.num_layers
-        return table[table.shape[0] - key_length - 1 :]
-
-    def key_value_slots(self) -> list[KeyValueSlot]:
-        """One `KeyValueSlot` per layer for an evaluation pass (no autograd, weights fixed during the pass)."""
-        self._new_key_values = [None] * self.num_layers
-        return [KeyValueSlot(self, i) for i in range(self.num_layers)]
-
-    def _keep_new_key_values(self, pending: list | None, memory_length: int):
-        """After a memory update: per layer, the last `memory_length` keys and values of what the pass computed, when
-        it covered them (else None: recomputed next time)."""
-        if pending is None or memory_length == 0:
-            return
-        keys, values, tokens = [], [], []
-        for entry in pending:
-            if entry is None or entry[0].shape[2] < memory_length:
-                entry = (None, None, None)
-            else:
-                key, value, token = entry
-                entry = (key[:, :, -memory_length:], value[:, :, -memory_length:], token)
-                self._buffers.keep(("key", len(keys)), entry[0])
-                self._buffers.keep(("value", len(keys)), entry[1])
-            keys.append(entry[0])
-            values.append(entry[1])
-            tokens.append(entry[2])
-        if any(token is not None for token in tokens):
-            self.memory_keys, self.memory_values, self.key_value_tokens = keys, values, tokens
+        """Drops everything kept besides the memory (`reuse`: the memory's keys and values, the relative position
+        table and its projections; all recomputed when next needed)."""
+        self.reuse.forget()
 
     # ----------------------------------------------------------------------------------------------------------------
     # what the model reads and writes
@@ -457,7 +289,7 @@ class MemoryCache(RowStateCache):
         `input_mask` is `[batch, new_length]` bool (True = real token) or None (all real)."""
         new_length = layer_inputs[0].shape[1]
         self.seen_tokens += new_length
-        pending, self._new_key_values = self._new_key_values, None
+        pending = self.reuse.take_pending()
         if self.mem_len == 0:
             return
         # the mask is kept only when some slot may be masked (building it for an all-real memory costs a pass)
@@ -485,7 +317,7 @@ class MemoryCache(RowStateCache):
         if in_place:
             for i, memory in enumerate(self.memories):
                 self._buffers.keep(("memory", i), memory)
-        self._keep_new_key_values(pending, self.memory_length)
+        self.reuse.keep_pending(pending, self.memory_length)
 
     def reset_rows(self, done: torch.Tensor, memory_init: str | None = None):
         """Forgets the memory of the rows where `done` is True (e.g. an episode ended), in place.
@@ -506,7 +338,7 @@ class MemoryCache(RowStateCache):
             self.memories = [m * keep for m in self.memories]
             # the zero vectors are attended: their keys and values (through a pre-norm, not zero) are recomputed, as
             # are those of the pass under way (computed from the old memory)
-            self._forget_memory_key_values()
+            self.reuse.forget_memory_key_values()
             all_real = self.memory_mask is self._all_real_mask
             self.memory_mask = self.memory_mask | done[:, None]
             self._all_real_mask = self.memory_mask if all_real else None
@@ -525,10 +357,7 @@ class MemoryCache(RowStateCache):
         )
         if self.memories is not None:
             copy._set([m.clone() for m in self.memories], self.memory_mask.clone())
-        if self.memory_keys is not None:
-            copy.memory_keys = [None if k is None else k.clone() for k in self.memory_keys]
-            copy.memory_values = [None if v is None else v.clone() for v in self.memory_values]
-            copy.key_value_tokens = list(self.key_value_tokens)
+        copy.reuse = self.reuse.clone()
         return copy
 
     # ----------------------------------------------------------------------------------------------------------------
@@ -545,7 +374,7 @@ class MemoryCache(RowStateCache):
     def reset(self):
         self.memories, self.memory_mask, self.seen_tokens = None, None, 0
         self._buffers = AppendBuffers()
-        self.forget_key_values()
+        self.reuse.reset()
 
     def crop(self, max_length: int):
         raise NotImplementedError(
@@ -560,6 +389,7 @@ class MemoryCache(RowStateCache):
             return
         all_real = self.memory_mask is not None and self.memory_mask is self._all_real_mask
         super()._map_rows(fn)
+        self.reuse.map_rows(fn)
         if all_real:  # rows of an all-real memory (beam reordering, expansion, selection) are all real
             self._all_real_mask = self.memory_mask
 
@@ -567,8 +397,6 @@ class MemoryCache(RowStateCache):
         return {
             "memories": self.memories,
             "memory_mask": self.memory_mask,
-            "memory_keys": self.memory_keys,
-            "memory_values": self.memory_values,
         }
 
 
@@ -614,4 +442,4 @@ def memory_for_input(
     return memory
 
 
-__all__ = ["AppendBuffers", "KeyValueSlot", "MemoryCache", "MemoryLayer", "is_row_suffix", "memory_for_input"]
+__all__ = ["MemoryCache", "MemoryLayer", "memory_for_input"]

@@ -1,9 +1,9 @@
 """One step of an XL-family stack over a sliding memory window, one new position per row and call, each layer attending
-to its last `mem_len` memory slots and the new position: what `XLBackboneMixin.forward_step`, the one door into it,
+to its last `mem_len` memory slots and the new position: what the models' `forward_step`, the one door into it,
 runs for an agent acting in many environments at once (`hf_txvariants.rl.GTrXLBody`) and for `generate()` feeding one
 token per row.
 
-`XLBackboneMixin.forward_segment` gives the same outputs for any segment length, padding and mechanism. For one position
+The models' `forward_segment` gives the same outputs for any segment length, padding and mechanism. For one position
 per row that generality is most of the cost: about 310 aten ops, 60 module calls and the cache's bookkeeping per step
 of the RL benchmark's 2-layer GTrXL in 16 environments, where each small kernel takes ~3 us on a CPU
 (benchmarks/RESULTS.md, "Acting speed"). Here that step is 110 aten ops, on state kept in the form a step needs:
@@ -33,6 +33,8 @@ shared u / v biases. An attention window shorter than the memory plus the new po
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -44,6 +46,10 @@ from .txv_xl_config import attention_window
 
 # the most weights (hidden x heads x key slots) for which a layer's position term is folded into its projection
 FOLDED_POSITION_LIMIT = 1 << 16
+# the config fields that decide whether and how a model steps here (`attention_window`, `step_support`): the models
+# keep what they made for the step per setting of these
+STEP_SETTING_FIELDS = ("mem_len", "same_length", "same_length_extra_key", "attn_span", "adapt_span_enabled")
+parameter_version = operator.attrgetter("_version")  # a tensor's in-place version counter
 
 
 def _computes_as(module: nn.Module, base: type, methods: tuple[str, ...]) -> bool:
@@ -53,7 +59,9 @@ def _computes_as(module: nn.Module, base: type, methods: tuple[str, ...]) -> boo
 
 
 def step_support(model) -> str | None:
-    """None if `model` (an XL-family base model, e.g. `GTrXLModel`) can step here, else why not (in words)."""
+    """None if `model` (an XL-family base model, e.g. `GTrXLModel`) can step here, else why not (in words). Its
+    layers' parts are read under the names of their roles (`attention`, `attention_norm`, `feed_forward`,
+    `feed_forward_norm`, `attention_gate`, `feed_forward_gate`), as `LayerStepWeights` reads them."""
     config = model.config
     if config.mem_len <= 0:
         return "mem_len is 0 (no memory to slide)"
@@ -63,7 +71,7 @@ def step_support(model) -> str | None:
     if window is not None and window < 1:
         return f"the attention window ({window} keys) holds no key"
     for index, layer in enumerate(model.layers):
-        attention = layer.part("attention")
+        attention = layer.attention
         if not _computes_as(attention, RelativePositionAttention, ("forward", "project", "attend_one_query")):
             return f"layer {index}'s attention is not a RelativePositionAttention (or computes otherwise)"
         if not hasattr(attention, "r_w_bias"):
@@ -71,10 +79,10 @@ def step_support(model) -> str | None:
         plain = (attention.qkv_net, attention.r_net, attention.o_net)
         if any(type(module) is not nn.Linear for module in plain):
             return f"layer {index}'s attention projections are wrapped (not plain nn.Linear)"
-        norms = (layer.part("attention_norm"), layer.part("feed_forward_norm"))
+        norms = (layer.attention_norm, layer.feed_forward_norm)
         if any(type(norm) is not nn.LayerNorm for norm in norms):
             return f"layer {index}'s norms are not plain nn.LayerNorm"
-        feed_forward = layer.part("feed_forward")
+        feed_forward = layer.feed_forward
         if not _computes_as(feed_forward, PositionwiseFeedForward, ("forward",)) or any(
             type(feed_forward.CoreNet[i]) is not nn.Linear for i in (0, 3)
         ):
@@ -97,7 +105,7 @@ class LayerStepWeights:
     `torch.mm` / `torch.addmm`."""
 
     def __init__(self, layer, key_count: int, position_table: torch.Tensor):
-        attention = layer.part("attention")
+        attention = layer.attention
         self.residual = layer.residual
         self.heads, self.head_dim = attention.num_heads, attention.head_dim
         heads, head_dim = self.heads, self.head_dim
@@ -133,9 +141,9 @@ class LayerStepWeights:
         self.projection_weight = torch.cat(parts, dim=2).flatten(1)
         self.projection_bias = torch.cat(biases, dim=1).flatten()
         self.output_weight = attention.o_net.weight.t().contiguous()
-        self.attention_norm = layer.part("attention_norm")
-        self.feed_forward_norm = layer.part("feed_forward_norm")
-        core = layer.part("feed_forward").CoreNet
+        self.attention_norm = layer.attention_norm
+        self.feed_forward_norm = layer.feed_forward_norm
+        core = layer.feed_forward.CoreNet
         self.feed_forward = (
             core[0].bias,
             core[0].weight.t().contiguous(),
@@ -348,4 +356,12 @@ def xl_step(
     return hidden if weights.final_norm is None else _layer_norm(weights.final_norm, hidden)
 
 
-__all__ = ["LayerStepWeights", "StepMemory", "StepWeights", "step_support", "xl_step"]
+__all__ = [
+    "STEP_SETTING_FIELDS",
+    "LayerStepWeights",
+    "StepMemory",
+    "StepWeights",
+    "parameter_version",
+    "step_support",
+    "xl_step",
+]

@@ -109,7 +109,7 @@ def test_cached_steps_equal_steps_that_recompute_from_the_memory(name):
                 steps.append(output.logits[:, -1])
         logits[mode] = torch.stack(steps, 1)
         if mode == "general, cached":
-            assert cache.memory_keys is not None and cache._relative_table is not None
+            assert cache.reuse.memory_keys is not None and cache.reuse.table is not None
         if mode == "step path":  # the step ran (its weights were made), and the cache is one MemoryCache throughout
             assert model.base_model._step_weights is not None and type(cache).__name__ == "MemoryCache"
     torch.testing.assert_close(logits["general, cached"], logits["general, recomputed"], atol=1e-6, rtol=1e-6)
@@ -264,7 +264,7 @@ def test_append_buffers_equal_concatenation_and_never_change_a_tensor_handed_out
     """`AppendBuffers.append` is `torch.cat`: in place after the window it handed out last (no copy of the window),
     through refills of a full buffer; every window handed out keeps its values; a tensor it did not hand out (here a
     view of its own buffer that is not the kept window) is copied, never written after."""
-    from hf_txvariants.txv_xl_memory import AppendBuffers
+    from hf_txvariants.txv_xl_reuse import AppendBuffers
 
     buffers, generator = AppendBuffers(), torch.Generator().manual_seed(0)
     window = torch.randn(2, 3, 4, generator=generator)
@@ -293,7 +293,7 @@ def test_append_buffers_equal_concatenation_and_never_change_a_tensor_handed_out
 def test_append_buffers_keep_no_room_after_a_segment():
     """A segment's append (more than a step) allocates `[window; new]` exactly, as `torch.cat` does, so evaluation
     holds one segment's memory, keys and values per layer, not twice that; a step's append keeps room."""
-    from hf_txvariants.txv_xl_memory import AppendBuffers
+    from hf_txvariants.txv_xl_reuse import AppendBuffers
 
     buffers = AppendBuffers()
     window, segment = torch.randn(2, 16, 4), torch.randn(2, 16, 4)

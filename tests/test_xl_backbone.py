@@ -373,9 +373,9 @@ def test_evaluation_reuses_the_memory_keys_and_values_exactly(name, segment, mon
     # the memory is projected again only where the cache could not serve it (the first segment's zero memory, a
     # reset of zero memory, a layer that trimmed its memory to its span)
     assert sum(reusing_projections) < sum(recomputing_projections), (reusing_projections, recomputing_projections)
-    assert cache.memory_keys is not None
+    assert cache.reuse.memory_keys is not None
     heads, head_dim = model.config.num_attention_heads, model.config.head_dim
-    for memory, key, value in zip(cache.memories, cache.memory_keys, cache.memory_values):
+    for memory, key, value in zip(cache.memories, cache.reuse.memory_keys, cache.reuse.memory_values):
         if key is not None:  # (a layer that trimmed its memory to its span keeps no keys)
             assert key.shape == value.shape == (2, heads, memory.shape[1], head_dim)
 
@@ -390,7 +390,7 @@ def test_memory_keys_and_values_follow_beam_reordering():
         order = torch.tensor([2, 0, 0])
         reordered = cache.clone()
         reordered.reorder_cache(order)
-        assert torch.equal(reordered.memory_keys[0], cache.memory_keys[0][order])
+        assert torch.equal(reordered.reuse.memory_keys[0], cache.reuse.memory_keys[0][order])
         recomputed = reordered.clone()
         recomputed.forget_key_values()
         next_ids = ids[order, 4:]
@@ -407,7 +407,7 @@ def test_changed_weights_never_use_stale_keys_and_values():
     ids = _ids(2, 10)
     with torch.no_grad():
         cache = output_cache(model(ids[:, :5]))
-        assert cache.memory_keys is not None
+        assert cache.reuse.memory_keys is not None
         for parameter in model.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
         recomputed = cache.clone()
@@ -427,7 +427,7 @@ def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
     model.eval()
     with torch.no_grad():
         cache = output_cache(model(ids[:, :5]))
-    assert cache.memory_keys is not None
+    assert cache.reuse.memory_keys is not None
     recomputed = cache.clone()
     recomputed.forget_key_values()
     model.train(mode == "train")
@@ -437,7 +437,7 @@ def test_a_pass_with_gradients_never_uses_cached_keys_and_values(mode):
         model(ids[:, 5:], labels=ids[:, 5:], cache=memory).loss.backward()
         gradients.append(model.transformer.layers[0].dec_attn.qkv_net.weight.grad.clone())
     torch.testing.assert_close(gradients[0], gradients[1], atol=1e-6, rtol=0)
-    assert cache.memory_keys is None
+    assert cache.reuse.memory_keys is None
 
 
 # ------------------------------------------------------------------------------------------ export and compile

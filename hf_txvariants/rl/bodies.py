@@ -62,7 +62,7 @@ class GTrXLBody(MemoryBody):
             raise ValueError(f"config.mem_len must be >= 0, got {config.mem_len}")
         self.config = config
         self.hidden_size, self.mem_len = config.hidden_size, config.mem_len
-        self.model = GTrXLModel(config)  # (which keeps what its one-step path needs: `XLBackboneMixin`)
+        self.model = GTrXLModel(config)  # (which keeps what its one-step path needs: `forward_step`)
 
     @property
     def memoryless(self) -> bool:
