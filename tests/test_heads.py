@@ -1,4 +1,5 @@
-"""The shared heads (`txv_heads`) on every variant: what each head promises, checked the same way everywhere."""
+"""The task heads of every variant (each written in its modeling file): what each head promises, checked the same way
+everywhere."""
 
 from __future__ import annotations
 
