@@ -283,6 +283,29 @@ def test_refresh_code_replaces_the_code_and_keeps_the_weights(tmp_path):
     assert not [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_refresh_code_removes_the_blocks_the_new_code_no_longer_imports(tmp_path):
+    """A folder saved before the heads were written into the modeling files carries `txv_heads.py` (and, for the XL
+    family, `txv_xl_model.py` and the Sparse Transformer's pattern files): refreshed, it holds the new payload only,
+    the tokenizer's blocks kept, and still loads."""
+    model = tiny_causal_lm("transfo-xl")
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    (folder / "tokenization_transfo_xl.py").write_bytes(
+        (Path(txv.__file__).parent / "tokenization_transfo_xl.py").read_bytes()
+    )
+    (folder / "txv_safe_pickle.py").write_bytes((Path(txv.__file__).parent / "txv_safe_pickle.py").read_bytes())
+    for old_block in ("txv_heads.py", "txv_xl_model.py", "txv_pattern_flex.py"):
+        (folder / old_block).write_text("# a block of an earlier version of the plugin\n")
+
+    refresh_code(folder)
+
+    shipped = {path.name for path in folder.glob("*.py")}
+    assert not shipped & {"txv_heads.py", "txv_xl_model.py", "txv_pattern_flex.py"}
+    assert {"modeling_transfo_xl.py", "txv_xl_memory.py", "tokenization_transfo_xl.py", "txv_safe_pickle.py"} <= shipped
+    reloaded = type(model).from_pretrained(folder)
+    assert reloaded.config.model_type == "transfo-xl"
+
+
 def test_refresh_code_refuses_what_is_not_a_plugin_model(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         refresh_code(tmp_path)

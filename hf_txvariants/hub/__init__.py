@@ -204,7 +204,12 @@ def refresh_code(folder: str | Path) -> list[str]:
     """Replaces the model code that a saved or downloaded model folder carries (its remote-code payload and
     `auto_map`) with the installed plugin's, leaving the weights and everything else untouched: a folder saved
     before a fix (e.g. before the plugin supported transformers 5.24) then loads with `trust_remote_code=True` on
-    the releases the plugin supports. Returns the names of the files written. Also `txv refresh-code FOLDER`."""
+    the releases the plugin supports. The plugin's `txv_*` blocks that no code file of the folder imports any more
+    (e.g. `txv_heads.py` of a folder saved before the heads were written into the modeling files) are removed, so
+    the folder holds only the code its model runs. Returns the names of the files written. Also
+    `txv refresh-code FOLDER`."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
     import hf_txvariants
 
     from ..txv_pretrained import write_code_payload
@@ -222,4 +227,10 @@ def refresh_code(folder: str | Path) -> list[str]:
             f"{config_path}: model_type {model_type!r} is not a variant of this plugin "
             f"(known: {', '.join(sorted(hf_txvariants.VARIANTS))})"
         )
-    return write_code_payload(*hf_txvariants.VARIANTS[model_type], folder)
+    written = write_code_payload(*hf_txvariants.VARIANTS[model_type], folder)
+    entry_files = [path for path in folder.glob("*.py") if not path.name.startswith("txv_")]
+    imported = {Path(name).name for path in entry_files for name in get_relative_import_files(str(path))}
+    for stale in sorted(folder.glob("txv_*.py")):
+        if stale.name not in imported:
+            stale.unlink()
+    return written
