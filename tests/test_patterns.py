@@ -331,6 +331,7 @@ def test_unions_run_fused_kernel_with_summaries_unmasked(name, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.release_independent
 @pytest.mark.skipif(
     not VECTOR_INDUCTOR, reason="torch.compile lowers FlexAttention for CPU only with AVX2 (inductor's flex_cpu)"
 )
@@ -365,6 +366,7 @@ def test_the_compiled_build_is_chosen_for_long_cuda_masks():
 
 @pytest.mark.exact  # integer block tables
 @pytest.mark.slow
+@pytest.mark.release_independent
 @pytest.mark.parametrize(
     "device",
     [
@@ -391,6 +393,7 @@ def test_compiled_block_mask_equals_the_eager_one(pattern, device):
 
 
 @pytest.mark.slow
+@pytest.mark.release_independent
 @pytest.mark.skipif(not VECTOR_INDUCTOR, reason="inductor's CPU code needs AVX2")
 def test_compiled_mask_builds_stay_compiled_past_the_global_recompile_limit(caplog):
     """Each pattern's mask is a kernel of its own; past torch's recompile limit the build would run eagerly, on the

@@ -245,6 +245,7 @@ def test_config_keys_the_module_would_not_read_are_refused_by_name():
 
 
 @pytest.mark.slow
+@pytest.mark.release_independent
 def test_rllib_ppo_trains_two_iterations_with_the_module(tmp_path, monkeypatch):
     """PPO (RLlib's new API stack) with the GTrXL module on the proof-of-memory task: two training iterations sampled
     by a remote env runner (the module built from its spec in another process, its weights synced there), the second
