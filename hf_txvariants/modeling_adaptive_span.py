@@ -19,7 +19,7 @@ from transformers.utils import can_return_tuple
 from .configuration_adaptive_span import AdaptiveSpanConfig
 from .txv_adaptive_head import adaptive_tied_weights_keys, xl_lm_head
 from .txv_adaptive_softmax import ProjectedAdaptiveLogSoftmax
-from .txv_adaptive_span import AdaptiveSpan
+from .txv_adaptive_span import AdaptiveSpan, with_span_penalty
 from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field, output_cache
 from .txv_gates import build_gate
 from .txv_inputs import embed_inputs, segment_padding_mask
@@ -578,9 +578,7 @@ class AdaptiveSpanForCausalLM(AdaptiveSpanPreTrainedModel, GenerationMixin):
             num_items_in_batch=num_items_in_batch,
             shift_labels=shift_labels,
         )
-        loss = lm_loss
-        if lm_loss is not None and outputs.span_penalty is not None:
-            loss = lm_loss + self.config.adapt_span_loss * outputs.span_penalty
+        loss = with_span_penalty(lm_loss, outputs.span_penalty, self.config.adapt_span_loss)
         return AdaptiveSpanCausalLMOutput(
             loss=loss,
             logits=logits,

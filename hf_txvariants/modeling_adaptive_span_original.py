@@ -33,7 +33,13 @@ from transformers.modeling_outputs import ModelOutput
 from transformers.utils import can_return_tuple
 
 from .configuration_adaptive_span_original import AdaptiveSpanOriginalConfig
-from .txv_adaptive_span import AdaptiveSpan, original_cache_length, original_trim_length, soft_span_mask
+from .txv_adaptive_span import (
+    AdaptiveSpan,
+    original_cache_length,
+    original_trim_length,
+    soft_span_mask,
+    with_span_penalty,
+)
 from .txv_compat import GradientCheckpointingLayer, accepts_cache_names, cache_field, model_output, output_cache
 from .txv_dropout import Dropout
 from .txv_inputs import embed_inputs
@@ -440,9 +446,7 @@ class AdaptiveSpanOriginalForCausalLM(AdaptiveSpanOriginalPreTrainedModel, Gener
             num_items_in_batch=num_items_in_batch,
             shift_labels=shift_labels,
         )
-        loss = lm_loss
-        if loss is not None and outputs.span_penalty is not None:
-            loss = loss + self.config.adapt_span_loss * outputs.span_penalty
+        loss = with_span_penalty(lm_loss, outputs.span_penalty, self.config.adapt_span_loss)
         return AdaptiveSpanOriginalCausalLMOutput(
             loss=loss,
             logits=logits,

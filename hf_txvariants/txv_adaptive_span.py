@@ -162,6 +162,15 @@ class AdaptiveSpan(nn.Module):
             self.current_val.clamp_(0.0, 1.0)
 
 
+def with_span_penalty(lm_loss: torch.Tensor | None, span_penalty: torch.Tensor | None, weight: float):
+    """The objective of an adaptive-span model: `lm_loss + weight * span_penalty` (the config's `adapt_span_loss`
+    times the summed mean spans); `lm_loss` itself without a penalty (no adaptive span) or without a loss (no
+    labels)."""
+    if lm_loss is None or span_penalty is None:
+        return lm_loss
+    return lm_loss + weight * span_penalty
+
+
 __all__ = [
     "ORIGINAL_TRIM_STEP",
     "AdaptiveSpan",
@@ -170,4 +179,5 @@ __all__ = [
     "original_trim_length",
     "soft_span_mask",
     "span_attention_bias",
+    "with_span_penalty",
 ]
