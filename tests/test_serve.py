@@ -229,10 +229,11 @@ def test_bad_requests_get_a_clear_error_and_the_server_goes_on(client, folders, 
     assert "input_ids must be in [0, 12)" in str(error.value.body)
     assert _serves(client, small, SMALL_PROMPT)
 
-    # a prompt of token ids: transformers' server takes text prompts only, and says so
+    # a prompt of token ids: the server takes text prompts only, and says so
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(model=small, prompt=[1, 2, 99], max_tokens=3)
-    assert error.value.body["detail"] == "prompt must be a string."
+    assert error.value.body["message"].startswith("prompt: [1, 2, 99] is not a string (one text prompt per request")
+    assert error.value.body["param"] == "prompt"
 
     # a chat request to a tokenizer without a chat template
     with pytest.raises(openai.BadRequestError, match="chat_template is not set"):
