@@ -1,14 +1,17 @@
 """`txv serve`'s generation: one worker thread per model that runs the requests it is given in batches, each request
 bounded by the server's limits, ended within a token when its client is gone, its time is up or the server stops.
 
-A batch is one `generate()` call over the requests waiting when the worker is free (gathered for a few milliseconds
-after the first arrives, up to `--max-batch-size` rows): prompts left-padded for the variants whose left-padded rows
-generate exactly what each row generates alone (`LEFT_PADDING`; tests/test_serve_batching.py checks it), else rows of
-one prompt length only. A row leaves the batch when it ends (its own `max_tokens`, an end-of-sequence token, one of its
-stop strings, its client gone, its time limit, the server stopping): its answer is sent at once and `generate()` stops
-when every row has ended, through one StoppingCriteria that reads each row's new token at every step. A request that
-arrives while a batch runs waits for the next batch (rows do not join a running batch: the variants' caches are
-merged by no API, and a restarted prompt would not give the same text).
+A batch is one `generate()` call over the requests waiting when the worker is free (gathered until no request has
+arrived for 10 ms, at most 60 ms after the first, up to `--max-batch-size` rows): prompts left-padded for the variants
+whose left-padded rows generate exactly what each row generates alone (`LEFT_PADDING`; tests/test_serve_limits.py
+checks it), else rows of one prompt length only. A row leaves its batch when it ends (its own `max_tokens`, an
+end-of-sequence token, one of its stop strings, its client gone, its time limit, the server stopping): its answer is
+sent at once, and `generate()` stops when every row has ended, through one StoppingCriteria that reads each row's new
+token at every step. Requests that arrive while a batch runs do not wait for its end: at its next step (once they have
+waited the gathering time) their own batch runs inside that step, the running batch paused until it ends (at most
+`MAX_NESTING` deep). They cannot join the running batch's rows: no API merges the variants' caches, and a prompt run
+again with its new tokens would not give the same text for the XL family (the memory of a segment is not the memory
+of its steps).
 
 Rows share a batch only under equal generation settings (everything but `max_tokens` and the stop strings). Greedy rows
 batch together. Sampled rows of equal settings batch together when none of them gives a `seed` (their draws come from
@@ -41,8 +44,9 @@ LEFT_PADDING = frozenset(
         "txv_act_rnn",
     }
 )
-GATHER_GAP_SECONDS = 0.004  # the batch is closed when no request arrived for this long after the last one...
-GATHER_MOST_SECONDS = 0.03  # ... or this long after the first
+GATHER_GAP_SECONDS = 0.01  # a batch is closed when no request arrived for this long after the last one...
+GATHER_MOST_SECONDS = 0.06  # ... or this long after the first
+MAX_NESTING = 3  # batches that may run inside a running one's step, one in another
 POLL_SECONDS = 0.1  # how often an idle worker looks at the stop flag
 
 
@@ -95,7 +99,7 @@ class RequestWatch:
     sample: bool | None = None  # True: the request asked for sampling (temperature > 0 or top_p < 1)
     max_tokens_given: bool = True
     prompt_field: str = "prompt"
-    created: float = field(default_factory=time.monotonic)
+    queued: float = field(default_factory=time.monotonic)  # when its row joined the worker's queue
 
 
 CURRENT_REQUEST: contextvars.ContextVar[RequestWatch | None] = contextvars.ContextVar("txv_request", default=None)
@@ -224,10 +228,11 @@ class RowCriteria:
     ended (their own length, end-of-sequence token, stop strings; their client gone, their time up, the server
     stopping), finishing those rows' answers at once."""
 
-    def __init__(self, rows, prompt_length: int, eos_ids: set[int]):
+    def __init__(self, rows, eos_ids: set[int], manager=None, depth: int = 0):
         self.rows = rows
-        self.prompt_length = prompt_length
         self.eos_ids = eos_ids
+        self.manager = manager
+        self.depth = depth
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
@@ -249,7 +254,10 @@ class RowCriteria:
                 or (row.stop_criteria is not None and bool(row.stop_criteria(input_ids[index : index + 1], scores)))
             ):
                 row.finish()
-        return torch.tensor([row.ended for row in self.rows], dtype=torch.bool, device=input_ids.device)
+        ended = torch.tensor([row.ended for row in self.rows], dtype=torch.bool, device=input_ids.device)
+        if self.manager is not None and not bool(ended.all()):
+            self.manager.run_waiting(self.depth)  # requests that arrived meanwhile: their batch runs now
+        return ended
 
 
 def end_reason(row, now: float) -> RequestEnded | None:
@@ -329,6 +337,7 @@ class BatchingManager:
         return row
 
     def _enqueue(self, row: Row):
+        row.watch.queued = time.monotonic()
         with self._condition:
             self._rows.append(row)
             self._condition.notify_all()
@@ -402,6 +411,26 @@ class BatchingManager:
                 self._rows.remove(row)
             return ("batch", rows)
 
+    def run_waiting(self, depth: int):
+        """Called by a running batch at every step: when requests have waited for a batch (at least the gathering
+        time: a burst is whole by then), their batch runs now, inside this step, and the running batch goes on after
+        it. The random generator is put back as it was, so a running sampled batch draws what it would have drawn."""
+        if depth >= MAX_NESTING:
+            return
+        with self._condition:
+            if not self._rows or time.monotonic() - self._rows[0].watch.queued < GATHER_MOST_SECONDS:
+                return
+            rows = self._same_key(self._rows[0].key)[: self.limits.max_batch_size]
+            for row in rows:
+                self._rows.remove(row)
+        import torch
+
+        state = torch.get_rng_state()
+        try:
+            self._batch(rows, depth + 1)
+        finally:
+            torch.set_rng_state(state)
+
     def _same_key(self, key):
         return [row for row in self._rows if row.key == key]
 
@@ -436,7 +465,7 @@ class BatchingManager:
         else:
             loop.call_soon_threadsafe(_set_result, future, result)
 
-    def _batch(self, rows: list[Row]):
+    def _batch(self, rows: list[Row], depth: int = 0):
         now = time.monotonic()
         live = []
         for row in rows:
@@ -448,7 +477,7 @@ class BatchingManager:
         if not live:
             return
         try:
-            self._generate(live)
+            self._generate(live, depth)
         except Exception as error:
             # one row's bad input fails the batch's generate(): the rows that got no token yet run again, each alone,
             # so only the row at fault is answered with the error
@@ -462,11 +491,11 @@ class BatchingManager:
                     row.finish(error)
                 else:
                     try:
-                        self._generate([row])
+                        self._generate([row], depth)
                     except Exception as row_error:
                         row.finish(row_error)
 
-    def _generate(self, rows: list[Row]):
+    def _generate(self, rows: list[Row], depth: int = 0):
         import torch
 
         model = rows[0].model
@@ -488,7 +517,7 @@ class BatchingManager:
             attention_mask[index, longest - len(row.ids) :] = 1
         eos = gen_config.eos_token_id
         eos_ids = set() if eos is None else ({eos} if isinstance(eos, int) else set(eos))
-        criteria = RowCriteria(rows, longest, eos_ids)
+        criteria = RowCriteria(rows, eos_ids, self, depth)
         from transformers import StoppingCriteriaList
 
         device = getattr(model, "device", torch.device("cpu"))

@@ -274,6 +274,7 @@ FIELDS = {
         "reasoning_effort": not_honoured("no variant reasons through its chat template"),
         "verbosity": not_honoured("no variant takes a verbosity"),
         "service_tier": service_tier,
+        "moderation": not_honoured("no moderation model runs here"),
         "store": not_honoured("nothing is stored", False),
         "metadata": not_honoured("nothing is stored to tag with it", {}),
         "tools": not_honoured(TOOLS, []),
