@@ -7,11 +7,12 @@ whose left-padded rows generate exactly what each row generates alone (`LEFT_PAD
 checks it), else rows of one prompt length only. A row leaves its batch when it ends (its own `max_tokens`, an
 end-of-sequence token, one of its stop strings, its client gone, its time limit, the server stopping): its answer is
 sent at once, and `generate()` stops when every row has ended, through one StoppingCriteria that reads each row's new
-token at every step. Requests that arrive while a batch runs do not wait for its end: at its next step (once they have
-waited the gathering time) their own batch runs inside that step, the running batch paused until it ends (at most
-`MAX_NESTING` deep). They cannot join the running batch's rows: no API merges the variants' caches, and a prompt run
-again with its new tokens would not give the same text for the XL family (the memory of a segment is not the memory
-of its steps).
+token at every step. Requests that arrive while a batch runs wait for its end, unless it is a long batch (rows that
+ask more than 64 new tokens, `NEST_ABOVE`, share a batch only with each other): then, at its next step, their own
+batch runs inside that step, the running batch paused until it ends (then the paused one runs 16 steps before it may
+be paused again; at most `MAX_NESTING` deep; a paused row still ends on time, its client gone or its time up).
+They cannot join the running batch's rows: no API merges the variants' caches, and a prompt run again with its
+new tokens would not give the same text for the XL family (the memory of a segment is not the memory of its steps).
 
 Rows share a batch only under equal generation settings (everything but `max_tokens` and the stop strings). Greedy rows
 batch together. Sampled rows of equal settings batch together when none of them gives a `seed` (their draws come from
@@ -46,7 +47,10 @@ LEFT_PADDING = frozenset(
 )
 GATHER_GAP_SECONDS = 0.01  # a batch is closed when no request arrived for this long after the last one...
 GATHER_MOST_SECONDS = 0.06  # ... or this long after the first
-MAX_NESTING = 3  # batches that may run inside a running one's step, one in another
+NEST_ABOVE = 64  # a batch with a row that has more new tokens than this to go lets the requests waiting meanwhile
+# run inside it (a short batch is not paused: its end comes soon, and pausing it for the next would starve it)...
+MAX_NESTING = 8  # ... this many batches deep at most...
+STEPS_BETWEEN_NESTING = 16  # ... and after such a batch, the paused one takes this many steps before the next
 POLL_SECONDS = 0.1  # how often an idle worker looks at the stop flag
 
 
@@ -233,12 +237,15 @@ class RowCriteria:
         self.eos_ids = eos_ids
         self.manager = manager
         self.depth = depth
+        self.steps_since_nesting = STEPS_BETWEEN_NESTING
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
         new = input_ids[:, -1].tolist()
         now = time.monotonic()
+        if self.manager is not None:
+            self.manager.end_paused(now)
         for index, row in enumerate(self.rows):
             if row.ended:
                 continue
@@ -254,10 +261,9 @@ class RowCriteria:
                 or (row.stop_criteria is not None and bool(row.stop_criteria(input_ids[index : index + 1], scores)))
             ):
                 row.finish()
-        ended = torch.tensor([row.ended for row in self.rows], dtype=torch.bool, device=input_ids.device)
-        if self.manager is not None and not bool(ended.all()):
-            self.manager.run_waiting(self.depth)  # requests that arrived meanwhile: their batch runs now
-        return ended
+        if self.manager is not None and not all(row.ended for row in self.rows):
+            self.manager.run_waiting(self)  # requests that arrived meanwhile: their batch may run now
+        return torch.tensor([row.ended for row in self.rows], dtype=torch.bool, device=input_ids.device)
 
 
 def end_reason(row, now: float) -> RequestEnded | None:
@@ -283,6 +289,7 @@ class BatchingManager:
         self._rows: deque[Row] = deque()
         self._calls: deque = deque()
         self._stopped = False
+        self._paused: list[list[Row]] = []  # the rows of the batches paused under the running one, outermost first
         self.batches = 0  # how many generate() calls ran, and how many rows they held (for tests and benchmarks)
         self.batched_rows = 0
         self.largest_batch = 0
@@ -324,6 +331,8 @@ class BatchingManager:
         key = settings_key(gen_config, sample)
         if getattr(model.config, "model_type", None) not in LEFT_PADDING:
             key += f"|length {len(ids)}"
+        if gen_config.max_new_tokens > NEST_ABOVE:
+            key += "|long"  # a long batch may be paused for the requests that wait (run_waiting): short rows never are
         if sample and watch.seed is not None:
             key += f"|seeded {id(row)}"  # a batch of its own: its seed decides its draws
         row.key = (id(model), key)
@@ -411,25 +420,46 @@ class BatchingManager:
                 self._rows.remove(row)
             return ("batch", rows)
 
-    def run_waiting(self, depth: int):
-        """Called by a running batch at every step: when requests have waited for a batch (at least the gathering
-        time: a burst is whole by then), their batch runs now, inside this step, and the running batch goes on after
-        it. The random generator is put back as it was, so a running sampled batch draws what it would have drawn."""
-        if depth >= MAX_NESTING:
+    def run_waiting(self, running: RowCriteria):
+        """Called by a running batch at every step: when one of its rows has more than `NEST_ABOVE` tokens to go and
+        requests have waited for a batch at least the gathering time (a burst is whole by then), their batch runs now,
+        inside this step,
+        and the running batch goes on after it (while paused, its rows still end on time: `end_paused`). The random
+        generator is put back as it was, so a running sampled batch draws what it would have drawn."""
+        now = time.monotonic()
+        if running.depth >= MAX_NESTING:
+            return
+        running.steps_since_nesting += 1
+        if running.steps_since_nesting < STEPS_BETWEEN_NESTING:
+            return
+        if max(row.gen_config.max_new_tokens - len(row.tokens) for row in running.rows if not row.ended) <= NEST_ABOVE:
             return
         with self._condition:
-            if not self._rows or time.monotonic() - self._rows[0].watch.queued < GATHER_MOST_SECONDS:
+            if not self._rows or now - self._rows[0].watch.queued < GATHER_MOST_SECONDS:
                 return
             rows = self._same_key(self._rows[0].key)[: self.limits.max_batch_size]
             for row in rows:
                 self._rows.remove(row)
         import torch
 
+        running.steps_since_nesting = 0
         state = torch.get_rng_state()
+        self._paused.append(running.rows)
         try:
-            self._batch(rows, depth + 1)
+            self._batch(rows, running.depth + 1)
         finally:
+            self._paused.pop()
             torch.set_rng_state(state)
+
+    def end_paused(self, now: float):
+        """The rows of the batches paused under the running one end when theirs would (client gone, time up,
+        server stopping): their answers go at once, and the batch skips them when it goes on."""
+        for rows in self._paused:
+            for row in rows:
+                if not row.ended:
+                    end = end_reason(row, now)
+                    if end is not None:
+                        row.finish(end)
 
     def _same_key(self, key):
         return [row for row in self._rows if row.key == key]
