@@ -1,24 +1,24 @@
 """`txv serve`'s generation: one worker thread per model that runs the requests it is given in batches, each request
 bounded by the server's limits, ended within a token when its client is gone, its time is up or the server stops.
 
-A batch is one `generate()` call over the requests waiting when the worker is free (gathered until no request has
-arrived for 10 ms, at most 60 ms after the first, up to `--max-batch-size` rows): prompts left-padded for the variants
-whose left-padded rows generate exactly what each row generates alone (`LEFT_PADDING`; tests/test_serve_limits.py
-checks it), else rows of one prompt length only. A row leaves its batch when it ends (its own `max_tokens`, an
-end-of-sequence token, one of its stop strings, its client gone, its time limit, the server stopping): its answer is
-sent at once, and `generate()` stops when every row has ended, through one StoppingCriteria that reads each row's new
-token at every step. Requests that arrive while a batch runs wait for its end, unless it is a long batch (rows that
-ask more than 64 new tokens, `NEST_ABOVE`, share a batch only with each other): then, at its next step, their own
-batch runs inside that step, the running batch paused until it ends (then the paused one runs 16 steps before it may
-be paused again; at most `MAX_NESTING` deep; a paused row still ends on time, its client gone or its time up).
-They cannot join the running batch's rows: no API merges the variants' caches, and a prompt run again with its
-new tokens would not give the same text for the XL family (the memory of a segment is not the memory of its steps).
+A batch is one `generate()` call over the requests waiting when the worker is free (gathered while requests let in by
+the guard are still on their way, at most 60 ms after the first, up to `--max-batch-size` rows): prompts left-padded for
+the variants whose left-padded rows generate exactly what each row generates alone (`LEFT_PADDING`;
+tests/test_serve_limits.py checks it), else rows of one prompt length only. A row leaves its batch when it ends (its own
+`max_tokens`, an end-of-sequence token, one of its stop strings, its client gone, its time limit, the server stopping):
+its answer is sent at once, and `generate()` stops when every row has ended, through one StoppingCriteria that reads
+each row's new token at every step. Requests that arrive while a batch runs wait for its end, unless it is a long batch
+(rows that ask more than 64 new tokens, `NEST_ABOVE`, share a batch only with each other): then, at its next step, their
+own batch runs inside that step, the running batch paused until it ends (then the paused one runs 16 steps before it may
+be paused again; at most `MAX_NESTING` deep; a paused row still ends on time, its client gone or its time up). They
+cannot join the running batch's rows: no API merges the variants' caches, and a prompt run again with its new tokens
+would not give the same text for the XL family (the memory of a segment is not the memory of its steps).
 
 Rows share a batch only under equal generation settings (everything but `max_tokens` and the stop strings). Greedy rows
 batch together. Sampled rows of equal settings batch together when none of them gives a `seed` (their draws come from
 one generator, which no one can tell from separate ones); a sampled request with a `seed` runs in a batch of its own,
-the generator seeded just before it, so the same request with the same seed gives the same text whatever else the
-server is doing."""
+the generator seeded just before it, so the same request with the same seed gives the same text whatever else the server
+is doing."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ LEFT_PADDING = frozenset(
         "txv_act_rnn",
     }
 )
-GATHER_GAP_SECONDS = 0.01  # a batch is closed when no request arrived for this long after the last one...
-GATHER_MOST_SECONDS = 0.06  # ... or this long after the first
+GATHER_GAP_SECONDS = 0.005  # while requests are on their way to a worker, it looks again this often...
+GATHER_IDLE_SECONDS = 0.01  # ... else it closes the batch when none arrived for this long...
+GATHER_MOST_SECONDS = 0.06  # ... and at the latest this long after the first row
 NEST_ABOVE = 64  # a batch with a row that has more new tokens than this to go lets the requests waiting meanwhile
 # run inside it (a short batch is not paused: its end comes soon, and pausing it for the next would starve it)...
 MAX_NESTING = 8  # ... this many batches deep at most...
@@ -103,10 +104,28 @@ class RequestWatch:
     sample: bool | None = None  # True: the request asked for sampling (temperature > 0 or top_p < 1)
     max_tokens_given: bool = True
     prompt_field: str = "prompt"
+    arriving: bool = False  # counted in `Arriving` until `arrived()`
+
+    def arrive(self):
+        self.arriving = True
+        Arriving.count += 1
+
+    def arrived(self):
+        if self.arriving:
+            self.arriving = False
+            Arriving.count -= 1
+
     queued: float = field(default_factory=time.monotonic)  # when its row joined the worker's queue
 
 
 CURRENT_REQUEST: contextvars.ContextVar[RequestWatch | None] = contextvars.ContextVar("txv_request", default=None)
+
+
+class Arriving:
+    """How many requests the guard has let in that have not reached a worker yet (changed on the event loop's thread
+    only: `RequestWatch.arrived`)."""
+
+    count = 0
 
 
 class Stopping:
@@ -347,6 +366,7 @@ class BatchingManager:
 
     def _enqueue(self, row: Row):
         row.watch.queued = time.monotonic()
+        row.watch.arrived()
         with self._condition:
             self._rows.append(row)
             self._condition.notify_all()
@@ -403,16 +423,17 @@ class BatchingManager:
                 if self._rows:
                     break
                 self._condition.wait(POLL_SECONDS)
-            # gather the rows that arrive together with the first
+            # gather the rows that arrive together with the first: while requests the guard has let in are still on
+            # their way to a worker (tokenized, ...), and a moment more for one the guard has not read yet
             first = time.monotonic()
             last_count = len(self._rows)
             while len(self._same_key(self._rows[0].key)) < self.limits.max_batch_size:
-                now = time.monotonic()
-                remaining = min(GATHER_GAP_SECONDS, first + GATHER_MOST_SECONDS - now)
+                remaining = first + GATHER_MOST_SECONDS - time.monotonic()
                 if remaining <= 0:
                     break
-                self._condition.wait(remaining)
-                if len(self._rows) == last_count:
+                arriving = Arriving.count > 0
+                self._condition.wait(min(GATHER_GAP_SECONDS if arriving else GATHER_IDLE_SECONDS, remaining))
+                if len(self._rows) == last_count and not arriving:
                     break
                 last_count = len(self._rows)
             rows = self._same_key(self._rows[0].key)[: self.limits.max_batch_size]
@@ -560,6 +581,7 @@ class BatchingManager:
         logging.get_logger("transformers.cli.serving.txv").info(
             f"[txv serve] batch of {len(rows)} row(s), prompts of {sorted(len(row.ids) for row in rows)} tokens"
         )
+        started, started_cpu = time.perf_counter(), time.thread_time()
         with torch.no_grad():
             model.generate(
                 input_ids=input_ids.to(device),
@@ -567,6 +589,10 @@ class BatchingManager:
                 generation_config=gen_config,
                 stopping_criteria=StoppingCriteriaList([criteria]),
             )
+        logging.get_logger("transformers.cli.serving.txv").info(
+            f"[txv serve] the batch of {len(rows)} ran {time.perf_counter() - started:.3f} s "
+            f"({time.thread_time() - started_cpu:.3f} s of CPU)"
+        )
         for row in rows:  # generate() ended on its own criteria (its max_length): every row has its tokens
             row.finish()
 

@@ -396,6 +396,7 @@ class RequestGuard:
         watch.sample = sampling(parsed)
         watch.max_tokens_given = any(parsed.get(name) is not None for name in ("max_tokens", "max_completion_tokens"))
         watch.prompt_field = "prompt" if path == COMPLETIONS else "messages"
+        watch.arrive()  # on its way to a worker: the worker's batch waits for it (serve_batching.Arriving)
         return json.dumps(parsed).encode()
 
     async def _too_large(self, send, size: int, at_least: bool = False):
@@ -437,6 +438,7 @@ class RequestGuard:
         try:
             await self.app(scope, replay, sending)
         finally:
+            watch.arrived()  # in case it never reached a worker (refused on the way)
             CURRENT_REQUEST.reset(token)
             if not complete:
                 watch.gone = True  # the app gave up (cancelled, or its answer failed): nothing waits for the row
