@@ -16,7 +16,14 @@ line, else in the answer to the request that names the model.
 
 Bad requests get an answer naming the problem, and the server goes on: a model that cannot be found (404), a request
 the model refuses (400: a token id outside its vocabulary, a chat request to a tokenizer without a chat template, a
-refused option)."""
+refused option).
+
+Two more seams make it a server no single request can hold (issue 52): a request guard in front of the app
+(serve_requests.py: the body's size, every field of a completions or chat request checked against what the server
+honours, the connection watched for a client that goes away) and transformers' `GenerationState` replaced by one
+whose managers batch the requests (serve_batching.py: one worker per model, the limits, a row ended within a token of
+its client's disconnect, its time limit or the server's stop). SIGINT / SIGTERM end every generation at once, then
+uvicorn stops (3 s for open connections)."""
 
 from __future__ import annotations
 

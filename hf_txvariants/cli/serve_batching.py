@@ -53,6 +53,7 @@ NEST_ABOVE = 64  # a batch with a row that has more new tokens than this to go l
 MAX_NESTING = 8  # ... this many batches deep at most...
 STEPS_BETWEEN_NESTING = 16  # ... and after such a batch, the paused one takes this many steps before the next
 POLL_SECONDS = 0.1  # how often an idle worker looks at the stop flag
+IDLE_SECONDS = 1.0  # a worker idle this long after a job releases the memory its batches left
 
 
 @dataclass
@@ -308,6 +309,8 @@ class BatchingManager:
         self._rows: deque[Row] = deque()
         self._calls: deque = deque()
         self._stopped = False
+        self._ran_since_idle = False  # a job ran since the memory was last released (`release_free_memory`)
+        self._last_job = 0.0
         self._paused: list[list[Row]] = []  # the rows of the batches paused under the running one, outermost first
         self.batches = 0  # how many generate() calls ran, and how many rows they held (for tests and benchmarks)
         self.batched_rows = 0
@@ -419,9 +422,13 @@ class BatchingManager:
                 if Stopping.stopping:
                     self._end_waiting(ServerStopping("the server is stopping"))
                 if self._calls:
+                    self._last_job = time.monotonic()
                     return ("call", self._calls.popleft())
                 if self._rows:
                     break
+                if self._ran_since_idle and time.monotonic() - self._last_job > IDLE_SECONDS:
+                    self._ran_since_idle = False
+                    return ("idle", None)
                 self._condition.wait(POLL_SECONDS)
             # gather the rows that arrive together with the first: while requests the guard has let in are still on
             # their way to a worker (tokenized, ...), and a moment more for one the guard has not read yet
@@ -439,6 +446,7 @@ class BatchingManager:
             rows = self._same_key(self._rows[0].key)[: self.limits.max_batch_size]
             for row in rows:
                 self._rows.remove(row)
+            self._last_job = time.monotonic()
             return ("batch", rows)
 
     def run_waiting(self, running: RowCriteria):
@@ -495,11 +503,21 @@ class BatchingManager:
             if job is None:
                 return
             kind, payload = job
-            if kind == "call":
-                self._call(*payload)
-            else:
-                self._batch(payload)
+            if kind == "idle":
+                release_free_memory()
+                continue
+            self._ran_since_idle = True
+            try:
+                if kind == "call":
+                    self._call(*payload)
+                else:
+                    self._batch(payload)
+            except Exception as error:  # the worker must live on: a dead one would leave every request waiting
+                if kind == "batch":
+                    for row in payload:
+                        row.finish(error)
             job = payload = None  # let the model and the rows go before waiting again
+            self._last_job = time.monotonic()
 
     @staticmethod
     def _call(fn, args, kwargs, future, loop):
@@ -621,3 +639,18 @@ def batching_generation_state_class(limits: Limits):
             return {model_id: manager.stats() for model_id, manager in self._generate_managers.items()}
 
     return TxvGenerationState
+
+
+def release_free_memory():
+    """What the batches left, handed back to the system once the worker has been idle for `IDLE_SECONDS`: the tensors
+    only reference cycles still hold (a collection), and the C heap's free pages (glibc keeps what a large batch freed),
+    so the server's resident memory comes back from its peak (benchmarks/results/serving.md, the load test)."""
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
