@@ -500,3 +500,23 @@ def test_a_request_that_arrives_while_a_batch_runs_is_served_before_that_batch_e
     assert short_done < long_done - 0.1
     assert short == _direct_completion(folder, "a quick fox", 5)
     assert "".join(pieces) == _direct_completion(folder, long_prompt, long_tokens)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# 5. the load test, short (benchmarks/bench_serve.py --load runs it at 64 clients for 60 s)
+@pytest.mark.slow
+def test_a_short_load_test_gets_no_5xx_and_no_wrong_answer():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_serve.py"),
+        "--load",
+        "--clients",
+        "8",
+        "--seconds",
+        "8",
+    ]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "5xx: 0; wrong answers: 0" in run.stdout
+    assert "the server still answers (a good request, checked): True" in run.stdout
