@@ -30,6 +30,7 @@ limit. Reported: the count of each kind and of each status, the 5xx (must be non
 the server's resident memory (VmRSS) after a warm-up, at the end and 10 s after, and whether it still answers.
 
     python benchmarks/bench_serve.py [--rounds 5] [--prompt-tokens 128] [--new-tokens 64] [--threads 1]
+        [--baseline-root CHECKOUT]  (also the `txv serve` of an earlier checkout: one request, 8 concurrent)
     python benchmarks/bench_serve.py --load [--clients 64] [--seconds 60]
 """
 
@@ -85,13 +86,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(folder: Path, threads: int, log: Path, flags: tuple = ()):
+def start_server(folder: Path, threads: int, log: Path, flags: tuple = (), root: Path = ROOT):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "hf_txvariants.cli", "serve", str(folder), "--host", "127.0.0.1"]
     command += ["--port", str(port), "--device", "cpu", *flags]
     with open(log, "w") as output:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=root, env=env, stdout=output, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -357,6 +358,12 @@ def main():
     parser.add_argument("--mem-len", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, here and in the server")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument(
+        "--baseline-root",
+        type=Path,
+        help="a checkout of an earlier hf-txvariants (e.g. `git archive 684dded`): its `txv serve` is timed too, one "
+        "request and 8 concurrent, in the same rounds",
+    )
     parser.add_argument("--load", action="store_true", help="run the load test instead")
     parser.add_argument("--clients", type=int, default=64, help="--load: concurrent clients")
     parser.add_argument("--seconds", type=float, default=60, help="--load: how long the clients send requests")
@@ -387,6 +394,9 @@ def main():
                 return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new)
 
         process, url = start_server(folder, args.threads, Path(tmp) / "server.log")
+        baseline = None
+        if args.baseline_root is not None:
+            baseline = start_server(folder, args.threads, Path(tmp) / "baseline.log", root=args.baseline_root.resolve())
         try:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600, max_retries=0)
             name = str(folder)
@@ -438,13 +448,25 @@ def main():
                 f"direct, batch of {CONCURRENT}": lambda: generate(batch),
                 "streamed": stream_case,
             }
+            if baseline is not None:
+                old_client = openai.OpenAI(base_url=f"{baseline[1]}/v1", api_key="unused", timeout=600, max_retries=0)
+
+                def old_complete(prompt):
+                    answer = old_client.completions.create(model=name, prompt=prompt, max_tokens=new, temperature=0)
+                    assert answer.choices[0].text == direct_texts[prompt]
+                    return answer
+
+                old_complete(prompts[0])
+                cases["previous server, one request"] = lambda: old_complete(prompts[0])
+                cases[f"previous server, {CONCURRENT} concurrent"] = lambda: list(pool.map(old_complete, prompts))
             times = {case: [] for case in cases if case != "streamed"}
             cpu = {case: [] for case in cases}
             for _ in range(args.rounds):
                 order = list(cases)
                 random.shuffle(order)
                 for case in order:
-                    elapsed, cpu_time = timed(cases[case], None if case.startswith("direct") else process.pid)
+                    pid = baseline[0].pid if case.startswith("previous") else process.pid
+                    elapsed, cpu_time = timed(cases[case], None if case.startswith("direct") else pid)
                     cpu[case].append(cpu_time)
                     if case != "streamed":
                         times[case].append(elapsed)
@@ -455,10 +477,13 @@ def main():
             client.close()
         finally:
             stop_server(process)
+            if baseline is not None:
+                stop_server(baseline[0])
     load_after = uptime()
 
     median = {case: statistics.median(values) for case, values in times.items()}
     eight = {f"served, {CONCURRENT} concurrent", f"served, {CONCURRENT} one at a time"}
+    eight |= {f"previous server, {CONCURRENT} concurrent"}
     eight |= {f"direct, {CONCURRENT} in a row", f"direct, batch of {CONCURRENT}"}
     tokens = {case: (CONCURRENT if case in eight else 1) * new for case in median}
     print(
@@ -488,6 +513,16 @@ def main():
         / median[f"direct, batch of {CONCURRENT}"],
     }
     ratios["one request: served / direct CPU time"] = median_cpu["served, one request"] / median_cpu["direct, one call"]
+    if "previous server, one request" in median:
+        ratios["one request: served / previous server, time"] = (
+            median["served, one request"] / median["previous server, one request"]
+        )
+        ratios["one request: served / previous server, CPU time"] = (
+            median_cpu["served, one request"] / median_cpu["previous server, one request"]
+        )
+        ratios[f"{CONCURRENT} concurrent: previous server / served, time"] = (
+            median[f"previous server, {CONCURRENT} concurrent"] / median[f"served, {CONCURRENT} concurrent"]
+        )
     for what, ratio in ratios.items():
         print(f"{what}: {ratio:.2f}x")
     if args.json:

@@ -264,7 +264,7 @@ class RowCriteria:
 
         new = input_ids[:, -1].tolist()
         now = time.monotonic()
-        if self.manager is not None:
+        if self.manager is not None and self.manager._paused:
             self.manager.end_paused(now)
         for index, row in enumerate(self.rows):
             if row.ended:
@@ -281,7 +281,7 @@ class RowCriteria:
                 or (row.stop_criteria is not None and bool(row.stop_criteria(input_ids[index : index + 1], scores)))
             ):
                 row.finish()
-        if self.manager is not None and not all(row.ended for row in self.rows):
+        if self.manager is not None and self.manager._rows and not all(row.ended for row in self.rows):
             self.manager.run_waiting(self)  # requests that arrived meanwhile: their batch may run now
         return torch.tensor([row.ended for row in self.rows], dtype=torch.bool, device=input_ids.device)
 
@@ -498,6 +498,12 @@ class BatchingManager:
             self._rows.popleft().finish(error)
 
     def _run(self):
+        import gc
+
+        # what exists when a model's first request comes (the imports, the model) lives as long as the server: kept
+        # out of every collection, so `release_free_memory` walks only what the batches made (a full collection of
+        # transformers' and torch's objects takes ~0.3 s of CPU, the event loop waiting meanwhile)
+        gc.freeze()
         while True:
             job = self._next()
             if job is None:
