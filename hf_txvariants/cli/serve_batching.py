@@ -26,6 +26,7 @@ import asyncio
 import contextvars
 import copy
 import json
+import os
 import threading
 import time
 from collections import deque
@@ -53,7 +54,8 @@ NEST_ABOVE = 64  # a batch with a row that has more new tokens than this to go l
 MAX_NESTING = 8  # ... this many batches deep at most...
 STEPS_BETWEEN_NESTING = 16  # ... and after such a batch, the paused one takes this many steps before the next
 POLL_SECONDS = 0.1  # how often an idle worker looks at the stop flag
-IDLE_SECONDS = 1.0  # a worker idle this long after a job releases the memory its batches left
+IDLE_SECONDS = 1.0  # a worker idle this long after a job releases the memory its batches left...
+RELEASE_ABOVE_BYTES = 64 << 20  # ... when the server holds this much more than after the last release
 
 
 @dataclass
@@ -311,6 +313,7 @@ class BatchingManager:
         self._stopped = False
         self._ran_since_idle = False  # a job ran since the memory was last released (`release_free_memory`)
         self._last_job = 0.0
+        self._memory_floor: int | None = None  # the resident bytes after the last release (`release_free_memory`)
         self._paused: list[list[Row]] = []  # the rows of the batches paused under the running one, outermost first
         self.batches = 0  # how many generate() calls ran, and how many rows they held (for tests and benchmarks)
         self.batched_rows = 0
@@ -510,7 +513,7 @@ class BatchingManager:
                 return
             kind, payload = job
             if kind == "idle":
-                release_free_memory()
+                self._memory_floor = release_free_memory(self._memory_floor)
                 continue
             self._ran_since_idle = True
             try:
@@ -647,10 +650,23 @@ def batching_generation_state_class(limits: Limits):
     return TxvGenerationState
 
 
-def release_free_memory():
-    """What the batches left, handed back to the system once the worker has been idle for `IDLE_SECONDS`: the tensors
-    only reference cycles still hold (a collection), and the C heap's free pages (glibc keeps what a large batch freed),
-    so the server's resident memory comes back from its peak (benchmarks/results/serving.md, the load test)."""
+def resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def release_free_memory(floor: int | None) -> int | None:
+    """What the batches left, handed back to the system once the worker has been idle for `IDLE_SECONDS`, when the
+    server's resident memory is more than `RELEASE_ABOVE_BYTES` above what it was after the last release (the first
+    time, always): the tensors only reference cycles still hold (a collection), and the C heap's free pages (glibc
+    keeps what a large batch freed), so the server's resident memory comes back from its peak after a load
+    (benchmarks/results/serving.md, the load test), while a lightly used server keeps its pages (the next request would
+    fault them in again). Returns the new floor."""
+    if floor is not None and resident_bytes() < floor + RELEASE_ABOVE_BYTES:
+        return floor
     import gc
 
     gc.collect()
@@ -660,3 +676,5 @@ def release_free_memory():
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
+    after = resident_bytes()
+    return after if floor is None else min(floor, after)
