@@ -211,6 +211,20 @@ def test_a_chat_completion_follows_the_tokenizers_chat_template(client, folders)
 
 
 @pytest.mark.slow
+def test_a_chat_completion_with_a_logit_bias_takes_it(client, folders):
+    """A chat request's logit_bias is transformers' sequence_bias: -100 on every id but one leaves that one."""
+    folder = folders["chat"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    keep = tokenizer.convert_tokens_to_ids("e")
+    bias = {str(i): -100 for i in range(len(tokenizer)) if i != keep}
+    messages = [{"role": "user", "content": "the quick brown fox"}]
+    answer = client.chat.completions.create(
+        model=folder, messages=messages, max_tokens=4, temperature=0, logit_bias=bias
+    )
+    assert answer.choices[0].message.content == "eeee"
+
+
+@pytest.mark.slow
 def test_bad_requests_get_a_clear_error_and_the_server_goes_on(client, folders, tmp_path):
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(openai.NotFoundError) as error:

@@ -520,3 +520,16 @@ def test_a_short_load_test_gets_no_5xx_and_no_wrong_answer():
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "5xx: 0; wrong answers: 0" in run.stdout
     assert "the server still answers (a good request, checked): True" in run.stdout
+
+
+def test_rows_share_a_batch_only_under_equal_settings():
+    from transformers import GenerationConfig
+
+    from hf_txvariants.cli.serve_batching import settings_key
+
+    greedy = GenerationConfig(do_sample=False, max_new_tokens=5, stop_strings=["."])
+    assert settings_key(greedy, False) == settings_key(GenerationConfig(do_sample=False, max_new_tokens=9), False)
+    biased = GenerationConfig(do_sample=False, sequence_bias={(3,): -100.0})  # a chat request's logit_bias
+    assert settings_key(biased, False) != settings_key(greedy, False)
+    hot = GenerationConfig(do_sample=True, temperature=0.7, top_p=0.9)
+    assert settings_key(hot, True) != settings_key(GenerationConfig(do_sample=True, temperature=0.8, top_p=0.9), True)

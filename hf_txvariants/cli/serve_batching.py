@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
-import json
 import os
 import threading
 import time
@@ -246,7 +245,8 @@ def settings_key(gen_config, sample: bool) -> str:
     ignored = {"max_new_tokens", "max_length", "stop_strings", "transformers_version", "_from_model_config"}
     if not sample:
         ignored |= {"temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff"}
-    return json.dumps({k: v for k, v in settings.items() if k not in ignored}, sort_keys=True, default=str)
+    # repr, not JSON: a setting may be keyed by tuples (sequence_bias, from a chat request's logit_bias)
+    return repr(sorted((name, repr(value)) for name, value in settings.items() if name not in ignored))
 
 
 class RowCriteria:

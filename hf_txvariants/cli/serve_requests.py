@@ -392,6 +392,8 @@ class RequestGuard:
                 watch.max_tokens_given = value is not None
             return json.dumps(parsed).encode()
         check_body(path, parsed, self.limits)
+        if isinstance(parsed.get("logit_bias"), dict):  # transformers' sequence_bias takes float biases only
+            parsed["logit_bias"] = {token: float(bias) for token, bias in parsed["logit_bias"].items()}
         watch.seed = parsed.pop("seed", None)
         watch.sample = sampling(parsed)
         watch.max_tokens_given = any(parsed.get(name) is not None for name in ("max_tokens", "max_completion_tokens"))
