@@ -171,11 +171,10 @@ class Row:
 
     def start_stream(self):
         from tokenizers.decoders import DecodeStream
-        from transformers.cli.serving.utils import response_events_to_chunks
 
         self._decode = DecodeStream([], skip_special_tokens=self._parser is None)
         if self._parser is not None:
-            for item in response_events_to_chunks(self._parser.initial_events):
+            for item in parser_chunks(self._parser.initial_events):
                 self._push(item)
 
     def add(self, token: int):
@@ -183,8 +182,6 @@ class Row:
         self.total_tokens += 1
         if self.queue is None:
             return
-        from transformers.cli.serving.utils import response_events_to_chunks
-
         tokenizer = getattr(self.processor, "tokenizer", self.processor)._tokenizer
         text = self._decode.step(tokenizer, token)
         if text is None:
@@ -192,7 +189,7 @@ class Row:
         if self._parser is None:
             self._push(text)
         else:
-            for item in response_events_to_chunks(self._parser.feed(text)):
+            for item in parser_chunks(self._parser.feed(text)):
                 self._push(item)
 
     def gone(self) -> bool:
@@ -204,7 +201,7 @@ class Row:
             return
         self.ended = True
         if self.queue is not None:
-            from transformers.cli.serving.utils import _StreamError, response_events_to_chunks
+            from transformers.cli.serving.utils import _StreamError
 
             if error is not None:
                 self._push(_StreamError(stream_safe(str(error))))
@@ -214,7 +211,7 @@ class Row:
                     _message, events = self._parser.finalize()
                 except (ValueError, RuntimeError):
                     events = []
-                for item in response_events_to_chunks(events):
+                for item in parser_chunks(events):
                     self._push(item)
             self._push(None)
             return
@@ -226,6 +223,14 @@ class Row:
         generated = torch.tensor(self.tokens, dtype=torch.long)
         text = self.processor.decode(generated, skip_special_tokens=True)
         self.loop.call_soon_threadsafe(_set_result, self.future, (text, len(self.ids), generated))
+
+
+def parser_chunks(events):
+    """transformers' queue items for a response parser's events (only a tokenizer with a response template has a
+    parser; imported then)."""
+    from transformers.cli.serving.utils import response_events_to_chunks
+
+    return response_events_to_chunks(events)
 
 
 def _set_result(future, value):
