@@ -133,7 +133,7 @@ def uptime() -> str:
         return "unknown"
 
 
-LOAD_LIMITS = {"--max-new-tokens": 4096, "--max-prompt-tokens": 256, "--max-body-bytes": 65536}
+LOAD_LIMITS = {"--max-new-tokens": 100000, "--max-prompt-tokens": 256, "--max-body-bytes": 65536}
 LOAD_TIMEOUT = 20  # --request-timeout of the load test's server
 LOAD_BATCH = 32  # its --max-batch-size
 LOAD_NEW_TOKENS = 16
