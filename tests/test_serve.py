@@ -211,6 +211,20 @@ def test_a_chat_completion_follows_the_tokenizers_chat_template(client, folders)
 
 
 @pytest.mark.slow
+def test_a_chat_completion_with_a_logit_bias_takes_it(client, folders):
+    """A chat request's logit_bias is transformers' sequence_bias: -100 on every id but one leaves that one."""
+    folder = folders["chat"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    keep = tokenizer.convert_tokens_to_ids("e")
+    bias = {str(i): -100 for i in range(len(tokenizer)) if i != keep}
+    messages = [{"role": "user", "content": "the quick brown fox"}]
+    answer = client.chat.completions.create(
+        model=folder, messages=messages, max_tokens=4, temperature=0, logit_bias=bias
+    )
+    assert answer.choices[0].message.content == "eeee"
+
+
+@pytest.mark.slow
 def test_bad_requests_get_a_clear_error_and_the_server_goes_on(client, folders, tmp_path):
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(openai.NotFoundError) as error:
@@ -229,10 +243,11 @@ def test_bad_requests_get_a_clear_error_and_the_server_goes_on(client, folders, 
     assert "input_ids must be in [0, 12)" in str(error.value.body)
     assert _serves(client, small, SMALL_PROMPT)
 
-    # a prompt of token ids: transformers' server takes text prompts only, and says so
+    # a prompt of token ids: the server takes text prompts only, and says so
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(model=small, prompt=[1, 2, 99], max_tokens=3)
-    assert error.value.body["detail"] == "prompt must be a string."
+    assert error.value.body["message"].startswith("prompt: [1, 2, 99] is not a string (one text prompt per request")
+    assert error.value.body["param"] == "prompt"
 
     # a chat request to a tokenizer without a chat template
     with pytest.raises(openai.BadRequestError, match="chat_template is not set"):

@@ -16,7 +16,14 @@ line, else in the answer to the request that names the model.
 
 Bad requests get an answer naming the problem, and the server goes on: a model that cannot be found (404), a request
 the model refuses (400: a token id outside its vocabulary, a chat request to a tokenizer without a chat template, a
-refused option)."""
+refused option).
+
+Two more seams make it a server no single request can hold (issue 52): a request guard in front of the app
+(serve_requests.py: the body's size, every field of a completions or chat request checked against what the server
+honours, the connection watched for a client that goes away) and transformers' `GenerationState` replaced by one
+whose managers batch the requests (serve_batching.py: one worker per model, the limits, a row ended within a token of
+its client's disconnect, its time limit or the server's stop). SIGINT / SIGTERM end every generation at once, then
+uvicorn stops (3 s for open connections)."""
 
 from __future__ import annotations
 
@@ -27,6 +34,24 @@ import importlib.util
 import os
 
 from .errors import UsageError, one_line
+from .serve_batching import Limits
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    import math
+
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
 
 # what `transformers serve` needs beyond transformers itself (its `serving` extra; `pip install hf-txvariants[serve]`)
 SERVE_MODULES = ("fastapi", "uvicorn", "openai", "pydantic")
@@ -142,6 +167,38 @@ def add_arguments(parser):
         help="transformers' logging level",
     )
     server.add_argument("--default-seed", type=int, default=None, help="torch seed set at start")
+    limits = parser.add_argument_group(
+        "limits (txv serve's own: a request over one is answered 400, naming the field, its value and the limit)"
+    )
+    limits.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=Limits.max_new_tokens,
+        help="the most new tokens a request may ask (max_tokens, max_completion_tokens); a request that names none "
+        "gets transformers serve's default (1024 or the model's own) capped to this",
+    )
+    limits.add_argument(
+        "--max-prompt-tokens",
+        type=positive_int,
+        default=Limits.max_prompt_tokens,
+        help="the longest prompt, in tokens (a chat request's: after its chat template)",
+    )
+    limits.add_argument(
+        "--max-body-bytes", type=positive_int, default=Limits.max_body_bytes, help="the largest request body, in bytes"
+    )
+    limits.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=Limits.request_timeout,
+        help="seconds a request may run, from its arrival (its wait for a batch included) to its last token; past it "
+        "the generation ends within a token and the request is answered 408 (a stream: an error event, then closed)",
+    )
+    limits.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=Limits.max_batch_size,
+        help="the most requests generated together in one batch (1: one request at a time)",
+    )
 
 
 # `Serve.__init__`'s keyword arguments that `txv serve` passes, named as its flags (tests/test_serve.py checks that
@@ -331,39 +388,54 @@ def model_manager_class():
 
 
 @contextlib.contextmanager
-def plugin_loader(options: dict):
-    """While inside, transformers' server builds the plugin's `ModelManager` (transformers' `Serve` imports the
-    class from its module when it is constructed, and keeps the instance for the server's life)."""
-    from transformers.cli.serving import model_manager
+def plugin_loader(options: dict, limits: Limits | None = None):
+    """While inside, transformers' server builds the plugin's `ModelManager` and the batching `GenerationState`
+    (transformers' `Serve` imports both classes from their modules when it is constructed, and keeps the instances
+    for the server's life)."""
+    from transformers.cli.serving import model_manager, utils
+
+    from .serve_batching import batching_generation_state_class
 
     manager_class = type("TxvServeModelManager", (model_manager_class(),), {"requested_options": dict(options)})
-    original = model_manager.ModelManager
+    original = model_manager.ModelManager, utils.GenerationState
     model_manager.ModelManager = manager_class
+    utils.GenerationState = batching_generation_state_class(limits or Limits())
     try:
         yield manager_class
     finally:
-        model_manager.ModelManager = original
+        model_manager.ModelManager, utils.GenerationState = original
 
 
-def error_answer(status: int, kind: str, error: BaseException):
+def error_answer(status: int, kind: str, error: BaseException, headers: dict | None = None):
     """An OpenAI-shaped error answer: `{"error": {"message", "type", "param", "code"}}`."""
     from fastapi.responses import JSONResponse
 
     return JSONResponse(
-        {"error": {"message": one_line(error), "type": kind, "param": None, "code": None}}, status_code=status
+        {"error": {"message": one_line(error), "type": kind, "param": None, "code": None}},
+        status_code=status,
+        headers=headers,
     )
+
+
+GRACEFUL_SHUTDOWN_SECONDS = 3  # uvicorn's wait for open connections once stopped, before it cancels them
 
 
 @functools.cache
 def serve_class():
-    """transformers' `Serve`, run in the foreground with the answers to bad requests added to its app."""
+    """transformers' `Serve`, run in the foreground with the request guard and the answers to bad requests added to
+    its app, and a stop that ends every generation at once."""
     from transformers.cli.serve import Serve
 
+    from .serve_batching import RequestEnded, Stopping, TimeLimit
+    from .serve_requests import RequestGuard
+
     class TxvServe(Serve):
+        limits: Limits = Limits()
+
         def start_server(self):
             """transformers' `Serve.__init__` calls this last (with `non_blocking=True`), once its FastAPI app and
-            uvicorn server exist: the error answers are added before the app starts, then it serves in the
-            foreground until interrupted."""
+            uvicorn server exist: the guard and the error answers are added before the app starts, then it serves
+            in the foreground until interrupted."""
             app = self.server.config.app
 
             async def not_found(_request, error):
@@ -372,10 +444,29 @@ def serve_class():
             async def bad_request(_request, error):
                 return error_answer(400, "invalid_request_error", error)
 
+            async def ended(_request, error):
+                # the row ended before its answer: past its time (408, not to be retried as it is), its client
+                # gone (499, read by no one), the server stopping (503)
+                headers = {"x-should-retry": "false"} if isinstance(error, TimeLimit) else None
+                return error_answer(error.status, error.kind, error, headers)
+
             # a model that cannot be found or read (transformers raises OSError, naming it); a request the model or
-            # transformers refuses (ValueError: out-of-vocabulary ids, no chat template, a refused option, ...)
+            # transformers refuses (ValueError: out-of-vocabulary ids, no chat template, a refused option, a prompt
+            # over --max-prompt-tokens, ...)
             app.add_exception_handler(OSError, not_found)
             app.add_exception_handler(ValueError, bad_request)
+            app.add_exception_handler(RequestEnded, ended)
+            app.add_middleware(RequestGuard, limits=self.limits)
+            self.server.config.timeout_graceful_shutdown = GRACEFUL_SHUTDOWN_SECONDS
+            handle_exit = self.server.handle_exit
+
+            def stop(sig, frame):
+                # SIGINT / SIGTERM: every row ends at its next token (a stream with an error event, a request with
+                # 503), then uvicorn stops; nothing waits for a generation nobody reads
+                Stopping.stopping = True
+                handle_exit(sig, frame)
+
+            self.server.handle_exit = stop
             self.server.run()
 
     return TxvServe
@@ -404,13 +495,22 @@ def serve_arguments(args) -> dict:
     return {name: getattr(args, name) for name in SERVE_ARGUMENTS}
 
 
+LIMIT_ARGUMENTS = ("max_new_tokens", "max_prompt_tokens", "max_body_bytes", "request_timeout", "max_batch_size")
+
+
+def limits_of(args) -> Limits:
+    return Limits(**{name: getattr(args, name) for name in LIMIT_ARGUMENTS})
+
+
 def run(args):
     check_serving_installed()
     kwargs = serve_arguments(args)
-    with plugin_loader(requested_options(args)):
+    limits = limits_of(args)
+    with plugin_loader(requested_options(args), limits):
         try:
             # `non_blocking=True`: transformers' constructor calls `start_server`, which serves in the foreground here
-            serve_class()(force_model=args.model, non_blocking=True, **kwargs)
+            server_class = type("TxvServeWithLimits", (serve_class(),), {"limits": limits})
+            server_class(force_model=args.model, non_blocking=True, **kwargs)
         except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: uvicorn has shut down cleanly by now
             return 0
 
