@@ -281,3 +281,46 @@ def test_only_rl_sb3_imports_stable_baselines3_and_nothing_imports_it():
                 if (third_party and path != sb3) or name.split(".")[-1] == "sb3":
                     offenders.append(f"{path.relative_to(package)}: {name}")
     assert offenders == []
+
+
+class CueEnv(gym.Env):
+    """A tiny env of any action space: a cue on the first step, rewarded at the end for the first action's sign."""
+
+    def __init__(self, action_space, observation_space=None):
+        self.action_space = action_space
+        self.observation_space = observation_space or gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.t = 0
+
+    def _observation(self):
+        return self.observation_space.sample() if self.t else self.observation_space.sample() * 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(seed)
+        self.t = 0
+        return self._observation(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, dtype=self.action_space.dtype)), action
+        self.t += 1
+        return self._observation(), float(np.sum(action)), self.t >= 5, False, {}
+
+
+@pytest.mark.parametrize(
+    "action_space, observation_space",
+    [
+        (gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32)), None),
+        (gym.spaces.MultiDiscrete([3, 2], start=[1, 0]), gym.spaces.Discrete(4)),
+        (gym.spaces.Discrete(3, start=2), gym.spaces.MultiDiscrete([2, 3])),
+    ],
+    ids=["box", "multi_discrete+discrete_obs", "discrete_from_2+multi_discrete_obs"],
+)
+def test_every_space_of_memory_policy_learns_and_predicts(action_space, observation_space):
+    """MemoryPolicy's other spaces through SB3's buffer: Box actions (stepped clipped, stored unclipped),
+    MultiDiscrete and Discrete actions not counted from 0, Discrete and MultiDiscrete observations."""
+    env = make_vec_env(lambda: CueEnv(action_space, observation_space), n_envs=2, seed=0)
+    model = MemoryPPO("gtrxl", env, policy_kwargs=dict(TINY_GTRXL, episode_clock=True), **SMALL)
+    model.learn(32)
+    actions, state = model.predict(env.reset(), deterministic=True)
+    assert all(action_space.contains(np.asarray(a, dtype=action_space.dtype)) for a in actions)
+    assert "episode_steps" in state and model.num_timesteps == 32

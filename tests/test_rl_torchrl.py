@@ -225,3 +225,24 @@ def test_only_rl_torchrl_imports_torchrl_and_nothing_imports_it():
                 if (third_party and path != module) or (level > 0 and name.split(".")[-1] == "torchrl"):
                     offenders.append(f"{path.relative_to(package)}: {'.' * level}{name}")
     assert offenders == []
+
+
+def test_a_policy_moves_between_sb3_and_torchrl_without_conversion(tmp_path):
+    """The folder MemoryPPO saves is the module's policy, and the module's is MemoryPPO's (MemoryPolicy's format)."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from hf_txvariants.rl import make_env
+    from hf_txvariants.rl.sb3 import MemoryPPO
+
+    sb3 = MemoryPPO("gtrxl", make_vec_env(lambda: make_env(TASK), n_envs=2), policy_kwargs=dict(TINY_GTRXL),
+                    n_steps=16, segment_length=8, device="cpu")  # fmt: skip
+    sb3.save_pretrained(tmp_path / "sb3")
+    module = MemoryModule.from_pretrained(tmp_path / "sb3")
+    for name, tensor in sb3.memory_policy.state_dict().items():
+        assert torch.equal(module.policy.state_dict()[name], tensor), name
+    module.save_pretrained(tmp_path / "torchrl")
+    back = MemoryPPO.load(tmp_path / "torchrl", env=make_vec_env(lambda: make_env(TASK), n_envs=2), n_steps=16,
+                          segment_length=8, device="cpu")  # fmt: skip
+    for name, tensor in module.policy.state_dict().items():
+        assert torch.equal(back.memory_policy.state_dict()[name], tensor), name
