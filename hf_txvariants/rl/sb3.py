@@ -487,9 +487,10 @@ class MemoryPPO(OnPolicyAlgorithm):
             self._n_updates += 1
             if self.target_kl is not None and approx_kl > self.target_kl:  # (of the epoch's last minibatch)
                 break
-        if self.history is not None:
+        if self.history is not None:  # (the seconds up to the end of this update, as train_ppo counts them)
             self.history.epochs_run.append(epochs_run)
             self.history.entropy_coefs.append(float(ent_coef))
+            self.history.seconds = time.perf_counter() - self._learn_started
         explained = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
         self.logger.record("train/entropy_loss", np.mean(entropy_losses))
         self.logger.record("train/policy_gradient_loss", np.mean(pg_losses))
