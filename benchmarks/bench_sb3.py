@@ -10,6 +10,12 @@ environment steps and the same seeds, in one run (issue 53, item 1).
   entropy and value weights, gradient norm. It back-propagates through each env's whole rollout (128 steps) cut at
   episode ends, where the other two learn on stored segments of `segment_length` steps.
 
+MemoryPPO is built with `seed` (SB3 seeds torch, then `make_policy` draws the same initial weights as `train_ppo`'s
+run, and the SB3 envs are seeded as `make_vector_env`'s) and torch is seeded again just before `learn`, as `train_ppo`
+seeds it when it starts: every draw (actions, minibatches) is then the one `train_ppo` makes, and the two runs are the
+same run, update for update (tests/test_rl_sb3.py checks this on a tiny policy). Without that second seeding the
+actions come from another stream of the same seed: another sample of the seed noise.
+
 MMER: POPGym's score, the best mean return of 100 consecutive training episodes (after each update), the returns
 counted from the rewards the vector env gives (the same for all three). steps/s: environment steps over the training
 loop's wall time. One torch thread per process; the trainers alternate seed by seed, so a drifting load weighs on each.
@@ -77,6 +83,8 @@ def sb3_envs(task, previous_action, seed):
 
 
 def run_memory_ppo(task, setting, settings, seed):
+    import torch
+
     from hf_txvariants.rl.sb3 import MemoryPPO, ppo_arguments
 
     envs = sb3_envs(task, setting["previous_action"], seed)
@@ -88,6 +96,7 @@ def run_memory_ppo(task, setting, settings, seed):
         device="cpu",
         **ppo_arguments(settings, NUM_ENVS),
     )
+    torch.manual_seed(seed)  # what train_ppo does first: the same draws, so the same run (see the module's docstring)
     model.learn(settings.total_steps)
     envs.close()
     return model.memory_policy.num_parameters, model.history

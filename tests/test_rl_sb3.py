@@ -324,3 +324,28 @@ def test_every_space_of_memory_policy_learns_and_predicts(action_space, observat
     actions, state = model.predict(env.reset(), deterministic=True)
     assert all(action_space.contains(np.asarray(a, dtype=action_space.dtype)) for a in actions)
     assert "episode_steps" in state and model.num_timesteps == 32
+
+
+@pytest.mark.exact
+def test_memory_ppo_is_train_ppo_update_for_update():
+    """The same PPO maths, the same draws: from the same initial weights, on the same envs and seed, with torch seeded
+    before `learn` as `train_ppo` seeds it, MemoryPPO ends with exactly the weights train_ppo ends with, and the same
+    episodes and mean returns (two updates of two epochs over minibatches of stored segments, episodes ending inside
+    them)."""
+    import copy
+
+    settings = PPOSettings(
+        total_steps=128, rollout_steps=32, segment_length=16, minibatches=2, epochs=2, return_window=4
+    )
+    envs = make_vector_env(TASK, 2, seed=0)
+    torch.manual_seed(0)
+    policy = make_policy("gtrxl", envs.single_observation_space, envs.single_action_space, **TINY_GTRXL)
+    start = copy.deepcopy(policy)
+    history = train_ppo(policy, envs, settings, seed=0)
+    model = MemoryPPO(start, vec_env(2, seed=0), seed=0, device="cpu", **ppo_arguments(settings, num_envs=2))
+    torch.manual_seed(0)
+    model.learn(settings.total_steps)
+    assert_same_weights(weights(policy), weights(model.memory_policy))
+    assert not torch.equal(weights(start)["policy_head.weight"], weights(policy)["policy_head.weight"])
+    assert model.history.steps == history.steps and model.history.episodes == history.episodes > 0
+    assert model.history.mean_returns == history.mean_returns

@@ -194,7 +194,6 @@ class MemoryModule(TensorDictModuleBase):
 
     # the passes -----------------------------------------------------------------------------------------------------
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        observations = tensordict.get(self.observation_key)
         if self.recurrent_mode:
             return self._forward_segments(tensordict)
         shape = tensordict.batch_size
