@@ -38,9 +38,9 @@ TASK = "txv/ProofOfMemory-v0"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def module_and_env(agent="gtrxl", num_envs=2, parallel=False, **fields):
+def module_and_env(agent="gtrxl", num_envs=2, parallel=False, episode_clock=None, **fields):
     env = make_torchrl_env(TASK, num_envs, parallel=parallel)
-    module = MemoryModule.build(agent, env, **{**TINY_GTRXL, **fields})
+    module = MemoryModule.build(agent, env, episode_clock=episode_clock, **{**TINY_GTRXL, **fields})
     env.append_transform(module.make_tensordict_primer())
     with torch.no_grad():  # weights off their initial values (zero biases would hide a lost tensor)
         for parameter in module.parameters():
@@ -70,13 +70,13 @@ def test_the_primer_adds_the_memory_to_the_env_specs_and_resets_it():
     env.close(raise_if_closed=False)
 
 
-@pytest.mark.parametrize("agent", ["gtrxl", "trxl_i", "gru"])
+@pytest.mark.parametrize("agent", ["gtrxl", "trxl_i", "gru", "gtrxl+clock"])
 def test_recurrent_mode_on_a_stored_segment_sees_what_acting_saw(agent):
     """A collector's batch cut into segments (episode starts inside them included): in recurrent mode each segment,
     run from the memory stored at its first step, gives the logits and values computed while acting, one step per
     call with the memory carried."""
     torch.manual_seed(0)
-    module, env = module_and_env(agent)
+    module, env = module_and_env(agent.removesuffix("+clock"), episode_clock=agent.endswith("+clock"))
     data = collect(module, env, 64)  # [2 envs, 32 steps]: proof-of-memory episodes last 6 to 16 steps
     assert data.shape == (2, 32) and data["is_init"][:, 1:].any()
     rows = segments(data, 8)

@@ -5,13 +5,11 @@
 TorchRL: `pip install "hf-txvariants[torchrl]"`.
 
     from torchrl.collectors import Collector
-    from torchrl.envs import GymEnv, InitTracker, ParallelEnv, TransformedEnv
     from torchrl.modules import set_recurrent_mode
     from torchrl.objectives import ClipPPOLoss
-    from hf_txvariants.rl.torchrl import MemoryModule, actor_critic, memory_advantages, segments
+    from hf_txvariants.rl.torchrl import MemoryModule, actor_critic, make_torchrl_env, memory_advantages, segments
 
-    env = TransformedEnv(ParallelEnv(8, lambda: GymEnv("txv/ProofOfMemory-v0", categorical_action_encoding=True)),
-                         InitTracker())
+    env = make_torchrl_env("RepeatPreviousMedium", 8, previous_action=True, parallel=True)  # ParallelEnv + InitTracker
     module = MemoryModule.build("gtrxl", env, mem_len=32)           # make_policy's network
     env.append_transform(module.make_tensordict_primer())           # the memory in the env's specs
     actor, critic = actor_critic(module, env)                        # a ProbabilisticActor (categorical) and the critic
@@ -19,12 +17,15 @@ TorchRL: `pip install "hf-txvariants[torchrl]"`.
                        normalize_advantage=True, functional=False)
     for data in Collector(env, actor, frames_per_batch=1024, total_frames=100_000):   # data: [envs, steps]
         memory_advantages(data, module, gamma=0.99, gae_lambda=0.95)                  # train_ppo's GAE
+        module.train()
         with set_recurrent_mode(True):
-            for batch in segments(data, 64).split(...):  # minibatches of whole segments, each re-run from its memory
+            for batch in ...:  # minibatches of whole rows of segments(data, 64), each re-run from its memory
                 sum(v for k, v in loss(batch).items() if k.startswith("loss_")).backward() ...
+        module.eval()
     module.save_pretrained("policy")    # MemoryPolicy's format: MemoryPolicy.from_pretrained("policy")
 
-`examples/rl_torchrl.py` is the whole loop. The memory travels as the policy's `snapshot`, one flat key per tensor
+`train_clip_ppo(env, module, PPOSettings(...))` is that loop at `train_ppo`'s settings, `examples/rl_torchrl.py` runs
+it. The memory travels as the policy's `snapshot`, one flat key per tensor
 (`recurrent_state_memory`, `recurrent_state_memory_mask` for GTrXL, `recurrent_state_hidden` for the GRU, and
 `recurrent_state_episode_steps` with an episode clock): the module reads it from the root of the tensordict and writes
 the next one to `("next", key)`, which the collector moves to the root for the next step (TorchRL's convention for
