@@ -19,7 +19,7 @@ pytest.importorskip("torchrl")
 
 from tensordict import TensorDict  # noqa: E402
 from torchrl.collectors import Collector  # noqa: E402
-from torchrl.envs import GymEnv, InitTracker, TransformedEnv  # noqa: E402
+from torchrl.envs import GymEnv, InitTracker, SerialEnv, TransformedEnv  # noqa: E402
 from torchrl.modules import set_recurrent_mode  # noqa: E402
 
 from hf_txvariants.rl import MemoryPolicy, PPOSettings, make_policy, make_vector_env, train_ppo  # noqa: E402
@@ -152,7 +152,8 @@ def test_clip_ppo_with_a_parallel_env_and_the_collector_trains_and_saves(tmp_pat
 
 def test_a_policy_saved_by_train_ppo_runs_as_the_module(tmp_path):
     """MemoryPolicy's format both ways without conversion: train_ppo's saved policy is the module's network (every
-    weight), acts in a TorchRL env, and the module's saved policy loads back as a MemoryPolicy with its spaces."""
+    weight), acts in a TorchRL env (GymEnv), and the module's saved policy loads back as a MemoryPolicy with its
+    spaces."""
     envs = make_vector_env(TASK, 2, seed=0)
     policy = make_policy("gtrxl", envs.single_observation_space, envs.single_action_space, **TINY_GTRXL)
     train_ppo(policy, envs, PPOSettings(total_steps=64, rollout_steps=16, segment_length=8, minibatches=2), seed=0)
@@ -160,7 +161,8 @@ def test_a_policy_saved_by_train_ppo_runs_as_the_module(tmp_path):
     module = MemoryModule.from_pretrained(tmp_path / "train_ppo")
     for name, tensor in policy.state_dict().items():
         assert torch.equal(module.policy.state_dict()[name], tensor), name
-    env = make_torchrl_env(TASK, 2)
+    # TorchRL's own GymEnv (by id) this time, batched by SerialEnv
+    env = TransformedEnv(SerialEnv(2, lambda: GymEnv(TASK, categorical_action_encoding=True)), InitTracker())
     env.append_transform(module.make_tensordict_primer())
     module.eval()
     data = collect(module, env, 16)
