@@ -132,6 +132,7 @@ def test_memory_advantages_are_train_ppos_gae_from_the_acting_values():
     torch.testing.assert_close(data["advantage"][..., 0], expected.transpose(0, 1))
 
 
+@pytest.mark.exact  # the weights saved and loaded, compared with torch.equal
 def test_clip_ppo_with_a_parallel_env_and_the_collector_trains_and_saves(tmp_path):
     """train_clip_ppo: TorchRL's Collector over a ParallelEnv (one process per env, the memory carried through the
     primer's specs), ClipPPOLoss on segments in recurrent mode: the weights move, the history counts every frame, and
@@ -150,6 +151,7 @@ def test_clip_ppo_with_a_parallel_env_and_the_collector_trains_and_saves(tmp_pat
         assert torch.equal(loaded.state_dict()[name], tensor), name
 
 
+@pytest.mark.exact  # the weights saved and loaded, compared with torch.equal
 def test_a_policy_saved_by_train_ppo_runs_as_the_module(tmp_path):
     """MemoryPolicy's format both ways without conversion: train_ppo's saved policy is the module's network (every
     weight), acts in a TorchRL env (GymEnv), and the module's saved policy loads back as a MemoryPolicy with its
@@ -229,6 +231,7 @@ def test_only_rl_torchrl_imports_torchrl_and_nothing_imports_it():
     assert offenders == []
 
 
+@pytest.mark.exact  # the weights saved and loaded, compared with torch.equal
 def test_a_policy_moves_between_sb3_and_torchrl_without_conversion(tmp_path):
     """The folder MemoryPPO saves is the module's policy, and the module's is MemoryPPO's (MemoryPolicy's format)."""
     pytest.importorskip("stable_baselines3")

@@ -444,6 +444,7 @@ def test_a_bad_row_fails_alone_and_its_batch_is_answered(guarded, folders):
 
 
 @pytest.mark.slow
+@pytest.mark.exact  # each row's greedy tokens, compared with torch.equal
 def test_the_variants_said_to_take_left_padding_generate_each_row_as_alone():
     """serve_batching.LEFT_PADDING against the models: a left-padded batch gives each row's text alone (greedy),
     and every other causal variant refuses left padding (so the server batches its rows by length)."""
