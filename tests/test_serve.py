@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -102,16 +103,16 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait(timeout=STOP_SECONDS)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`txv serve` without a model: each request's model is loaded on demand. Yields the base URL."""
+@contextmanager
+def running_server(log: Path, *flags: str):
+    """`txv serve` in a subprocess (one torch thread, as the direct generate() of the comparisons): yields
+    (process, base URL) once /health answers; SIGINT then SIGKILL at the end."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one thread, as the direct generate()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "hf_txvariants.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "w") as output:
         process = subprocess.Popen(
-            command + ["--device", "cpu"], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
+            command + ["--device", "cpu", *flags], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -128,9 +129,16 @@ def server(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"txv serve did not answer /health within {START_SECONDS}s:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield process, url
     finally:
         _stop(process)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`txv serve` without a model: each request's model is loaded on demand. Yields the base URL."""
+    with running_server(tmp_path_factory.mktemp("serve-log") / "server.log") as (_, url):
+        yield url
 
 
 @pytest.fixture(scope="module")

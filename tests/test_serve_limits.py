@@ -26,7 +26,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ import torch
 
 from hf_txvariants.cli import main, serve_requests
 from hf_txvariants.training.data import build_char_tokenizer
-from test_serve import TEXT, _direct_completion, _free_port, _save
+from test_serve import TEXT, _direct_completion, _save, running_server
 
 pytest.importorskip("fastapi", reason="txv serve needs the serve extra (pip install 'hf-txvariants[serve]')")
 pytest.importorskip("uvicorn", reason="txv serve needs the serve extra")
@@ -43,7 +42,6 @@ openai = pytest.importorskip("openai", reason="txv serve needs the serve extra")
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_group("serve")]
 
 ROOT = Path(__file__).resolve().parents[1]
-START_SECONDS = 120
 STOP_SECONDS = 15  # SIGINT / SIGTERM to exit, on a loaded 2-core machine (interpreter teardown alone takes ~3 s)
 LIMITS = {"--max-new-tokens": 100000, "--max-prompt-tokens": 100, "--max-body-bytes": 20000}
 TIME_LIMIT = 10  # --request-timeout of the guarded server: every ordinary request here takes well under a second
@@ -59,43 +57,6 @@ def folders(tmp_path_factory):
         name: str(_save(root / name, name, tokenizer))
         for name in ("transfo-xl", "txv_vanilla", "txv_sparse_transformer")
     } | {"small vocabulary": str(_save(root / "small", "txv_vanilla", tokenizer, vocab_size=12, pad_token_id=0))}
-
-
-@contextmanager
-def running_server(log: Path, *flags: str):
-    """`txv serve` in a subprocess (one torch thread, as the direct generate() of the comparisons): yields
-    (process, base URL) once /health answers; SIGINT then SIGKILL at the end."""
-    port = _free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "hf_txvariants.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    with open(log, "w") as output:
-        process = subprocess.Popen(
-            command + ["--device", "cpu", *flags], cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_SECONDS
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"txv serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"txv serve did not answer /health within {START_SECONDS}s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield process, url
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
